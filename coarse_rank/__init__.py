@@ -1,0 +1,1 @@
+"""LightGBM LambdaRank coarse ranker over recall candidates."""

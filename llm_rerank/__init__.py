@@ -1,0 +1,1 @@
+"""LLM re-ranker: prompt layout, logit scoring, adaptation, serving backends."""

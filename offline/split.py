@@ -1,0 +1,126 @@
+"""The leave-one-out split every trainer and evaluator shares.
+
+``Split`` is what ``offline.protocol.make_split`` returns: the k-core-filtered catalog and
+users encoded to contiguous indices, each user's time-ordered training sequence, and one
+held-out valid and one test item per user (LlamaRec / LRURec protocol: last interaction ->
+test, second last -> valid, the rest -> train).
+
+Evaluation inputs per phase (``history(u, phase)``):
+- ``"valid"``: input = train sequence, target = valid item;
+- ``"test"``: input = train sequence + valid item, target = test item.
+Full ranking excludes every item of the input history.
+
+Deliberately left out: how the split is computed (``offline.protocol``), metrics
+(``offline.metrics``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+
+from offline.schema import Vocab
+
+Phase = Literal["train", "valid", "test"]
+
+
+@dataclass
+class Split:
+    name: str
+    vocab: Vocab
+    items: pd.DataFrame  # canonical items table, row i == item_idx i
+    users: pd.DataFrame  # canonical users table, row u == user_idx u
+    train: pd.DataFrame  # columns user_idx, item_idx, rating, timestamp; sorted by (user_idx, timestamp)
+    valid: np.ndarray  # [n_users] int64 item_idx
+    test: np.ndarray  # [n_users] int64 item_idx
+    valid_ts: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    test_ts: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    protocol: dict = field(default_factory=dict)  # e.g. {"k_core": 5, "split": "leave-one-out"}
+    _seqs: list[np.ndarray] | None = field(default=None, repr=False)
+
+    @property
+    def n_users(self) -> int:
+        return self.vocab.n_users
+
+    @property
+    def n_items(self) -> int:
+        return self.vocab.n_items
+
+    @property
+    def train_sequences(self) -> list[np.ndarray]:
+        """Per user, the time-ordered training item indices (cached)."""
+        if self._seqs is None:
+            seqs: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * self.n_users
+            users = self.train["user_idx"].to_numpy()
+            items = self.train["item_idx"].to_numpy(dtype=np.int64)
+            bounds = np.flatnonzero(np.diff(users)) + 1
+            starts = np.concatenate([[0], bounds])
+            ends = np.concatenate([bounds, [len(users)]])
+            for s, e in zip(starts, ends, strict=True):
+                if e > s:
+                    seqs[int(users[s])] = items[s:e]
+            self._seqs = seqs
+        return self._seqs
+
+    def history(self, user_idx: int, phase: Phase) -> np.ndarray:
+        """The input history for ``phase`` (see module docstring)."""
+        seq = self.train_sequences[user_idx]
+        if phase == "train":
+            return seq
+        if phase == "valid":
+            return seq
+        if phase == "test":
+            return np.append(seq, self.valid[user_idx])
+        raise ValueError(f"phase must be 'train', 'valid' or 'test', got {phase!r}")
+
+    def targets(self, phase: Phase) -> np.ndarray:
+        if phase == "valid":
+            return self.valid
+        if phase == "test":
+            return self.test
+        raise ValueError(f"targets exist for 'valid' and 'test' only, got {phase!r}")
+
+    def item_popularity(self, phase: Phase = "valid") -> np.ndarray:
+        """Interaction counts per item over what a model may see before ``phase``'s targets."""
+        counts = np.bincount(self.train["item_idx"].to_numpy(), minlength=self.n_items).astype(np.float64)
+        if phase == "test":
+            counts += np.bincount(self.valid, minlength=self.n_items)
+        return counts
+
+    # -- persistence -------------------------------------------------------------------
+    def save(self, directory: Path) -> None:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.items.to_parquet(directory / "items.parquet", index=False)
+        self.users.to_parquet(directory / "users.parquet", index=False)
+        self.train.to_parquet(directory / "train.parquet", index=False)
+        pd.DataFrame(
+            {"user_id": self.vocab.user_ids.astype(str), "valid": self.valid, "test": self.test,
+             "valid_ts": self.valid_ts, "test_ts": self.test_ts}
+        ).to_parquet(directory / "holdout.parquet", index=False)
+        tmp = directory / ".split.json.tmp"
+        tmp.write_text(json.dumps({"name": self.name, "protocol": self.protocol}, indent=2))
+        tmp.replace(directory / "split.json")  # written last: its presence marks a complete split
+
+    @classmethod
+    def load(cls, directory: Path) -> Split:
+        directory = Path(directory)
+        if not (directory / "split.json").exists():
+            raise FileNotFoundError(f"{directory / 'split.json'}: no saved split here")
+        meta = json.loads((directory / "split.json").read_text())
+        items = pd.read_parquet(directory / "items.parquet")
+        users = pd.read_parquet(directory / "users.parquet")
+        hold = pd.read_parquet(directory / "holdout.parquet")
+        vocab = Vocab.build(hold["user_id"], items["item_id"])
+        return cls(
+            name=meta["name"], vocab=vocab, items=items, users=users,
+            train=pd.read_parquet(directory / "train.parquet"),
+            valid=hold["valid"].to_numpy(np.int64), test=hold["test"].to_numpy(np.int64),
+            valid_ts=hold["valid_ts"].to_numpy(np.int64), test_ts=hold["test_ts"].to_numpy(np.int64),
+            protocol=meta["protocol"],
+        )

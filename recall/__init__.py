@@ -1,0 +1,1 @@
+"""Two-tower recall (torch + faiss), the popularity channel and the channel merge."""

@@ -1,0 +1,98 @@
+"""Pipeline configuration: which stages run, in which order, at which depth and budget.
+
+The pipeline YAML (``configs/pipeline.yaml``) has a ``pipeline:`` section that validates into
+``PipelineConfig``; the other top-level keys are the per-package configs bundled by
+``recsys.settings.Settings``. Stage kinds map to import paths in ``STAGE_KINDS`` so that
+building a pipeline imports only the stages it uses (nothing heavy at import time).
+
+Default cascade depths follow industry practice and the LlamaRec setup:
+recall 200 -> coarse 50 -> LLM 20 -> final 10.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# kind -> "module:Class"; every class implements recsys.contract.Stage and is built as Cls(spec, settings)
+STAGE_KINDS: dict[str, str] = {
+    "recall": "recall.stage:RecallStage",
+    "coarse": "coarse_rank.stage:CoarseStage",
+    "llm": "llm_rerank.stage:LLMRerankStage",
+    "rules": "rules.stage:RulesStage",
+    "fusion": "recsys.fusion:FusionStage",
+}
+
+
+class StageSpec(BaseModel):
+    """One stage of the pipeline as configured."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="Stage name; also the score column it writes.", min_length=1)
+    kind: str = Field(description=f"Stage implementation, one of {sorted(STAGE_KINDS)}.")
+    depth: int | None = Field(None, ge=1, le=100_000, description="Candidates kept after this stage.")
+    budget_ms: float | None = Field(None, gt=0, description="Time budget; an overrun triggers the fallback.")
+    enabled: bool = Field(True, description="A disabled stage is skipped and reported as such.")
+    on_error: Literal["passthrough", "fail"] = Field(
+        "passthrough",
+        description="passthrough: on error/overrun keep the previous order (fallback); fail: the request fails.",
+    )
+    params: dict[str, Any] = Field(default_factory=dict, description="Stage-specific overrides.")
+
+    @model_validator(mode="after")
+    def _known_kind(self) -> StageSpec:
+        if self.kind not in STAGE_KINDS:
+            raise ValueError(f"unknown stage kind {self.kind!r}; known kinds: {sorted(STAGE_KINDS)}")
+        return self
+
+
+def default_stages() -> list[StageSpec]:
+    return [
+        StageSpec(name="recall", kind="recall", depth=200, budget_ms=200, on_error="fail"),
+        StageSpec(name="coarse", kind="coarse", depth=50, budget_ms=200),
+        StageSpec(name="llm", kind="llm", depth=20, budget_ms=3000, enabled=False),
+        StageSpec(name="rules", kind="rules", on_error="fail"),
+        StageSpec(name="fusion", kind="fusion", depth=10),
+    ]
+
+
+class PipelineConfig(BaseModel):
+    """The ordered stage list plus request-level limits."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stages: list[StageSpec] = Field(default_factory=default_stages)
+    request_budget_ms: float = Field(5000.0, gt=0, description="Whole-request deadline.")
+    max_k: int = Field(100, ge=1, le=1000, description="Largest k a request may ask for.")
+
+    @model_validator(mode="after")
+    def _check_stages(self) -> PipelineConfig:
+        if not self.stages:
+            raise ValueError("pipeline.stages is empty; at least a recall stage is needed")
+        names = [s.name for s in self.stages]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"pipeline.stages: duplicate stage names {dup}")
+        first = self.stages[0]
+        if first.kind != "recall":
+            raise ValueError(f"pipeline.stages[0] must be a recall stage, got kind {first.kind!r}")
+        if first.on_error == "passthrough":
+            raise ValueError("pipeline.stages[0] (recall) cannot use on_error=passthrough: it has no previous order")
+        last_depth: int | None = None
+        for i, s in enumerate(self.stages):
+            if s.depth is None or not s.enabled:
+                continue
+            if last_depth is not None and s.depth > last_depth:
+                raise ValueError(
+                    f"pipeline.stages[{i}] ({s.name}): depth {s.depth} exceeds the previous stage depth {last_depth}"
+                )
+            last_depth = s.depth
+        return self
+
+    def stage(self, name: str) -> StageSpec:
+        for s in self.stages:
+            if s.name == name:
+                return s
+        raise KeyError(f"no stage named {name!r} in pipeline (have {[s.name for s in self.stages]})")

@@ -1,0 +1,1 @@
+"""Declarative compliance rules evaluated on user and item attributes (fail closed)."""

@@ -1,0 +1,1 @@
+"""HTTP serving: the FastAPI app factory, routes and the serving benchmark."""
