@@ -2,7 +2,7 @@
 
 Three tables, stored as Parquet (``Dataset.save`` / ``Dataset.load``):
 
-- interactions: ``user_id`` (str), ``item_id`` (str), ``rating`` (float32, NaN for implicit
+- interactions: ``user_id`` (str), ``item_id`` (str), ``rating`` (float32; 1.0 for implicit
   events), ``timestamp`` (int64 unix seconds).
 - items: ``item_id`` (str), ``title`` (str), ``text`` (str, a short description; may be ""),
   ``categories`` (list[str]), ``audience`` (str or None: one of ``AUDIENCES``),

@@ -42,6 +42,7 @@ class Split:
     test_ts: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     protocol: dict = field(default_factory=dict)  # e.g. {"k_core": 5, "split": "leave-one-out"}
     _seqs: list[np.ndarray] | None = field(default=None, repr=False)
+    _attrs: list[dict[str, object]] | None = field(default=None, repr=False)
 
     @property
     def n_users(self) -> int:
@@ -77,6 +78,17 @@ class Split:
         if phase == "test":
             return np.append(seq, self.valid[user_idx])
         raise ValueError(f"phase must be 'train', 'valid' or 'test', got {phase!r}")
+
+    def user_attrs(self, user_idx: int) -> dict[str, object]:
+        """The user's known attributes (age, gender, occupation, zip, risk_tolerance), NA dropped."""
+        if self._attrs is None:
+            cols = [c for c in ("age", "gender", "occupation", "zip", "risk_tolerance") if c in self.users]
+            rows = self.users[cols].to_dict("records")
+            self._attrs = [
+                {k: (int(v) if k in ("age", "risk_tolerance") else v) for k, v in r.items() if not _isna(v)}
+                for r in rows
+            ]
+        return dict(self._attrs[user_idx])
 
     def targets(self, phase: Phase) -> np.ndarray:
         if phase == "valid":
@@ -124,3 +136,7 @@ class Split:
             valid_ts=hold["valid_ts"].to_numpy(np.int64), test_ts=hold["test_ts"].to_numpy(np.int64),
             protocol=meta["protocol"],
         )
+
+
+def _isna(v: object) -> bool:
+    return v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v))

@@ -53,8 +53,9 @@ def default_stages() -> list[StageSpec]:
         StageSpec(name="recall", kind="recall", depth=200, budget_ms=200, on_error="fail"),
         StageSpec(name="coarse", kind="coarse", depth=50, budget_ms=200),
         StageSpec(name="llm", kind="llm", depth=20, budget_ms=3000, enabled=False),
-        StageSpec(name="rules", kind="rules", on_error="fail"),
-        StageSpec(name="fusion", kind="fusion", depth=10),
+        StageSpec(name="rules", kind="rules", on_error="fail", params={"apply": "filters"}),
+        StageSpec(name="fusion", kind="fusion"),
+        StageSpec(name="caps", kind="rules", on_error="fail", params={"apply": "caps"}),
     ]
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from recsys.config import StageSpec
@@ -74,8 +74,18 @@ class Pipeline:
     def versions(self) -> dict[str, str]:
         return {spec.name: stage.version() for spec, stage in self.stages if spec.enabled}
 
-    def run(self, request: Request, skip: Iterable[str] = (), until: str | None = None) -> PipelineResult:
-        """Answer ``request``; ``skip`` names stages to bypass, ``until`` stops after that stage."""
+    def run(
+        self,
+        request: Request,
+        skip: Iterable[str] = (),
+        until: str | None = None,
+        observe: Callable[[str, Candidates], None] | None = None,
+    ) -> PipelineResult:
+        """Answer ``request``; ``skip`` names stages to bypass, ``until`` stops after that stage.
+
+        ``observe(stage_name, candidates)`` is called after every stage with what it handed on
+        (the evaluator uses it to measure each stage's ranking and candidate recall).
+        """
         skip = set(skip)
         if request.deadline is None and self.request_budget_ms is not None:
             request = dataclasses.replace(request, deadline=time.monotonic() + self.request_budget_ms / 1000)
@@ -87,6 +97,8 @@ class Pipeline:
                 traces.append(StageTrace(spec.name, "skipped", 0.0, len(cands), len(cands), why))
             else:
                 cands = self._run_stage(spec, stage, request, cands, traces)
+            if observe is not None:
+                observe(spec.name, cands)
             if until is not None and spec.name == until:
                 break
         return PipelineResult(candidates=cands.head(request.k), traces=traces, versions=self.versions())

@@ -30,10 +30,17 @@ def build_stage(spec: StageSpec, settings: Settings) -> Stage:
     return stage
 
 
-def build_pipeline(settings: Settings, artifact_dir: Path, *, load: bool = True) -> Pipeline:
-    """Construct every enabled stage (disabled ones are kept, unloaded, for the trace)."""
+def build_pipeline(
+    settings: Settings, artifact_dir: Path, *, load: bool = True, only: tuple[str, ...] | None = None
+) -> Pipeline:
+    """Construct every enabled stage (disabled ones are kept, unloaded, for the trace).
+
+    ``only`` keeps just the named stages (e.g. recall + coarse to produce LLM training data).
+    """
     pairs: list[tuple[StageSpec, Stage]] = []
     for spec in settings.pipeline.stages:
+        if only is not None and spec.name not in only:
+            continue
         stage = build_stage(spec, settings)
         if load and spec.enabled:
             stage.load(Path(artifact_dir))

@@ -11,6 +11,8 @@ dotted key (``pipeline.stages.1.depth: ...``).
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +24,11 @@ from coarse_rank.config import CoarseConfig
 from llm_rerank.config import LLMConfig
 from recall.config import RecallConfig
 from recsys.config import PipelineConfig
+from recsys.fusion import FusionConfig
 from rules.config import RulesConfig
 from serving.config import ServingConfig
 
+_ENV_PREFIX = "RECSYS_"
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "pipeline.yaml"
 
 
@@ -48,6 +52,7 @@ class Settings(BaseSettings):
     llm: LLMConfig = Field(default_factory=LLMConfig)
     rules: RulesConfig = Field(default_factory=RulesConfig)
     serving: ServingConfig = Field(default_factory=ServingConfig)
+    fusion: FusionConfig = Field(default_factory=FusionConfig)
 
     @classmethod
     def settings_customise_sources(
@@ -96,11 +101,29 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
 
 
 def _env_layer(cls: type[Settings]) -> dict[str, Any]:
-    """Only the values set through RECSYS_* environment variables, as a nested dict."""
-    class _EnvOnly(BaseSettings):
-        model_config = SettingsConfigDict(env_prefix="RECSYS_", env_nested_delimiter="__", extra="allow")
+    """Only the values set through RECSYS_* environment variables, as a nested dict.
 
-    return _EnvOnly().model_dump(exclude_unset=True)
+    ``RECSYS_SERVING__PORT=9000`` -> ``{"serving": {"port": "9000"}}``; values that parse as
+    JSON (lists, objects, numbers) are decoded, the rest stay strings for pydantic to coerce.
+    """
+    out: dict[str, Any] = {}
+    for key, raw in os.environ.items():
+        if not key.startswith(_ENV_PREFIX) or len(key) == len(_ENV_PREFIX):
+            continue
+        path = key[len(_ENV_PREFIX):].lower().split("__")
+        value: Any = raw
+        if raw[:1] in "[{":
+            try:
+                value = json.loads(raw)
+            except json.JSONDecodeError:
+                pass
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"environment variable {key}: conflicts with another RECSYS_ variable")
+        node[path[-1]] = value
+    return out
 
 
 def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,134 @@
+"""Evaluates the whole cascade with the foundation's protocol and writes the eval report.
+
+For every user, the configured pipeline answers one request built from the phase's input
+history (``Split.history``); an observer captures what each stage handed on, so one pass
+gives each stage's own top-10 ("recall", "coarse", "llm": the order that stage produced),
+the fused "final" top-10 (after rules and fusion), candidate recall at each stage's depth,
+and per-stage latencies. Differences between stages come with paired bootstrap 95% CIs.
+
+Fusion weights are tuned here on the *valid* phase (``tune_fusion``); the test phase is only
+ever read by ``evaluate_pipeline``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from offline.split import Phase, Split
+from recsys.contract import Candidates, Request
+
+K = 10
+SCORED = ("recall", "coarse", "llm")  # stages whose own order is measured
+
+
+def requests_for(split: Split, phase: Phase, k: int = K) -> list[Request]:
+    return [
+        Request(user_id=str(split.vocab.user_ids[u]), k=k, user_idx=u, history=split.history(u, phase),
+                user_attrs=split.user_attrs(u), request_id=f"eval-{phase}-{u}")
+        for u in range(split.n_users)
+    ]
+
+
+def run_cascade(pipeline: Any, split: Split, phase: Phase, progress: bool = True, until: str | None = None) -> dict:
+    """Run every user's request; return per-stage top-k rankings, candidate sets and timings."""
+    from tqdm import tqdm
+
+    n = split.n_users
+    tops = {s: np.full((n, K), -1, dtype=np.int64) for s in (*SCORED, "final")}
+    cands: dict[str, list[np.ndarray]] = {s: [np.zeros(0, np.int64)] * n for s in SCORED}
+    kept: dict[str, list[Candidates]] = {s: [Candidates.empty()] * n for s in SCORED}
+    ms: dict[str, list[float]] = {}
+    status: dict[str, dict[str, int]] = {}
+    total_ms = np.zeros(n)
+    for req in tqdm(requests_for(split, phase), desc=f"eval {phase}", disable=not progress, unit="user"):
+        u = req.user_idx
+        assert u is not None
+
+        def observe(name: str, c: Candidates, u: int = u) -> None:
+            if name in SCORED:
+                cands[name][u] = c.items
+                kept[name][u] = c
+
+        t0 = time.perf_counter()
+        res = pipeline.run(req, observe=observe, until=until)
+        total_ms[u] = (time.perf_counter() - t0) * 1000
+        for t in res.traces:
+            status.setdefault(t.name, {}).setdefault(t.status, 0)
+            status[t.name][t.status] += 1
+            if t.status == "ok":
+                ms.setdefault(t.name, []).append(t.ms)
+            if t.name in SCORED and t.status == "ok":
+                top = kept[t.name][u].sorted_by(t.name).items[:K]
+                tops[t.name][u, : len(top)] = top
+        final = res.candidates.items[:K]
+        tops["final"][u, : len(final)] = final
+    return {"tops": tops, "candidates": cands, "kept": kept, "stage_ms": ms, "status": status, "total_ms": total_ms}
+
+
+def _pct(values: list[float] | np.ndarray) -> dict[str, float]:
+    v = np.asarray(values, dtype=np.float64)
+    if len(v) == 0:
+        return {}
+    return {"p50": round(float(np.percentile(v, 50)), 3), "p99": round(float(np.percentile(v, 99)), 3),
+            "mean": round(float(v.mean()), 3)}
+
+
+def evaluate_pipeline(
+    settings: Any, artifact_dir: Path, split: Split, *, phase: Phase = "test", progress: bool = True,
+    n_boot: int = 2000,
+) -> dict[str, Any]:
+    """Measure every stage on ``phase`` and return the eval report (see issue #3's format)."""
+    from offline.baselines import evaluate_rankings_per_user, popularity_rankings
+    from offline.bootstrap import paired_bootstrap
+    from offline.metrics import candidate_recall, coverage, summarize
+    from recsys.registry import build_pipeline
+
+    t0 = time.perf_counter()
+    pipeline = build_pipeline(settings, artifact_dir)
+    load_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    run = run_cascade(pipeline, split, phase, progress)
+    eval_s = time.perf_counter() - t1
+    targets = split.targets(phase)
+
+    per_user = {"popularity": evaluate_rankings_per_user(split, popularity_rankings(split, phase, K), phase, K)}
+    ran = {name for name, st in run["status"].items() if st.get("ok", 0) > 0}
+    for stage in (*SCORED, "final"):
+        if stage == "final" or stage in ran:
+            per_user[stage] = evaluate_rankings_per_user(split, run["tops"][stage], phase, K)
+    stages = {name: {k: round(v, 5) for k, v in summarize(m).items()} for name, m in per_user.items()}
+
+    def delta(a: str, b: str) -> dict[str, Any]:
+        r = paired_bootstrap(per_user[a][f"ndcg@{K}"], per_user[b][f"ndcg@{K}"], n_boot=n_boot, seed=settings.seed)
+        return {f"ndcg@{K}": {"mean": round(r["mean"], 5), "ci95": [round(x, 5) for x in r["ci95"]],
+                              "p_value": round(r["p_value"], 4)}}
+
+    deltas = {}
+    if "coarse" in per_user:
+        deltas["coarse_vs_recall"] = delta("recall", "coarse")
+        deltas["final_vs_coarse"] = delta("coarse", "final")
+    if "llm" in per_user:
+        deltas["llm_vs_coarse"] = delta("coarse", "llm")
+    depths = {s.name: s.depth for s in settings.pipeline.stages}
+    cand_recall = {f"{name}@{depths.get(name) or len(max(run['candidates'][name], key=len))}":
+                   round(candidate_recall(run["candidates"][name], targets), 5) for name in SCORED if name in ran}
+    return {
+        "dataset": split.name,
+        "protocol": {**split.protocol, "phase": phase, "k": K},
+        "n_users": split.n_users,
+        "n_items": split.n_items,
+        "stages": stages,
+        "candidate_recall": cand_recall,
+        "coverage": {name: round(coverage(run["tops"][name], split.n_items, K), 5)
+                     for name in per_user if name != "popularity"},
+        "deltas": deltas,
+        "stage_status": run["status"],
+        "versions": pipeline.versions(),
+        "timings": {"load_s": round(load_s, 2), "eval_s": round(eval_s, 2),
+                    "request_ms": _pct(run["total_ms"]),
+                    "stage_ms": {name: _pct(v) for name, v in run["stage_ms"].items()}},
+    }

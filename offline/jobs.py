@@ -1,0 +1,160 @@
+"""Offline jobs the CLI runs: prepare a dataset's split, train the cascade's stages in order.
+
+Artifacts of one dataset live under one directory (see ``recsys.contract``):
+``split/`` (the leave-one-out split), ``recall/``, ``recall_holdout/`` (a second recall
+model for coarse-ranker training data), ``coarse/``, ``fusion/``, ``llm/``.
+
+Why a second recall model: the coarse ranker learns from recall candidates for "train
+sequence minus its last item -> last item". Candidates from a recall model that trained on
+that very last item would carry an inflated recall score for the label, and LightGBM would
+learn to over-trust it. ``recall_holdout`` is trained without each user's last training item,
+so the coarse ranker's training features look like serving-time features.
+
+Deliberately left out: evaluation (``offline.evaluate``), the LLM job (``llm_rerank.train``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from offline.split import Split
+
+log = logging.getLogger(__name__)
+
+STAGE_ORDER = ("recall", "coarse", "fusion", "llm")
+
+
+def dataset_name(data: Path | None) -> str:
+    return "synthetic" if data is None else Path(data).resolve().name
+
+
+def _fingerprint(data: Path | None, fmt: str | None, k_core: int, synthetic: dict[str, Any]) -> dict[str, Any]:
+    files = {}
+    if data is not None:
+        for f in sorted(Path(data).iterdir()):
+            if f.is_file():
+                st = f.stat()
+                files[f.name] = [st.st_size, int(st.st_mtime)]
+    return {"data": str(data) if data else None, "format": fmt, "k_core": k_core,
+            "synthetic": synthetic if data is None else {}, "files": files}
+
+
+def prepare(
+    data: Path | None, artifact_dir: Path, *, fmt: str | None = None, k_core: int = 5,
+    force: bool = False, **synthetic: Any,
+) -> Split:
+    """Load the dataset, split it with the protocol and save it (reused when inputs are unchanged)."""
+    from offline.loaders import load_dataset
+    from offline.protocol import make_split
+
+    split_dir = Path(artifact_dir) / "split"
+    fp = _fingerprint(data, fmt, k_core, synthetic)
+    fp_path = split_dir / "source.json"
+    if not force and fp_path.exists() and json.loads(fp_path.read_text()) == fp:
+        return Split.load(split_dir)
+    ds = load_dataset(data, fmt, **synthetic)
+    split = make_split(ds, k_core=k_core)
+    split.save(split_dir)
+    fp_path.write_text(json.dumps(fp, indent=2))
+    return split
+
+
+def holdout_sequences(split: Split) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+    """Train sequences minus each user's last item, those last items, and the users kept.
+
+    Users whose training sequence has fewer than 2 items have no label and are left out
+    (their sequence stays whole so the model still sees their data).
+    """
+    seqs, labels, users = [], [], []
+    for u, seq in enumerate(split.train_sequences):
+        if len(seq) >= 2:
+            seqs.append(seq[:-1])
+            labels.append(seq[-1])
+            users.append(u)
+        else:
+            seqs.append(seq)
+    return seqs, np.asarray(labels, dtype=np.int64), np.asarray(users, dtype=np.int64)
+
+
+def train_stages(
+    settings: Any, artifact_dir: Path, split: Split, *, stages: tuple[str, ...] = ("recall", "coarse", "fusion"),
+    force: bool = False, progress: bool = True,
+) -> dict[str, Any]:
+    """Train ``stages`` in cascade order; a stage whose artifacts exist is reused unless ``force``."""
+    unknown = set(stages) - set(STAGE_ORDER)
+    if unknown:
+        raise ValueError(f"unknown stage(s) to train: {sorted(unknown)}; choose from {STAGE_ORDER}")
+    artifact_dir = Path(artifact_dir)
+    report: dict[str, Any] = {}
+    for stage in (s for s in STAGE_ORDER if s in stages):
+        done = artifact_dir / stage / "meta.json"
+        if done.exists() and not force:
+            report[stage] = {"reused": True, **json.loads(done.read_text()).get("report", {})}
+            continue
+        t0 = time.perf_counter()
+        rep = _TRAINERS[stage](settings, artifact_dir, split, progress)
+        rep["seconds"] = round(time.perf_counter() - t0, 2)
+        report[stage] = rep
+        _write_meta(artifact_dir / stage, rep)
+    return report
+
+
+def _write_meta(directory: Path, report: dict[str, Any]) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / ".meta.json.tmp"
+    tmp.write_text(json.dumps({"report": report}, indent=2, default=_json_default))
+    tmp.replace(directory / "meta.json")  # last write: marks the stage complete
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+def _train_recall(settings: Any, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
+    from recall.train import train_two_tower
+
+    main = train_two_tower(split, artifact_dir / "recall", settings.recall, progress=progress)
+    seqs, labels, users = holdout_sequences(split)
+    targets = np.full(split.n_users, -1, dtype=np.int64)
+    targets[users] = labels
+    holdout = train_two_tower(
+        split, artifact_dir / "recall_holdout", settings.recall,
+        sequences=seqs, early_stop_targets=targets, progress=progress,
+    )
+    return {"main": main, "holdout": holdout}
+
+
+def _train_coarse(settings: Any, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
+    from coarse_rank.train import train_coarse
+    from recall.stage import RecallStage
+
+    recall = RecallStage(settings.pipeline.stage("recall"), settings)
+    recall.load(artifact_dir, subdir="recall_holdout")
+    return train_coarse(split, recall, artifact_dir / "coarse", settings.coarse, progress=progress)
+
+
+def _train_fusion(settings: Any, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
+    from offline.evaluate import tune_fusion
+
+    return tune_fusion(settings, artifact_dir, split, progress=progress)
+
+
+def _train_llm(settings: Any, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
+    from llm_rerank.train import train_llm
+    from recsys.registry import build_pipeline
+
+    pipe = build_pipeline(settings, artifact_dir, only=("recall", "coarse"))
+    return train_llm(split, pipe, artifact_dir / "llm", settings.llm, progress=progress)
+
+
+_TRAINERS = {"recall": _train_recall, "coarse": _train_coarse, "fusion": _train_fusion, "llm": _train_llm}

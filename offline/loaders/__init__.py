@@ -1,0 +1,90 @@
+"""Dataset loaders: a directory in a known layout (or nothing: synthetic) -> canonical ``Dataset``.
+
+``detect_format`` recognises a layout by its files; ``load_dataset`` dispatches to the loader:
+
+========== ================================================ =========================
+format     marker file(s)                                   module
+========== ================================================ =========================
+ml-100k    ``u.data`` (+ ``u.item``, ``u.user``, ``u.genre``) ``movielens``
+ml-1m      ``ratings.dat`` (+ ``movies.dat``, ``users.dat``)  ``movielens``
+ml-csv     ``ratings.csv`` (+ ``movies.csv``, ``tags.csv``)   ``movielens_csv``
+generic    ``interactions.csv|.parquet`` (+ items, users)   ``generic``
+synthetic  (no path)                                        ``offline.synthetic``
+========== ================================================ =========================
+
+Every loader validates completely: a missing or malformed file raises ``DataError`` naming
+the file and line; nothing is skipped silently. Loader modules import lazily so that importing
+this package costs nothing.
+
+Deliberately left out: k-core filtering and splitting (``offline.protocol``), caching of
+loaded datasets (``Dataset.save``/``load``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib import import_module
+from pathlib import Path
+from typing import Any
+
+from offline.schema import DataError, Dataset
+
+# format -> (marker files, any of which identifies it; "module:function" of its loader)
+FORMATS: dict[str, tuple[tuple[str, ...], str]] = {
+    "ml-100k": (("u.data",), "offline.loaders.movielens:load_ml100k"),
+    "ml-1m": (("ratings.dat",), "offline.loaders.movielens:load_ml1m"),
+    "ml-csv": (("ratings.csv",), "offline.loaders.movielens_csv:load_ml_csv"),
+    "generic": (("interactions.csv", "interactions.parquet"), "offline.loaders.generic:load_generic"),
+}
+SYNTHETIC = "synthetic"
+
+
+def detect_format(path: Path) -> str:
+    """The layout of directory ``path``: "ml-100k" | "ml-1m" | "ml-csv" | "generic".
+
+    Checked in table order, so a directory holding both ``u.data`` and ``ratings.csv`` is
+    ML-100K. Raises DataError listing the marker files looked for when none is present.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: no such directory")
+    if not path.is_dir():
+        raise DataError(f"{path}: expected a dataset directory, got a file")
+    for fmt, (markers, _) in FORMATS.items():
+        if any((path / m).is_file() for m in markers):
+            return fmt
+    looked_for = "; ".join(f"{' or '.join(markers)} ({fmt})" for fmt, (markers, _) in FORMATS.items())
+    present = sorted(p.name for p in path.iterdir())[:10]
+    raise DataError(f"{path}: unknown dataset layout; looked for {looked_for}; found {present or 'nothing'}")
+
+
+def load_dataset(path: Path | None, fmt: str | None = None, **synthetic_kwargs: Any) -> Dataset:
+    """Load ``path`` in format ``fmt`` (detected when None); ``path=None`` generates the synthetic set.
+
+    ``synthetic_kwargs`` (``n_users``, ``n_items``, ``seed``, ...) go to
+    ``offline.synthetic.generate`` and are refused for a real dataset.
+    """
+    if path is None or fmt == SYNTHETIC:
+        if path is not None:
+            raise ValueError(f"format 'synthetic' takes no path, got {path}")
+        from offline.synthetic import generate
+
+        return generate(**synthetic_kwargs)
+    if synthetic_kwargs:
+        raise ValueError(f"{sorted(synthetic_kwargs)} only apply to the synthetic dataset, not to {path}")
+    if fmt is None:
+        fmt = detect_format(Path(path))
+    elif fmt not in FORMATS:
+        raise ValueError(f"unknown dataset format {fmt!r}; known: {sorted(FORMATS) + [SYNTHETIC]}")
+    if not Path(path).is_dir():
+        raise DataError(f"{path}: no such directory")
+    return _loader(fmt)(Path(path))
+
+
+def _loader(fmt: str) -> Callable[[Path], Dataset]:
+    module, func = FORMATS[fmt][1].split(":")
+    loader: Callable[[Path], Dataset] = getattr(import_module(module), func)
+    return loader
+
+
+__all__ = ["FORMATS", "SYNTHETIC", "DataError", "detect_format", "load_dataset"]

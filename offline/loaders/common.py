@@ -1,0 +1,75 @@
+"""Pieces every loader shares: the validated interactions table, item text, title years.
+
+``interactions`` turns a raw ``Table`` of (user, item, rating, timestamp) strings into the
+canonical interactions DataFrame, refusing unknown ids, non-numeric or out-of-range ratings
+and bad timestamps with the file and line. ``describe`` builds the short item text the LLM
+re-ranker reads when a dataset has no plot summaries (MovieLens has none).
+
+Deliberately left out: file layouts (one module per format).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from offline.loaders import checks
+from offline.loaders.reading import Table
+
+_TITLE_YEAR = re.compile(r"\((\d{4})\)\s*$")
+IMPLICIT_RATING = 1.0  # an interaction log without ratings counts every event as one positive
+
+
+def year_from_title(title: str) -> int | None:
+    """The year in a MovieLens-style title: ``"Toy Story (1995)"`` -> 1995; none -> None."""
+    m = _TITLE_YEAR.search(title)
+    return int(m.group(1)) if m else None
+
+
+def describe(title: str, categories: Sequence[str], tags: Sequence[str] = ()) -> str:
+    """``"Toy Story (1995). Genres: Animation, Children's, Comedy."`` (+ ``" Tags: a, b."``)."""
+    parts = [title.strip().rstrip(".") + "."]
+    if categories:
+        parts.append(f"Genres: {', '.join(categories)}.")
+    if tags:
+        parts.append(f"Tags: {', '.join(tags)}.")
+    return " ".join(parts)
+
+
+def interactions(
+    table: Table,
+    *,
+    items: pd.Series,
+    items_file: str,
+    users: pd.Series | None = None,
+    users_file: str = "",
+    rating_range: tuple[float | None, float | None] = (None, None),
+) -> pd.DataFrame:
+    """Validated canonical interactions from ``table`` columns user_id, item_id[, rating], timestamp.
+
+    Every item must be in ``items`` (and every user in ``users`` when given); a missing
+    ``rating`` column means implicit feedback (``IMPLICIT_RATING``).
+    """
+    checks.require_file_rows(table)
+    user = checks.ids(table, "user_id", "user id")
+    item = checks.ids(table, "item_id", "item id")
+    checks.known(table, item, pd.Index(items), "item id", items_file)
+    if users is not None:
+        checks.known(table, user, pd.Index(users), "user id", users_file)
+    if table.has("rating"):
+        low, high = rating_range
+        rating = checks.numbers(table, "rating", "rating", low=low, high=high).to_numpy(np.float32)
+    else:
+        rating = np.full(len(table), IMPLICIT_RATING, dtype=np.float32)
+    return pd.DataFrame(
+        {"user_id": user.to_numpy(), "item_id": item.to_numpy(), "rating": rating,
+         "timestamp": checks.timestamps(table, "timestamp")}
+    )
+
+
+def users_seen(interactions_df: pd.DataFrame) -> pd.DataFrame:
+    """A users table with only ids (in first-seen order) for datasets without user files."""
+    return pd.DataFrame({"user_id": pd.unique(interactions_df["user_id"])})

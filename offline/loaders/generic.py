@@ -1,0 +1,133 @@
+"""Any interaction log in the canonical column names, as CSV or Parquet -> ``Dataset``.
+
+Files in one directory (each ``.csv`` or ``.parquet``):
+
+- ``interactions``: ``user_id, item_id[, rating], timestamp``. No rating column means
+  implicit feedback (every event rated ``common.IMPLICIT_RATING``). A timestamp is required
+  (unix seconds or ISO-8601) because the leave-one-out protocol orders events by time.
+- ``items`` (required): ``item_id[, title, text, categories, audience, risk_level, year,
+  attributes]``; categories as a '|'-joined string or a list; an empty text is built from the
+  title and categories. Columns outside the schema are kept in the ``attributes`` JSON.
+- ``users`` (optional): ``user_id[, age, gender, occupation, zip, risk_tolerance,
+  attributes]``, extra columns likewise. Without it the users table holds ids only.
+
+Deliberately left out: MovieLens layouts (``movielens``, ``movielens_csv``), k-core filtering.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from offline.loaders import checks, common
+from offline.loaders.reading import LINE, Table, find_table_file, read_table
+from offline.schema import AUDIENCES, ITEM_COLUMNS, RISK_LEVELS, USER_COLUMNS, DataError, Dataset
+
+
+def load_generic(directory: Path) -> Dataset:
+    directory = Path(directory)
+    items = _items(read_table(_need(directory, "items"), ("item_id",)))
+    users_path = find_table_file(directory, "users")
+    users = _users(read_table(users_path, ("user_id",))) if users_path else None
+    table = read_table(_need(directory, "interactions"), ("user_id", "item_id"))
+    if not table.has("timestamp"):
+        raise DataError(
+            f"{table.file}: no 'timestamp' column (unix seconds or ISO-8601); "
+            "the evaluation protocol needs each user's events in time order"
+        )
+    events = common.interactions(
+        table, items=items["item_id"], items_file=_name(directory, "items"),
+        users=None if users is None else users["user_id"], users_file=users_path.name if users_path else "",
+    )
+    return Dataset(directory.name, events, items, common.users_seen(events) if users is None else users)
+
+
+def _need(directory: Path, stem: str) -> Path:
+    path = find_table_file(directory, stem)
+    if path is None:
+        raise DataError(f"{directory}: neither {stem}.csv nor {stem}.parquet found")
+    return path
+
+
+def _name(directory: Path, stem: str) -> str:
+    path = find_table_file(directory, stem)
+    return path.name if path else f"{stem}.csv"
+
+
+def _items(table: Table) -> pd.DataFrame:
+    checks.require_file_rows(table)
+    item_id = checks.ids(table, "item_id", "item id")
+    checks.unique(table, item_id, "item id")
+    titles = item_id
+    if table.has("title"):
+        given = checks.text(table, "title")
+        titles = given.where(given != "", item_id)  # an untitled item is shown by its id
+    categories = _categories(table.rows["categories"]) if table.has("categories") else [[] for _ in range(len(table))]
+    text = checks.text(table, "text") if table.has("text") else pd.Series([""] * len(table))
+    text = [t or common.describe(title, cats) for t, title, cats in zip(text, titles, categories, strict=True)]
+    out = pd.DataFrame({"item_id": item_id, "title": titles, "text": text, "categories": categories})
+    if table.has("audience"):
+        out["audience"] = checks.choice(table, "audience", AUDIENCES, "audience")
+    if table.has("risk_level"):
+        out["risk_level"] = checks.numbers(table, "risk_level", "risk level", integer=True,
+                                           low=min(RISK_LEVELS), high=max(RISK_LEVELS), allow_empty=True)
+    if table.has("year"):
+        out["year"] = checks.numbers(table, "year", "year", integer=True, allow_empty=True)
+    out["attributes"] = _attributes(table, ITEM_COLUMNS)
+    return out
+
+
+def _users(table: Table) -> pd.DataFrame:
+    checks.require_file_rows(table)
+    user_id = checks.ids(table, "user_id", "user id")
+    checks.unique(table, user_id, "user id")
+    out = pd.DataFrame({"user_id": user_id})
+    if table.has("age"):
+        out["age"] = checks.numbers(table, "age", "age", integer=True, low=0, high=130, allow_empty=True)
+    for col in ("gender", "occupation", "zip"):
+        if table.has(col):
+            values = checks.text(table, col)
+            out[col] = values.astype(object).where(values != "", None)
+    if table.has("risk_tolerance"):
+        out["risk_tolerance"] = checks.numbers(table, "risk_tolerance", "risk tolerance", integer=True,
+                                               low=min(RISK_LEVELS), high=max(RISK_LEVELS), allow_empty=True)
+    out["attributes"] = _attributes(table, USER_COLUMNS)
+    return out
+
+
+def _categories(values: pd.Series) -> list[list[str]]:
+    """'A|B' strings or list-likes (Parquet) -> lists of non-empty stripped names."""
+    out: list[list[str]] = []
+    for v in values:
+        if isinstance(v, str):
+            parts: Sequence[object] = v.split("|")
+        elif isinstance(v, (list, tuple, np.ndarray)):
+            parts = list(v)
+        else:
+            parts = []  # None / NaN: no categories
+        out.append([str(p).strip() for p in parts if str(p).strip()])
+    return out
+
+
+def _attributes(table: Table, schema_columns: Sequence[str]) -> list[str]:
+    """JSON per row: the ``attributes`` column (a JSON object) merged with non-schema columns."""
+    extra = [c for c in table.rows.columns if c not in schema_columns and c != LINE]
+    given = checks.text(table, "attributes") if table.has("attributes") else pd.Series([""] * len(table))
+    out = []
+    for pos, raw in enumerate(given):
+        try:
+            attrs = json.loads(raw) if raw else {}
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{table.where(pos)}: attributes is not valid JSON ({exc.msg})") from exc
+        if not isinstance(attrs, dict):
+            raise DataError(f"{table.where(pos)}: attributes must be a JSON object, got {type(attrs).__name__}")
+        for col in extra:
+            value = table.rows[col].iat[pos]
+            if not checks.is_missing(value):
+                attrs[col] = value.item() if isinstance(value, np.generic) else value
+        out.append(json.dumps(attrs, default=str))
+    return out

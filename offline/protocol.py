@@ -1,0 +1,156 @@
+"""The evaluation protocol: k-core filtering and the leave-one-out split.
+
+This is the protocol LlamaRec (Yue et al., 2023) and LRURec (Yue et al., 2024) report on, so
+our numbers compare with theirs: iterative 5-core filtering, each user's interactions in time
+order, last -> test, second last -> valid, the rest -> train, full ranking over the catalog
+with the user's input history excluded.
+
+Rules fixed here (and recorded in ``Split.protocol``):
+
+- duplicates: repeated (user, item) pairs are collapsed to the latest one (largest timestamp,
+  then last row) *before* filtering, so a re-watch counts once (ML-100K has none);
+- tie-break: interactions with equal timestamps keep their order in the input table;
+- encoding: ``item_idx`` follows the items-table order restricted to surviving items;
+  ``user_idx`` follows the users-table order, then users absent from it in order of first
+  appearance in the interactions (they get an empty attribute row);
+- short users: a user needs >= 3 interactions (train, valid, test); with ``k < 3`` shorter
+  users are filtered with the k-core (users need max(k, 3), items need k).
+
+Deliberately left out: metrics (``offline.metrics``), baselines (``offline.baselines``),
+reading files (``offline.loaders``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from offline.schema import DataError, Dataset, Vocab, normalise_users
+from offline.split import Split
+
+MIN_USER_INTERACTIONS = 3  # one train, one valid, one test
+
+
+def k_core(interactions: pd.DataFrame, k: int = 5, *, min_user: int | None = None) -> pd.DataFrame:
+    """Keep the largest sub-table where every user and every item has >= ``k`` interactions.
+
+    Exact duplicate (user_id, item_id) pairs are first collapsed to the latest one. Removing a
+    sparse item can push a user below ``k`` (and so on), hence the loop until nothing changes.
+    ``min_user`` overrides the user threshold (``make_split`` uses max(k, 3)). Rows keep their
+    input order and index labels.
+
+    >>> df = pd.DataFrame({"user_id": ["a", "a", "b"], "item_id": ["x", "y", "x"]})
+    >>> k_core(df, k=2)["user_id"].tolist()
+    []
+    """
+    if k < 1:
+        raise ValueError(f"k_core: k must be >= 1, got {k}")
+    user_k = k if min_user is None else min_user
+    for col in ("user_id", "item_id"):
+        if col not in interactions.columns:
+            raise DataError(f"k_core: interactions lack column {col!r}")
+    users, _ = pd.factorize(interactions["user_id"])
+    items, item_uniques = pd.factorize(interactions["item_id"])
+    keep = _latest_per_pair(interactions, users, items, len(item_uniques))
+    while True:
+        u_count = np.bincount(users[keep], minlength=users.max(initial=-1) + 1)
+        i_count = np.bincount(items[keep], minlength=len(item_uniques))
+        ok = keep & (u_count[users] >= user_k) & (i_count[items] >= k)
+        if ok.sum() == keep.sum():
+            break
+        keep = ok
+    return interactions.loc[keep]
+
+
+_k_core_fn = k_core  # ``make_split``'s parameter ``k_core`` shadows the function name
+
+
+def _latest_per_pair(df: pd.DataFrame, users: np.ndarray, items: np.ndarray, n_items: int) -> np.ndarray:
+    """Bool mask keeping, per (user, item) pair, the row with the latest (timestamp, row)."""
+    pair = users.astype(np.int64) * max(n_items, 1) + items
+    pos = np.arange(len(df))
+    ts = df["timestamp"].to_numpy(np.int64) if "timestamp" in df else pos
+    order = np.lexsort((pos, ts, pair))  # within a pair: by time, then row; last one wins
+    last = np.ones(len(order), dtype=bool)
+    last[:-1] = pair[order][1:] != pair[order][:-1]
+    keep = np.zeros(len(df), dtype=bool)
+    keep[order[last]] = True
+    return keep
+
+
+def make_split(ds: Dataset, k_core: int = 5) -> Split:
+    """Filter ``ds`` to its ``k_core``, encode to contiguous indices and split leave-one-out.
+
+    Called once per dataset by ``recsys prepare``; every trainer and evaluator then loads the
+    saved ``Split``. See the module docstring for the duplicate, tie and ordering rules.
+    """
+    k = k_core  # the parameter is named after the protocol key, the function is ``_k_core_fn``
+    if k < 1:
+        raise ValueError(f"make_split: k_core must be >= 1, got {k}")
+    inter = ds.interactions.reset_index(drop=True)
+    user_k = max(k, MIN_USER_INTERACTIONS)
+    kept = _k_core_fn(inter, k, min_user=user_k)
+    n_short = 0
+    if user_k > k:  # only then can the split itself drop users: count them for the record
+        n_short = _k_core_fn(inter, k)["user_id"].nunique() - kept["user_id"].nunique()
+    if kept.empty:
+        raise DataError(f"make_split: dataset {ds.name!r} is empty after {k}-core filtering")
+
+    items = _encoded_items(ds, kept)
+    users = _encoded_users(ds, kept)
+    item_idx = pd.Index(items["item_id"]).get_indexer(kept["item_id"]).astype(np.int64)
+    user_idx = pd.Index(users["user_id"]).get_indexer(kept["user_id"]).astype(np.int64)
+    ts = kept["timestamp"].to_numpy(np.int64)
+    rows = kept.index.to_numpy(np.int64)  # positions in the input table: the tie-break
+    order = np.lexsort((rows, ts, user_idx))
+    user_idx, item_idx, ts = user_idx[order], item_idx[order], ts[order]
+    rating = kept["rating"].to_numpy(np.float32)[order]
+
+    ends = np.cumsum(np.bincount(user_idx, minlength=len(users)))
+    test_rows, valid_rows = ends - 1, ends - 2
+    train_mask = np.ones(len(order), dtype=bool)
+    train_mask[test_rows] = False
+    train_mask[valid_rows] = False
+    train = pd.DataFrame({"user_idx": user_idx[train_mask], "item_idx": item_idx[train_mask],
+                          "rating": rating[train_mask], "timestamp": ts[train_mask]})
+    protocol = {
+        "k_core": k, "split": "leave-one-out", "ranking": "full", "exclude": "history",
+        "dedup": "latest (user, item) kept", "tie_break": "timestamp, then input row order",
+        "min_user_interactions": user_k, "n_users_dropped_short": int(n_short),
+        "n_interactions": len(order), "n_users": len(users), "n_items": len(items),
+        "n_interactions_raw": len(inter),
+    }
+    return Split(
+        name=ds.name, vocab=Vocab.build(users["user_id"], items["item_id"]),
+        items=items, users=users, train=train,
+        valid=item_idx[valid_rows], test=item_idx[test_rows],
+        valid_ts=ts[valid_rows], test_ts=ts[test_rows], protocol=protocol,
+    )
+
+
+def _encoded_items(ds: Dataset, kept: pd.DataFrame) -> pd.DataFrame:
+    """Items-table rows of surviving items, in items-table order (row i == item_idx i)."""
+    surviving = pd.unique(kept["item_id"])
+    known = ds.items["item_id"].isin(surviving)
+    if known.sum() != len(surviving):
+        missing = sorted(set(surviving) - set(ds.items["item_id"]))
+        raise DataError(
+            f"make_split: {len(missing)} interacted item id(s) missing from the items table of "
+            f"{ds.name!r}, e.g. {missing[:5]}"
+        )
+    return ds.items.loc[known].reset_index(drop=True)
+
+
+def _encoded_users(ds: Dataset, kept: pd.DataFrame) -> pd.DataFrame:
+    """Users-table rows of surviving users, then unknown users with empty attributes."""
+    table = ds.users
+    if table["user_id"].duplicated().any():
+        dup = table.loc[table["user_id"].duplicated(), "user_id"].iloc[0]
+        raise DataError(f"make_split: duplicate user_id {dup!r} in the users table of {ds.name!r}")
+    surviving = pd.unique(kept["user_id"])
+    listed = table.loc[table["user_id"].isin(surviving), "user_id"]
+    listed_set = set(listed)
+    unlisted = [u for u in surviving if u not in listed_set]
+    order = pd.Index(list(listed) + unlisted, name="user_id")
+    reindexed = table.set_index("user_id").reindex(order).reset_index()
+    return normalise_users(reindexed)  # fills the unknown users' rows with canonical empties

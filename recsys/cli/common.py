@@ -1,0 +1,80 @@
+"""Options and helpers every ``recsys`` subcommand shares.
+
+Each command that reads a dataset takes ``--data DIR`` (format detected from the files,
+``--format`` to force one; no ``--data`` means the synthetic default), and each command
+that measures writes its JSON report to ``--out FILE``. Heavy imports stay inside commands.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+DataOpt = Annotated[
+    Path | None,
+    typer.Option("--data", help="Dataset directory (MovieLens 100K/1M/latest or generic CSV/Parquet). "
+                 "Omit for the synthetic default.", exists=True, file_okay=False, dir_okay=True),
+]
+FormatOpt = Annotated[
+    str | None, typer.Option("--format", help="Force the format: ml-100k, ml-1m, ml-csv, generic.")
+]
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", help="Pipeline YAML (default configs/pipeline.yaml).")
+]
+ArtifactsOpt = Annotated[
+    Path | None,
+    typer.Option("--artifacts", help="This dataset's artifact directory (default <artifacts_dir>/<dataset name>)."),
+]
+OutOpt = Annotated[Path | None, typer.Option("--out", help="Write the JSON report here.")]
+KCoreOpt = Annotated[int, typer.Option("--k-core", min=1, help="Iterative k-core filter.")]
+SynthUsersOpt = Annotated[int, typer.Option("--synthetic-users", min=10, help="Synthetic default: users.")]
+SynthItemsOpt = Annotated[int, typer.Option("--synthetic-items", min=20, help="Synthetic default: items.")]
+
+
+def load_settings(config: Path | None) -> Any:
+    from recsys.settings import ConfigError, Settings
+
+    try:
+        return Settings.from_yaml(config)
+    except ConfigError as exc:
+        fail(str(exc))
+
+
+def artifact_dir(settings: Any, data: Path | None, explicit: Path | None) -> Path:
+    from offline.jobs import dataset_name
+
+    return explicit if explicit is not None else Path(settings.artifacts_dir) / dataset_name(data)
+
+
+def synthetic_kwargs(data: Path | None, users: int, items: int, seed: int) -> dict[str, Any]:
+    return {} if data is not None else {"n_users": users, "n_items": items, "seed": seed}
+
+
+def write_report(report: dict[str, Any], out: Path | None) -> None:
+    """Print the report and, with ``--out``, write it atomically (tmp file + rename)."""
+    text = json.dumps(report, indent=2, default=_default)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.tmp")
+        tmp.write_text(text + "\n")
+        tmp.replace(out)
+        typer.echo(f"report written to {out}", err=True)
+    typer.echo(text)
+
+
+def fail(message: str, code: int = 2) -> Any:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code)
+
+
+def _default(o: Any) -> Any:
+    import numpy as np
+
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)

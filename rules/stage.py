@@ -1,0 +1,81 @@
+"""The compliance rules stage: filters candidates and attaches disclaimers, keeping their order.
+
+Placed after the scorers and before fusion (``recsys.config.default_stages``) with
+``on_error: fail``, so a failure answers nothing rather than something unfiltered.
+
+Category caps and fusion: a cap is about the *served* list, whose order fusion decides. The
+stage therefore takes ``params.apply``: ``filters`` (blocklists, gates, disclaimers; placed
+before fusion so fusion never sees a forbidden item), ``caps`` (category caps only; placed
+after fusion, walking the fused order greedily best-first), or ``all`` (both, on the order it
+receives; used when a pipeline has no fusion). The default pipeline runs
+``rules (filters) -> fusion -> caps (caps)``, both with ``on_error: fail``.
+
+Deliberately left out: rule semantics (``rules.engine``) and the file format (``rules.schema``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from recsys.config import StageSpec
+from recsys.contract import Candidates, Request
+from rules.engine import apply_rules
+from rules.items import ItemAttributes
+from rules.schema import RuleSet, load_ruleset
+
+
+class RulesStage:
+    """``recsys.contract.Stage`` evaluating a ``RuleSet`` on ``request.user_attrs``."""
+
+    reads: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()
+
+    def __init__(self, spec: StageSpec, settings: Any):
+        self.name = spec.name
+        self.spec = spec
+        self.settings = settings
+        self.ruleset: RuleSet | None = None
+        self.items: ItemAttributes | None = None
+        self.ruleset_path: Path | None = None
+        self.apply = spec.params.get("apply", "all")
+        if self.apply not in ("all", "filters", "caps"):
+            raise ValueError(f"stage {spec.name!r}: params.apply must be all, filters or caps, got {self.apply!r}")
+
+    def load(self, artifact_dir: Any) -> None:
+        """Read the rule set and the item attribute arrays from ``artifact_dir/split``.
+
+        The rule set is ``spec.params['ruleset']`` when given, else ``settings.rules`` decides
+        (an explicit file, or the packaged one for this dataset's name).
+        """
+        from offline.split import Split
+
+        split = Split.load(Path(artifact_dir) / "split")
+        explicit = self.spec.params.get("ruleset")
+        path = Path(explicit) if explicit else self.settings.rules.ruleset_path(split.name)
+        self.use(load_ruleset(path), ItemAttributes.from_items(split.items))
+        self.ruleset_path = path
+
+    def use(self, ruleset: RuleSet, items: ItemAttributes) -> None:
+        """Install an already-loaded rule set and item table (hot swap, tests, evaluator)."""
+        self.ruleset, self.items = ruleset, items
+
+    def version(self) -> str:
+        return self.ruleset.version if self.ruleset is not None else "unloaded"
+
+    def run(self, request: Request, candidates: Candidates) -> Candidates:
+        if self.ruleset is None or self.items is None:
+            raise RuntimeError(f"stage {self.name!r}: run() before load()")
+        outcome = apply_rules(self.ruleset, request.user_attrs, self.items, candidates.items, apply=self.apply)
+        out = candidates.take(np.flatnonzero(outcome.keep))
+        # take() shares the dict/list objects with its input; copy them so the input is untouched
+        out.disclaimers = {k: list(v) for k, v in candidates.disclaimers.items()}
+        for item, texts in outcome.disclaimers.items():
+            have = out.disclaimers.setdefault(item, [])
+            have.extend(t for t in texts if t not in have)
+        out.removed = list(candidates.removed)
+        if request.debug:
+            out.removed.extend(outcome.removed)
+        return out

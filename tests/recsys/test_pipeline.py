@@ -1,0 +1,130 @@
+"""Pipeline semantics: order, depths, skips, fallbacks on error/overrun, fail-closed stages."""
+
+import time
+
+import numpy as np
+import pytest
+
+from recsys.config import StageSpec
+from recsys.contract import Candidates, Request
+from recsys.pipeline import Pipeline, PipelineError
+
+
+class ListRecall:
+    """Recall over a fixed catalog: item i scores -i (so lower ids first), history excluded."""
+
+    name, reads, writes = "recall", (), ("recall",)
+
+    def __init__(self, n_items: int = 30):
+        self.n_items = n_items
+
+    def load(self, artifact_dir) -> None: ...
+
+    def version(self) -> str:
+        return "list-v1"
+
+    def run(self, request: Request, candidates: Candidates) -> Candidates:
+        items = np.setdiff1d(np.arange(self.n_items), request.excluded)
+        return Candidates(items=items).with_scores("recall", -items.astype(np.float32))
+
+
+class ParityScorer:
+    """Puts odd items first; optionally raises or sleeps to exercise fallbacks."""
+
+    reads, writes = ("recall",), ("coarse",)
+
+    def __init__(self, name="coarse", fail=False, sleep_s=0.0):
+        self.name, self.fail, self.sleep_s = name, fail, sleep_s
+
+    def load(self, artifact_dir) -> None: ...
+
+    def version(self) -> str:
+        return "parity-v1"
+
+    def run(self, request: Request, candidates: Candidates) -> Candidates:
+        if self.fail:
+            raise RuntimeError("model exploded")
+        time.sleep(self.sleep_s)
+        return candidates.with_scores(self.name, (candidates.items % 2).astype(np.float32))
+
+
+def spec(name, kind, **kw) -> StageSpec:
+    return StageSpec(name=name, kind=kind, **kw)
+
+
+def pipeline(second: ParityScorer, **kw) -> Pipeline:
+    return Pipeline([(spec("recall", "recall", depth=10, on_error="fail"), ListRecall()),
+                     (spec(second.name, "coarse", depth=4, **kw), second)])
+
+
+def test_stages_run_in_order_with_depth_cuts_and_timings():
+    res = pipeline(ParityScorer()).run(Request(user_id="u", k=3, history=[0, 1]))
+    # recall keeps 2..11 (history excluded), parity puts odd first, stable within ties
+    assert res.candidates.items.tolist() == [3, 5, 7]
+    assert [(t.name, t.status, t.n_in, t.n_out) for t in res.traces] == [
+        ("recall", "ok", 0, 10), ("coarse", "ok", 10, 4)]
+    assert all(t.ms >= 0 for t in res.traces)
+    assert res.versions == {"recall": "list-v1", "coarse": "parity-v1"}
+    assert res.fallbacks == []
+
+
+def test_exception_falls_back_to_previous_order_and_says_so():
+    res = pipeline(ParityScorer(fail=True)).run(Request(user_id="u", k=3))
+    assert res.candidates.items.tolist() == [0, 1, 2]
+    trace = res.traces[-1]
+    assert (trace.status, trace.n_out) == ("fallback", 4)
+    assert "RuntimeError: model exploded" in trace.reason
+    assert res.fallbacks == ["coarse"]
+
+
+def test_budget_overrun_falls_back():
+    res = pipeline(ParityScorer(sleep_s=0.05), budget_ms=1).run(Request(user_id="u", k=3))
+    assert res.candidates.items.tolist() == [0, 1, 2]
+    assert "budget overrun" in res.traces[-1].reason
+
+
+def test_stage_sees_its_own_deadline():
+    seen = {}
+
+    class Probe(ParityScorer):
+        def run(self, request, candidates):
+            seen["remaining"] = request.remaining_s()
+            return super().run(request, candidates)
+
+    pipeline(Probe(), budget_ms=500).run(Request(user_id="u"))
+    assert 0 < seen["remaining"] <= 0.5
+
+
+def test_fail_closed_stage_raises_pipeline_error():
+    p = pipeline(ParityScorer(fail=True), on_error="fail")
+    with pytest.raises(PipelineError, match="stage 'coarse' failed: RuntimeError: model exploded") as err:
+        p.run(Request(user_id="u"))
+    assert err.value.traces[-1].status == "error"
+
+
+def test_disabled_and_policy_skipped_stages_are_reported():
+    res = pipeline(ParityScorer(), enabled=False).run(Request(user_id="u", k=2))
+    assert res.traces[-1].status == "skipped" and res.traces[-1].reason == "disabled"
+    assert res.candidates.items.tolist() == [0, 1]
+    res = pipeline(ParityScorer()).run(Request(user_id="u", k=2), skip={"coarse"})
+    assert res.traces[-1].reason == "skipped by request policy"
+
+
+def test_expired_request_deadline_skips_optional_stages():
+    req = Request(user_id="u", k=2, deadline=time.monotonic() - 1)
+    p = Pipeline([(spec("recall", "recall", depth=10, on_error="fail"), ListRecall()),
+                  (spec("coarse", "coarse"), ParityScorer())])
+    with pytest.raises(PipelineError, match="deadline"):
+        p.run(req)
+
+
+def test_until_stops_after_the_named_stage():
+    res = pipeline(ParityScorer()).run(Request(user_id="u", k=5), until="recall")
+    assert [t.name for t in res.traces] == ["recall"]
+    assert res.candidates.items.tolist() == [0, 1, 2, 3, 4]
+
+
+def test_observer_sees_every_stage_output():
+    seen = []
+    pipeline(ParityScorer()).run(Request(user_id="u", k=3), observe=lambda n, c: seen.append((n, len(c))))
+    assert seen == [("recall", 10), ("coarse", 4)]

@@ -1,0 +1,170 @@
+"""RulesStage: loads rule set + item arrays from an artifact dir, filters in order, fails closed."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from offline.schema import Vocab
+from offline.split import Split
+from recsys.config import StageSpec
+from recsys.contract import Candidates, Request, Stage
+from recsys.pipeline import Pipeline, PipelineError
+from recsys.settings import Settings
+from rules.config import RULESETS_DIR
+from rules.items import ItemAttributes
+from rules.schema import load_ruleset
+from rules.stage import RulesStage
+from tests.rules.conftest import toy_items_table
+
+RULES_YAML = """
+version: toy-7
+rules:
+  - {id: adult_gate, kind: audience_gate, audience: adult, min_age: 18}
+  - {id: horror_note, kind: disclaimer, text: scary, items: {categories: [Horror]}}
+  - {id: drama_cap, kind: category_cap, category: Drama, max_items: 1}
+"""
+
+
+def save_toy_split(root, name="toy"):
+    items = toy_items_table()
+    users = pd.DataFrame({"user_id": ["u0"]})
+    train = pd.DataFrame({"user_idx": [0], "item_idx": [0], "rating": [5.0], "timestamp": [1]})
+    Split(name=name, vocab=Vocab.build(users["user_id"], items["item_id"]), items=items, users=users,
+          train=train, valid=np.array([1]), test=np.array([2]), valid_ts=np.array([2]),
+          test_ts=np.array([3])).save(root / "split")
+
+
+@pytest.fixture
+def stage(tmp_path):
+    save_toy_split(tmp_path)
+    (tmp_path / "rules.yaml").write_text(RULES_YAML)
+    stage = RulesStage(StageSpec(name="rules", kind="rules"), Settings.build({"rules": {"ruleset": str(tmp_path / "rules.yaml")}}))
+    stage.load(tmp_path)
+    return stage
+
+
+def cands(items):
+    items = np.asarray(items)
+    return Candidates(items=items).with_scores("coarse", -np.arange(len(items), dtype=np.float32))
+
+
+def test_implements_stage_and_reports_rule_set_version(stage):
+    assert isinstance(stage, Stage)
+    assert (stage.name, stage.reads, stage.writes) == ("rules", (), ())
+    assert stage.version() == "toy-7"
+
+
+def test_filters_keeping_order_and_attaches_disclaimers(stage):
+    before = cands([3, 1, 2, 0, 5])
+    out = stage.run(Request(user_id="kid", user_attrs={"age": 12}), before)
+    # b (adult) gated; d keeps the one Drama slot so c and f are capped
+    assert out.items.tolist() == [3, 0]
+    assert out.scores["coarse"].tolist() == [0.0, -3.0]
+    assert out.order_by == "coarse"
+    assert out.disclaimers == {3: ["scary"]}
+    assert out.removed == []  # reasons only in debug mode
+    assert before.items.tolist() == [3, 1, 2, 0, 5] and before.disclaimers == {} and before.removed == []
+
+
+def test_debug_records_which_rule_removed_which_item(stage):
+    out = stage.run(Request(user_id="kid", user_attrs={}, debug=True), cands([3, 1, 2, 0, 5]))
+    assert out.removed == [(1, "adult_gate"), (2, "drama_cap"), (5, "drama_cap")]
+
+
+def test_existing_disclaimers_and_reasons_are_kept(stage):
+    before = cands([3, 0])
+    before.disclaimers = {3: ["from llm"], 0: ["x"]}
+    before.removed = [(9, "recall: excluded")]
+    out = stage.run(Request(user_id="u", user_attrs={"age": 30}, debug=True), before)
+    assert out.disclaimers == {3: ["from llm", "scary"], 0: ["x"]}
+    assert out.removed == [(9, "recall: excluded")]
+    assert before.disclaimers == {3: ["from llm"], 0: ["x"]}
+
+
+def test_packaged_rule_set_is_chosen_by_dataset_name(tmp_path):
+    save_toy_split(tmp_path, name="ml-100k")
+    stage = RulesStage(StageSpec(name="rules", kind="rules"), Settings.build({}))
+    stage.load(tmp_path)
+    assert stage.version() == load_ruleset(RULESETS_DIR / "movielens.yaml").version
+
+
+def test_run_before_load_is_an_error_and_the_pipeline_fails_closed(tmp_path):
+    stage = RulesStage(StageSpec(name="rules", kind="rules", on_error="fail"), Settings.build({}))
+    with pytest.raises(RuntimeError, match="before load"):
+        stage.run(Request(user_id="u"), cands([0]))
+    pipe = Pipeline([(StageSpec(name="rules", kind="rules", on_error="fail"), stage)])
+    with pytest.raises(PipelineError, match="stage 'rules' failed"):
+        pipe.run(Request(user_id="u"))
+
+
+@pytest.mark.ml100k
+def test_movielens_rules_on_the_real_catalog(ml100k_dir):
+    from offline.loaders import load_dataset
+
+    items = ItemAttributes.from_items(load_dataset(ml100k_dir).items)
+    ruleset = load_ruleset(RULESETS_DIR / "movielens.yaml")
+    stage = RulesStage(StageSpec(name="rules", kind="rules"), Settings.build({}))
+    stage.use(ruleset, items)
+    horror = int(np.flatnonzero(items.categories[:, items.category_names.index("Horror")])[0])
+    placeholder = int(items.indices_of(["267"])[0])
+    comedies = np.flatnonzero(items.categories[:, items.category_names.index("Comedy")])[:8]
+    order = np.concatenate([[placeholder, horror], comedies])
+    out = stage.run(Request(user_id="kid", user_attrs={"age": 9}, debug=True), cands(order))
+    # no audience gate on MovieLens: a 9-year-old loses only the placeholder and the 7th+ comedy
+    assert out.items[:2].tolist() == [horror, comedies[0]]
+    assert (placeholder, "placeholder_item") in out.removed
+    assert items.categories[out.items, items.category_names.index("Comedy")].sum() == 6
+    assert out.disclaimers[horror] == ["Contains frightening scenes."]
+
+
+class FixedRecall:
+    """Recall returning a fixed list: recall scores descending, coarse scores ascending."""
+
+    name, reads, writes = "recall", (), ("recall", "coarse")
+
+    def load(self, artifact_dir) -> None: ...
+
+    def version(self) -> str:
+        return "fixed-1"
+
+    def run(self, request: Request, candidates: Candidates) -> Candidates:
+        items = np.array([6, 5, 3, 2, 0, 7])
+        rank = np.arange(len(items), dtype=np.float32)
+        return Candidates(items=items, scores={"coarse": rank}).with_scores("recall", -rank)
+
+
+def test_cap_holds_after_fusion_reorders(stage):
+    from recsys.fusion import FusionStage
+
+    fusion = FusionStage(StageSpec(name="fusion", kind="fusion", params={"weights": {"coarse": 1.0}}),
+                         Settings.build({}))
+    pipe = Pipeline([(StageSpec(name="recall", kind="recall", on_error="fail"), FixedRecall()),
+                     (StageSpec(name="rules", kind="rules", on_error="fail"), stage),
+                     (StageSpec(name="fusion", kind="fusion", depth=10), fusion)])
+    result = pipe.run(Request(user_id="u", k=10, user_attrs={"age": 30}))
+    # rules keep g (the one Drama slot, best in recall order), a, h; fusion reverses them by coarse
+    assert result.candidates.items.tolist() == [7, 0, 6]
+    assert result.versions["rules"] == "toy-7"
+
+
+@pytest.mark.parametrize(
+    ("apply", "expected"),
+    [
+        # items 3,1,2,0,5 for a 12-year-old: 1 (adult) is gated; Drama: 3, 2, 5 (only one may stay)
+        ("filters", [3, 2, 0, 5]),  # gate only, no cap
+        ("caps", [3, 1, 0]),  # cap only: 3 keeps the Drama slot, 2 and 5 go; no gate
+        ("all", [3, 0]),
+    ],
+)
+def test_apply_param_splits_filters_from_caps(tmp_path, apply, expected):
+    save_toy_split(tmp_path)
+    (tmp_path / "rules.yaml").write_text(RULES_YAML)
+    spec = StageSpec(name="r", kind="rules", params={"apply": apply})
+    s = RulesStage(spec, Settings.build({"rules": {"ruleset": str(tmp_path / "rules.yaml")}}))
+    s.load(tmp_path)
+    assert s.run(Request(user_id="kid", user_attrs={"age": 12}), cands([3, 1, 2, 0, 5])).items.tolist() == expected
+
+
+def test_apply_param_is_validated():
+    with pytest.raises(ValueError, match="params.apply must be all, filters or caps, got 'some'"):
+        RulesStage(StageSpec(name="r", kind="rules", params={"apply": "some"}), Settings.build())
