@@ -1,13 +1,53 @@
-"""Configuration of the LightGBM LambdaRank coarse ranker."""
+"""Configuration of the LightGBM LambdaRank coarse ranker.
+
+Two groups of fields: the booster's hyper-parameters (tuned defaults for ~1k query groups of
+~200 candidates, where a small, strongly regularised forest generalises best) and the
+feature builder's knobs (co-occurrence window, recency half-life, attribute smoothing).
+The seed is not here: trainers take the root ``Settings.seed``.
+"""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class CoarseConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    num_leaves: int = Field(31, ge=2, le=1024)
-    learning_rate: float = Field(0.05, gt=0, le=1)
-    n_estimators: int = Field(300, ge=1, le=10_000)
+    # -- LightGBM LambdaRank ----------------------------------------------------------
+    num_leaves: int = Field(default=31, ge=2, le=1024, description="Leaves per tree.")
+    learning_rate: float = Field(default=0.05, gt=0, le=1, description="Shrinkage per boosting round.")
+    n_estimators: int = Field(default=300, ge=1, le=10_000, description="Upper bound on boosting rounds.")
+    min_child_samples: int = Field(default=50, ge=1, le=100_000, description="Minimum rows per leaf.")
+    feature_fraction: float = Field(default=0.8, gt=0, le=1, description="Share of features sampled per tree.")
+    bagging_fraction: float = Field(default=0.8, gt=0, le=1, description="Share of rows sampled per tree.")
+    reg_lambda: float = Field(default=1.0, ge=0, description="L2 penalty on leaf values.")
+    early_stopping_rounds: int = Field(default=30, ge=1, le=1000, description="Stop after this many rounds without valid gain.")
+    eval_at: int = Field(default=10, ge=1, le=1000, description="k of the NDCG@k early stopping watches.")
+    truncation_level: int = Field(
+        default=30, ge=1, le=10_000, description="LambdaRank pairs are formed only with the top-N of each query."
+    )
+    num_threads: int = Field(default=2, ge=1, le=256, description="LightGBM threads for training and scoring.")
+    max_train_users: int | None = Field(
+        default=None, ge=1, description="Cap on training query groups (users sampled with the seed); None uses all."
+    )
+    # -- features ---------------------------------------------------------------------
+    cooc_window: int = Field(
+        default=3, ge=1, le=50, description="Item b co-occurs after a when it follows a within this many steps."
+    )
+    last_n: int = Field(default=5, ge=1, le=50, description="How many recent history items the similarity features use.")
+    recency_half_life_days: float = Field(
+        default=30.0, gt=0, description="Half-life of the exponential decay in recency-weighted popularity."
+    )
+    attribute_prior: float = Field(
+        default=20.0, ge=0, description="Pseudo-count shrinking per-segment item shares and mean ratings toward the global value."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> CoarseConfig:
+        if self.truncation_level < self.eval_at:
+            raise ValueError(
+                f"coarse.truncation_level ({self.truncation_level}) must be >= coarse.eval_at ({self.eval_at}):"
+                " LambdaRank would ignore pairs the metric counts"
+            )
+        return self

@@ -132,3 +132,36 @@ def evaluate_pipeline(
                     "request_ms": _pct(run["total_ms"]),
                     "stage_ms": {name: _pct(v) for name, v in run["stage_ms"].items()}},
     }
+
+
+def tune_fusion(settings: Any, artifact_dir: Path, split: Split, *, progress: bool = True) -> dict[str, Any]:
+    """Pick fusion weights on the *valid* phase and save them to ``artifact_dir/fusion``.
+
+    Each valid user's candidates are captured right after the rules filters (what fusion
+    sees), and the simplex grid of weights over the stages present is searched for the best
+    mean NDCG@10 (``recsys.fusion.tune_fusion_weights``). The test phase is never read.
+    """
+    from recsys.fusion import FusionExample, ndcg_at_k, save_weights, tune_fusion_weights
+    from recsys.registry import build_pipeline
+
+    names = [s.name for s in settings.pipeline.stages if s.enabled]
+    before_fusion = names[names.index("fusion") - 1] if "fusion" in names else names[-1]
+    pipeline = build_pipeline(settings, artifact_dir, only=tuple(names[: names.index(before_fusion) + 1]))
+    from tqdm import tqdm
+
+    captured: list[Candidates] = []
+
+    def capture(name: str, c: Candidates) -> None:
+        if name == before_fusion:
+            captured.append(c)
+
+    for req in tqdm(requests_for(split, "valid"), desc="fusion (valid)", disable=not progress, unit="user"):
+        pipeline.run(req, until=before_fusion, observe=capture)
+    examples = [FusionExample.from_candidates(c, [t]) for c, t in zip(captured, split.valid, strict=True)]
+    weights = tune_fusion_weights(examples, k=K, step=settings.fusion.tune_step)
+    present = list(weights)
+    single = {s: float(ndcg_at_k(examples, [{s: 1.0}], K)[0]) for s in present}
+    best = float(ndcg_at_k(examples, [weights], K)[0])
+    save_weights(Path(artifact_dir) / "fusion", weights, valid_ndcg_at_10=best, single_stage_valid_ndcg=single)
+    return {"weights": weights, "valid_ndcg@10": round(best, 5),
+            "single_stage_valid_ndcg@10": {s: round(v, 5) for s, v in single.items()}}

@@ -91,25 +91,41 @@ def train_stages(
     if unknown:
         raise ValueError(f"unknown stage(s) to train: {sorted(unknown)}; choose from {STAGE_ORDER}")
     artifact_dir = Path(artifact_dir)
+    split_id = _split_id(artifact_dir)
     report: dict[str, Any] = {}
     for stage in (s for s in STAGE_ORDER if s in stages):
-        done = artifact_dir / stage / "meta.json"
-        if done.exists() and not force:
-            report[stage] = {"reused": True, **json.loads(done.read_text()).get("report", {})}
+        meta = _read_meta(artifact_dir / stage)
+        if not force and meta is not None and meta.get("split_id") == split_id:
+            report[stage] = {"reused": True, **meta.get("report", {})}
             continue
         t0 = time.perf_counter()
         rep = _TRAINERS[stage](settings, artifact_dir, split, progress)
         rep["seconds"] = round(time.perf_counter() - t0, 2)
         report[stage] = rep
-        _write_meta(artifact_dir / stage, rep)
+        _write_meta(artifact_dir / stage, rep, split_id)
+        force = True  # a retrained stage invalidates every stage trained on its output
     return report
 
 
-def _write_meta(directory: Path, report: dict[str, Any]) -> None:
+def _split_id(artifact_dir: Path) -> str:
+    """Identity of the split the stages train on (its source fingerprint and protocol)."""
+    import hashlib
+
+    parts = [(artifact_dir / "split" / n).read_bytes() for n in ("source.json", "split.json")
+             if (artifact_dir / "split" / n).exists()]
+    return hashlib.sha256(b"".join(parts)).hexdigest()[:16]
+
+
+def _read_meta(directory: Path) -> dict[str, Any] | None:
+    path = directory / "stage.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _write_meta(directory: Path, report: dict[str, Any], split_id: str) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / ".meta.json.tmp"
-    tmp.write_text(json.dumps({"report": report}, indent=2, default=_json_default))
-    tmp.replace(directory / "meta.json")  # last write: marks the stage complete
+    tmp = directory / ".stage.json.tmp"
+    tmp.write_text(json.dumps({"split_id": split_id, "report": report}, indent=2, default=_json_default))
+    tmp.replace(directory / "stage.json")  # last write: marks the stage complete
 
 
 def _json_default(o: Any) -> Any:

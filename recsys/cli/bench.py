@@ -43,7 +43,7 @@ def bench_serve(
     if not (art / "split").exists():
         c.fail(f"{art}: no trained artifacts here; run `recsys train --data ...` first")
     users = [str(u) for u in Split.load(art / "split").vocab.user_ids]
-    with start_server_subprocess(art, config_path=config) as base_url:
+    with start_server_subprocess(settings, art) as base_url:
         report = bench_latency(base_url, users, n_requests=requests, concurrency=concurrency)
     report["dataset"] = art.name
     c.write_report(report, out)

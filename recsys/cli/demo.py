@@ -31,7 +31,7 @@ def run_demo(settings: Any, artifact_dir: Path, config: Path | None, users: int,
         typer.echo(f"      {stage}: " + ("reused" if rep.get("reused") else f"{rep.get('seconds')} s"))
     typer.secho("[3/3] serving over HTTP and asking for recommendations", bold=True)
     known = str(split.vocab.user_ids[0])
-    with start_server_subprocess(artifact_dir, config_path=config) as base_url:
+    with start_server_subprocess(settings, artifact_dir) as base_url:
         for user in (known, "a-user-nobody-has-seen"):
             resp = httpx.post(f"{base_url}/v1/recommend", json={"user_id": user, "k": 5}, timeout=30)
             resp.raise_for_status()

@@ -110,8 +110,7 @@ def serve(
     art = c.artifact_dir(settings, data, artifacts)
     if not (art / "split").exists():
         c.fail(f"{art}: no trained artifacts here; run `recsys train` first")
-    run_server(settings, art, host or settings.serving.host, port or settings.serving.port,
-               workers or settings.serving.workers, config_path=config)
+    run_server(settings, art, host, port, workers)
 
 
 @app.command()

@@ -1,0 +1,278 @@
+"""Coarse-ranker features: (request, candidates) -> float32 matrix [n_candidates, n_features].
+
+``FeatureBuilder.fit`` computes lookup tables from training interactions only (see
+``coarse_rank.statistics``); ``transform`` then builds one request's matrix with array
+lookups, no per-candidate Python loop. NaN marks a missing value (LightGBM routes it).
+Feature names are stable for a fitted builder: the ``FEATURES`` below, then the recall
+channel columns seen at fit time (``recall_<channel>`` scores, ``src_<channel>`` flags as
+0/1); a channel absent from a request reads NaN, an unknown one is ignored.
+
+Deliberately left out: candidate generation and labels (``coarse_rank.dataset``), the model
+(``coarse_rank.train``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import sparse
+
+from coarse_rank import statistics as st
+from coarse_rank.config import CoarseConfig
+from offline.schema import AUDIENCES
+from offline.split import Split
+from recsys.contract import Candidates, Request
+
+FEATURES: dict[str, str] = {
+    "recall": "recall stage score (NaN when recall did not score the item)",
+    "recall_rank": "0-based position in the recall order (by the 'recall' score, NaN last)",
+    "recall_gap": "recall score minus the request's best recall score",
+    "item_log_pop": "log(1 + training interactions of the item)",
+    "item_recent_pop": "log(1 + interactions decayed by the recency half-life, relative to the latest one)",
+    "item_year": "release year (NaN unknown)",
+    "item_audience": "audience code: index in offline.schema.AUDIENCES (NaN unknown)",
+    "item_mean_rating": "mean rating shrunk toward the global mean by attribute_prior pseudo-ratings",
+    "item_n_categories": "number of categories of the item",
+    "hist_len": "length of the request history",
+    "cat_affinity_max": "max over the item's categories of the share of history items in that category",
+    "cat_affinity_mean": "mean of the same shares (NaN for an item without categories)",
+    "follow_last": "times the item followed the last history item within cooc_window steps in training",
+    "follow_last_norm": "follow_last / all followers of the last history item (P(item next | last))",
+    "follow_recent_sum": "sum of follow counts from each of the last_n history items",
+    "follow_recent_max": "max of those counts",
+    "precede_last": "times the last history item followed this item (reverse direction)",
+    "user_age": "user age in years (NaN unknown)",
+    "user_gender": "gender code in the fitted vocabulary (NaN unknown)",
+    "user_occupation": "occupation code in the fitted vocabulary (NaN unknown)",
+    "age_item_lift": "item's share among users of the user's age bracket / its overall share",
+    "gender_item_lift": "same for the user's gender",
+    "occupation_item_lift": "same for the user's occupation",
+}
+
+# codes without an order: LightGBM splits them as categories, not thresholds
+CATEGORICAL_FEATURES = ("item_audience", "user_gender", "user_occupation")
+
+
+@dataclass
+class _Tables:
+    """Fitted lookups; every array is indexed by item_idx (lifts: [segment, item_idx])."""
+
+    log_pop: np.ndarray
+    recent_pop: np.ndarray
+    year: np.ndarray
+    audience: np.ndarray
+    mean_rating: np.ndarray
+    item_cat: np.ndarray  # [n_items, n_categories] 0/1
+    follow: sparse.csr_matrix  # follow[a, b]: b came after a
+    age_lift: np.ndarray
+    gender_lift: np.ndarray
+    occupation_lift: np.ndarray
+    follow_t: sparse.csr_matrix = field(init=False)  # follow transposed: row b lists what b followed
+    follow_out: np.ndarray = field(init=False)  # row sums of follow
+
+    def __post_init__(self) -> None:
+        self.follow_t = self.follow.T.tocsr()
+        self.follow_out = np.asarray(self.follow.sum(axis=1)).ravel()
+
+
+class FeatureBuilder:
+    """Fitted once per training run; ``transform`` is called per request by the stage."""
+
+    def __init__(self, config: CoarseConfig | None = None) -> None:
+        self.config = config or CoarseConfig()
+        self.score_columns: tuple[str, ...] = ()
+        self.flag_columns: tuple[str, ...] = ()
+        self.categories: list[str] = []
+        self.genders: list[str] = []
+        self.occupations: list[str] = []
+        self._t: _Tables | None = None
+
+    @property
+    def feature_names(self) -> list[str]:
+        return [*FEATURES, *self.score_columns, *self.flag_columns]
+
+    @property
+    def n_items(self) -> int:
+        return len(self._tables.log_pop)
+
+    def fit(
+        self,
+        split: Split,
+        interactions: pd.DataFrame | None = None,
+        *,
+        score_columns: Sequence[str] = (),
+        flag_columns: Sequence[str] = (),
+    ) -> FeatureBuilder:
+        """Fit on ``interactions`` (default ``split.train``; same layout, sorted by user then time).
+
+        Only the item/user attribute tables of ``split`` are read besides ``interactions``.
+        """
+        cfg, n = self.config, split.n_items
+        df = split.train if interactions is None else interactions
+        users, items = df["user_idx"].to_numpy(np.int64), df["item_idx"].to_numpy(np.int64)
+        if len(items) and (items.min() < 0 or items.max() >= n):
+            raise ValueError(f"FeatureBuilder.fit: item_idx outside [0, {n}) in interactions")
+        self.score_columns, self.flag_columns = tuple(score_columns), tuple(flag_columns)
+        self.categories, item_cat = st.category_matrix(split.items["categories"])
+        self.genders, gender = st.codes(split.users["gender"])
+        self.occupations, occupation = st.codes(split.users["occupation"])
+        age = st.age_bucket(_float(split.users["age"]))
+        _, audience = st.codes(split.items["audience"], list(AUDIENCES))
+        prior = cfg.attribute_prior
+        self._t = _Tables(
+            log_pop=st.log_popularity(items, n),
+            recent_pop=st.recency_popularity(
+                items, df["timestamp"].to_numpy(np.int64), n, cfg.recency_half_life_days * 86_400.0),
+            year=_float(split.items["year"]).astype(np.float32),
+            audience=np.where(audience >= 0, audience, np.nan).astype(np.float32),
+            mean_rating=st.shrunk_mean_rating(items, df["rating"].to_numpy(np.float32), n, prior),
+            item_cat=item_cat,
+            follow=st.followed_by(users, items, n, cfg.cooc_window),
+            age_lift=st.segment_lift(age[users], items, st.N_AGE_BUCKETS, n, prior),
+            gender_lift=st.segment_lift(gender[users], items, max(len(self.genders), 1), n, prior),
+            occupation_lift=st.segment_lift(occupation[users], items, max(len(self.occupations), 1), n, prior),
+        )
+        return self
+
+    def transform(self, request: Request, candidates: Candidates) -> np.ndarray:
+        """The [len(candidates), n_features] float32 matrix for one request (see ``FEATURES``)."""
+        t, items = self._tables, candidates.items
+        if len(items) and (items.min() < 0 or items.max() >= self.n_items):
+            bad = items[(items < 0) | (items >= self.n_items)][0]
+            raise ValueError(f"candidate item_idx {bad} outside the fitted catalog [0, {self.n_items})")
+        hist = request.history[(request.history >= 0) & (request.history < self.n_items)]
+        cols = [
+            *_recall_columns(candidates.score("recall")),
+            t.log_pop[items], t.recent_pop[items], t.year[items], t.audience[items], t.mean_rating[items],
+            t.item_cat[items].sum(axis=1),
+            np.full(len(items), len(hist), dtype=np.float32),
+            *_category_affinity(t.item_cat, hist, items),
+            *self._follow_columns(hist, items),
+            *self._user_columns(request, items),
+            *(candidates.score(c) for c in self.score_columns),
+            *(candidates.flags[f].astype(np.float32) if f in candidates.flags
+              else np.full(len(items), np.nan, np.float32) for f in self.flag_columns),
+        ]
+        return np.column_stack(cols).astype(np.float32, copy=False).reshape(len(items), len(self.feature_names))
+
+    def transform_many(self, requests: Sequence[Request], candidates: Sequence[Candidates]) -> np.ndarray:
+        """Row-stacked ``transform`` of each (request, candidates) pair, in order."""
+        if len(requests) != len(candidates):
+            raise ValueError(f"transform_many: {len(requests)} requests but {len(candidates)} candidate sets")
+        mats = [self.transform(r, c) for r, c in zip(requests, candidates, strict=True)]
+        return np.vstack(mats) if mats else np.zeros((0, len(self.feature_names)), np.float32)
+
+    # -- feature groups ---------------------------------------------------------------
+    def _follow_columns(self, hist: np.ndarray, items: np.ndarray) -> list[np.ndarray]:
+        n = len(items)
+        if len(hist) == 0 or n == 0:
+            return [np.full(n, np.nan, np.float32)] * 5
+        last = hist[-self.config.last_n:][::-1]  # most recent first
+        t = self._tables
+        sub = t.follow[last][:, items].toarray()  # [len(last), n]
+        out_deg = max(float(t.follow_out[last[0]]), 1.0)
+        precede = t.follow_t[last[:1]][:, items].toarray()[0]  # follow[item, last]
+        return [sub[0], sub[0] / out_deg, sub.sum(axis=0), sub.max(axis=0), precede]
+
+    def _user_columns(self, request: Request, items: np.ndarray) -> list[np.ndarray]:
+        t, n, attrs = self._tables, len(items), request.user_attrs
+        age = _scalar(attrs.get("age"))
+        gender = _code(attrs.get("gender"), self.genders)
+        occupation = _code(attrs.get("occupation"), self.occupations)
+        bucket = int(st.age_bucket(np.array([age]))[0])
+        nan = np.full(n, np.nan, np.float32)
+        return [
+            np.full(n, age, np.float32),
+            np.full(n, np.nan if gender < 0 else gender, np.float32),
+            np.full(n, np.nan if occupation < 0 else occupation, np.float32),
+            t.age_lift[bucket, items] if bucket >= 0 else nan,
+            t.gender_lift[gender, items] if gender >= 0 else nan,
+            t.occupation_lift[occupation, items] if occupation >= 0 else nan,
+        ]
+
+    # -- persistence ------------------------------------------------------------------
+    def save(self, directory: Path) -> None:
+        """Write ``features.npz`` (arrays) and ``features.json`` (names, vocabularies, config)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        t = self._tables
+        arrays = {f.name: getattr(t, f.name) for f in fields(t) if f.init and f.name != "follow"}
+        np.savez(directory / "features.npz", **arrays, follow_data=t.follow.data,
+                 follow_indices=t.follow.indices, follow_indptr=t.follow.indptr)
+        meta = {"config": self.config.model_dump(), "feature_names": self.feature_names,
+                "score_columns": list(self.score_columns), "flag_columns": list(self.flag_columns),
+                "categories": self.categories, "genders": self.genders, "occupations": self.occupations}
+        (directory / "features.json").write_text(json.dumps(meta, indent=2))
+
+    @classmethod
+    def load(cls, directory: Path) -> FeatureBuilder:
+        directory = Path(directory)
+        for name in ("features.json", "features.npz"):
+            if not (directory / name).exists():
+                raise FileNotFoundError(f"{directory / name}: no fitted feature builder here")
+        meta = json.loads((directory / "features.json").read_text())
+        fb = cls(CoarseConfig(**meta["config"]))
+        fb.score_columns, fb.flag_columns = tuple(meta["score_columns"]), tuple(meta["flag_columns"])
+        fb.categories, fb.genders, fb.occupations = meta["categories"], meta["genders"], meta["occupations"]
+        with np.load(directory / "features.npz", allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        n = len(arrays["log_pop"])
+        follow = sparse.csr_matrix(
+            (arrays.pop("follow_data"), arrays.pop("follow_indices"), arrays.pop("follow_indptr")), shape=(n, n))
+        fb._t = _Tables(follow=follow, **arrays)
+        if fb.feature_names != meta["feature_names"]:
+            raise ValueError(f"{directory / 'features.json'}: feature names differ from this code's FEATURES")
+        return fb
+
+    @property
+    def _tables(self) -> _Tables:
+        if self._t is None:
+            raise RuntimeError("FeatureBuilder is not fitted: call fit(split) or FeatureBuilder.load(dir)")
+        return self._t
+
+
+def _recall_columns(recall: np.ndarray) -> list[np.ndarray]:
+    n = len(recall)
+    key = np.where(np.isnan(recall), -np.inf, recall)
+    rank = np.empty(n, dtype=np.float32)
+    rank[np.argsort(-key, kind="stable")] = np.arange(n, dtype=np.float32)
+    best = float(np.max(recall[~np.isnan(recall)])) if (~np.isnan(recall)).any() else np.nan
+    return [recall, rank, recall - np.float32(best)]
+
+
+def _category_affinity(item_cat: np.ndarray, hist: np.ndarray, items: np.ndarray) -> list[np.ndarray]:
+    """Share of the history in each of the candidate's categories: max and mean over them."""
+    n = len(items)
+    n_cat = item_cat[items].sum(axis=1)
+    if item_cat.shape[1] == 0 or n == 0:
+        return [np.full(n, np.nan, np.float32)] * 2
+    share = item_cat[hist].mean(axis=0) if len(hist) else np.zeros(item_cat.shape[1], np.float32)
+    weighted = item_cat[items] * share[None, :]
+    has = n_cat > 0
+    return [np.where(has, weighted.max(axis=1), np.nan),
+            np.where(has, weighted.sum(axis=1) / np.maximum(n_cat, 1), np.nan)]
+
+
+def _float(col: pd.Series) -> np.ndarray:
+    return pd.to_numeric(col, errors="coerce").astype("Float64").to_numpy(dtype=np.float64, na_value=np.nan)
+
+
+def _scalar(value: object) -> float:
+    try:
+        return float(value) if value is not None and not pd.isna(value) else np.nan  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return np.nan
+
+
+def _code(value: object, vocab: list[str]) -> int:
+    if value is None or (not isinstance(value, str) and pd.isna(value)):
+        return -1
+    try:
+        return vocab.index(str(value))
+    except ValueError:
+        return -1

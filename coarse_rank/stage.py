@@ -1,0 +1,81 @@
+"""The coarse ranking stage: scores recall candidates with the trained LambdaRank booster.
+
+``CoarseStage`` reads the "recall" column (and the per-channel ones) through
+``FeatureBuilder``, writes "coarse", sorts by it and keeps ``spec.depth`` rows; it never adds
+or drops other candidates. ``score_many`` scores a batch of requests with one booster call
+for the offline evaluator.
+
+Deliberately left out: training (``coarse_rank.train``) and fallbacks on error or overrun
+(the pipeline applies ``spec.on_error``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from coarse_rank.features import FeatureBuilder
+from recsys.config import StageSpec
+from recsys.contract import Candidates, Request, StageError
+
+
+class CoarseStage:
+    """Built cheaply as ``CoarseStage(spec, settings)``; ``load`` reads ``<artifact_dir>/coarse``."""
+
+    reads: tuple[str, ...] = ("recall",)
+
+    def __init__(self, spec: StageSpec, settings: Any) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.writes: tuple[str, ...] = (spec.name,)
+        self.num_threads = int(settings.coarse.num_threads)
+        self._booster: Any = None
+        self._builder: FeatureBuilder | None = None
+        self._version = "unloaded"
+
+    def load(self, artifact_dir: Any) -> None:
+        """Load the booster and the fitted feature builder from ``artifact_dir/coarse``.
+
+        The builder carries every item and segment table the features need, so the split is
+        not read here.
+        """
+        import lightgbm as lgb
+
+        directory = Path(artifact_dir) / "coarse"
+        if not (directory / "meta.json").exists():
+            raise FileNotFoundError(f"{directory / 'meta.json'}: no trained coarse ranker (run training first)")
+        builder = FeatureBuilder.load(directory)
+        model_text = (directory / "model.txt").read_text()
+        booster = lgb.Booster(model_str=model_text)
+        names = booster.feature_name()
+        if names != builder.feature_names:
+            raise ValueError(
+                f"{directory}: model.txt features {names[:3]}... differ from features.json {builder.feature_names[:3]}..."
+            )
+        self._booster, self._builder = booster, builder
+        self._version = hashlib.sha256(model_text.encode()).hexdigest()[:12]
+
+    def version(self) -> str:
+        return self._version
+
+    def run(self, request: Request, candidates: Candidates) -> Candidates:
+        """Score ``candidates`` for ``request``; sorted by "coarse", cut to ``spec.depth``."""
+        return self.score_many([request], [candidates])[0]
+
+    def score_many(self, requests: Sequence[Request], candidates: Sequence[Candidates]) -> list[Candidates]:
+        """``run`` for many requests with one booster call (the evaluator's batch path)."""
+        if self._booster is None or self._builder is None:
+            raise StageError(f"stage {self.name!r}: load(artifact_dir) was not called")
+        x = self._builder.transform_many(requests, candidates)
+        scores = self._booster.predict(x, num_threads=self.num_threads) if len(x) else np.zeros(0)
+        out, start = [], 0
+        for cands in candidates:
+            part = scores[start:start + len(cands)]
+            start += len(cands)
+            ranked = cands.with_scores(self.name, part)
+            out.append(ranked.head(self.spec.depth) if self.spec.depth is not None else ranked)
+        return out

@@ -1,0 +1,151 @@
+"""Training the coarse ranker: LightGBM LambdaRank over recall candidates.
+
+LambdaRank (Burges, "From RankNet to LambdaRank to LambdaMART: An Overview", MSR-TR-2010-82)
+weights each pairwise gradient by the NDCG change of swapping the pair, so the booster
+optimises the top of each user's list directly. One query group per user (see
+``coarse_rank.dataset``): train groups label each user's last training item given the rest
+of the sequence; early stopping watches NDCG@``eval_at`` on the valid phase. ``split.test``
+is never read.
+
+Artifacts written to ``out_dir``: ``model.txt`` (the booster cut at its best iteration),
+``features.npz`` + ``features.json`` (the builder fitted on all training interactions, used
+at serving and on valid), ``meta.json`` (written last: the report, parameters, seed).
+
+Deliberately left out: candidate generation (any ``recsys.contract.Stage``), serving
+(``coarse_rank.stage``), test-set evaluation (the offline evaluator).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from coarse_rank.config import CoarseConfig
+from coarse_rank.dataset import QueryGroups, build_groups, channel_columns, training_prefix
+from coarse_rank.features import CATEGORICAL_FEATURES, FeatureBuilder
+from offline.metrics import per_user_metrics
+from offline.split import Split
+from recsys.contract import Stage
+
+
+def lgbm_params(config: CoarseConfig, seed: int) -> dict[str, Any]:
+    """``LGBMRanker`` keyword arguments; deterministic for a seed and thread count."""
+    return {
+        "objective": "lambdarank",
+        "n_estimators": config.n_estimators,
+        "learning_rate": config.learning_rate,
+        "num_leaves": config.num_leaves,
+        "min_child_samples": config.min_child_samples,
+        "colsample_bytree": config.feature_fraction,
+        "subsample": config.bagging_fraction,
+        "subsample_freq": 1 if config.bagging_fraction < 1 else 0,
+        "reg_lambda": config.reg_lambda,
+        "lambdarank_truncation_level": config.truncation_level,
+        "random_state": seed,
+        "n_jobs": config.num_threads,
+        "deterministic": True,
+        "force_row_wise": True,
+        "verbose": -1,
+    }
+
+
+def train_coarse(
+    split: Split, candidate_stage: Stage, out_dir: Path, config: CoarseConfig, *, seed: int = 42, progress: bool = True
+) -> dict[str, Any]:
+    """Fit the ranker on ``candidate_stage``'s candidates, save it under ``out_dir``, return a report."""
+    import lightgbm as lgb
+
+    started = time.perf_counter()
+    train_users = _train_users(split, config, seed)
+    tr_all = build_groups(split, candidate_stage, "train", users=train_users, progress=progress)
+    va_all = build_groups(split, candidate_stage, "valid", progress=progress)
+    scores, flags = channel_columns([tr_all, va_all])
+    prefix_fb = FeatureBuilder(config).fit(split, training_prefix(split), score_columns=scores, flag_columns=flags)
+    builder = FeatureBuilder(config).fit(split, score_columns=scores, flag_columns=flags)
+    tr, va = tr_all.subset(tr_all.has_positive), va_all.subset(va_all.has_positive)
+    for name, g, g_all in (("train", tr, tr_all), ("valid", va, va_all)):
+        if len(g) == 0:
+            raise ValueError(
+                f"train_coarse: none of the {len(g_all)} {name} groups has its label among the candidates "
+                f"of stage {getattr(candidate_stage, 'name', candidate_stage)!r}; nothing to learn from"
+            )
+    x_tr, x_va = _matrix(prefix_fb, tr, progress), _matrix(builder, va, progress)
+    ranker = lgb.LGBMRanker(**lgbm_params(config, seed))
+    ranker.fit(
+        x_tr, tr.relevance().astype(np.int32), group=tr.sizes,
+        eval_X=(x_va,), eval_y=(va.relevance().astype(np.int32),), eval_group=[va.sizes], eval_at=[config.eval_at],
+        feature_name=builder.feature_names, categorical_feature=list(CATEGORICAL_FEATURES),
+        callbacks=[lgb.early_stopping(config.early_stopping_rounds, verbose=False)],
+    )
+    booster = ranker.booster_
+    best = int(ranker.best_iteration_ or booster.current_iteration())
+    pred = np.asarray(booster.predict(x_va, num_iteration=best, num_threads=config.num_threads))
+    gain = booster.feature_importance(importance_type="gain", iteration=best)
+    top = np.argsort(-gain, kind="stable")[:10]
+    report = {
+        "n_train_queries": len(tr_all),
+        "n_train_groups": len(tr),
+        "train_positive_share": len(tr) / max(len(tr_all), 1),
+        "n_valid_queries": len(va_all),
+        "n_valid_groups": len(va),
+        "valid_positive_share": len(va) / max(len(va_all), 1),
+        "n_train_rows": int(len(x_tr)),
+        "n_features": len(builder.feature_names),
+        "best_iteration": best,
+        **_valid_ndcg(va, pred, config.eval_at, n_users=len(va_all)),
+        "feature_importance_top10": {builder.feature_names[i]: round(float(gain[i]), 3) for i in top},
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+    _save(out_dir, booster, best, builder, report, config, seed, split)
+    return report
+
+
+def _train_users(split: Split, config: CoarseConfig, seed: int) -> np.ndarray | None:
+    if config.max_train_users is None or config.max_train_users >= split.n_users:
+        return None
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.choice(split.n_users, size=config.max_train_users, replace=False))
+
+
+def _matrix(builder: FeatureBuilder, groups: QueryGroups, progress: bool) -> np.ndarray:
+    pairs = tqdm(list(zip(groups.requests, groups.candidates, strict=True)), desc=f"coarse {groups.phase} features",
+                 disable=not progress, unit="user")
+    return np.vstack([builder.transform(r, c) for r, c in pairs])
+
+
+def _valid_ndcg(va: QueryGroups, pred: np.ndarray, k: int, n_users: int) -> dict[str, float]:
+    """NDCG@k of the coarse order vs the recall order over all valid queries (a miss counts 0)."""
+    coarse, recall = np.full((len(va), k), -1, np.int64), np.full((len(va), k), -1, np.int64)
+    offsets = np.concatenate([[0], np.cumsum(va.sizes)])
+    for g, cands in enumerate(va.candidates):
+        s = pred[offsets[g]:offsets[g + 1]]
+        by_coarse = cands.items[np.argsort(-s, kind="stable")][:k]
+        by_recall = (cands.sorted_by("recall") if "recall" in cands.scores else cands).items[:k]
+        coarse[g, :len(by_coarse)], recall[g, :len(by_recall)] = by_coarse, by_recall
+    key = f"ndcg@{k}"
+    return {
+        f"valid_{key}_coarse": float(per_user_metrics(coarse, va.labels, k)[key].sum() / max(n_users, 1)),
+        f"valid_{key}_recall": float(per_user_metrics(recall, va.labels, k)[key].sum() / max(n_users, 1)),
+    }
+
+
+def _save(out_dir: Path, booster: Any, best: int, builder: FeatureBuilder, report: dict[str, Any],
+          config: CoarseConfig, seed: int, split: Split) -> None:
+    import lightgbm as lgb
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "meta.json").unlink(missing_ok=True)  # meta.json marks a complete artifact: written last
+    booster.save_model(str(out_dir / ".model.txt.tmp"), num_iteration=best)
+    (out_dir / ".model.txt.tmp").replace(out_dir / "model.txt")
+    builder.save(out_dir)
+    meta = {"dataset": split.name, "seed": seed, "lightgbm": lgb.__version__, "config": config.model_dump(),
+            "params": lgbm_params(config, seed), "feature_names": builder.feature_names, "report": report}
+    tmp = out_dir / ".meta.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=2))
+    tmp.replace(out_dir / "meta.json")

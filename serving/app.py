@@ -1,0 +1,77 @@
+"""The FastAPI app factory: wires routers, middleware, error handlers and artifact loading.
+
+Nothing is created at import time; ``create_app(settings, artifact_dir)`` builds a fresh app
+(tests build their own). Artifacts load in a background task started by the lifespan, so
+``/healthz`` answers at once and ``/readyz`` turns from 503 to 200 when loading finishes
+(or stays 503 with the error when it fails). Passing ``pipeline`` loads eagerly instead:
+the catalog is read in the factory and the app is ready before it serves.
+
+A ``PipelineError`` (a stage configured ``on_error: fail``, such as the compliance rules,
+failed) becomes 503 naming the stage: the service refuses rather than answer unsafely.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import anyio.to_thread
+from fastapi import FastAPI
+from fastapi import Request as HttpRequest
+from fastapi.responses import JSONResponse
+
+from recsys.pipeline import Pipeline, PipelineError
+from recsys.settings import Settings
+from serving.middleware import BodySizeLimit
+from serving.routes import health, recommend
+from serving.service import Recommender, ServiceSlot
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings, artifact_dir: Path, *, pipeline: Pipeline | None = None) -> FastAPI:
+    """A new app serving ``artifact_dir`` (the per-dataset root holding ``split/`` etc.)."""
+    artifact_dir = Path(artifact_dir)
+    slot = ServiceSlot(Recommender.load(settings, artifact_dir, pipeline) if pipeline is not None else None)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with anyio.create_task_group() as tg:
+            if slot.recommender is None:
+                tg.start_soon(_load_into, slot, settings, artifact_dir)
+            yield
+            tg.cancel_scope.cancel()  # shutting down: abandon a load still in progress
+
+    app = FastAPI(
+        title="Hybrid recommender",
+        summary="Two-tower recall -> LightGBM coarse ranking -> LLM re-ranking -> rules -> fusion.",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.slot = slot
+    app.state.artifact_dir = artifact_dir
+    app.include_router(health.router)
+    app.include_router(recommend.router)
+    app.add_exception_handler(PipelineError, _pipeline_error)  # type: ignore[arg-type]
+    app.add_middleware(BodySizeLimit, max_bytes=settings.serving.max_body_bytes)
+    return app
+
+
+async def _load_into(slot: ServiceSlot, settings: Settings, artifact_dir: Path) -> None:
+    """Load artifacts on a worker thread; record the error instead of killing the process."""
+    try:
+        slot.recommender = await anyio.to_thread.run_sync(
+            Recommender.load, settings, artifact_dir, None, abandon_on_cancel=True
+        )
+        log.info("artifacts loaded from %s", artifact_dir)
+    except Exception as exc:  # readiness reports it; liveness stays up so the error can be read
+        log.exception("loading artifacts from %s failed", artifact_dir)
+        slot.error = f"{type(exc).__name__}: {exc}"
+
+
+async def _pipeline_error(request: HttpRequest, exc: PipelineError) -> JSONResponse:
+    return JSONResponse({"detail": str(exc), "stage": exc.stage}, status_code=503)

@@ -1,0 +1,120 @@
+"""The JSON shapes of the HTTP API (request body, response) and the configured request limits.
+
+The request model fixes what never changes (types, id length, ``k >= 1``); limits that come
+from configuration (``pipeline.max_k``, ``serving.max_context_*``) are checked by
+``within_limits`` and reported in the same shape as pydantic's own errors, so a client
+always gets a 422 whose ``loc`` names the offending field.
+
+The response models document the API (OpenAPI at ``/docs``); the server builds the JSON
+once in ``serving.service.build_response`` and a test checks it against these models.
+
+Deliberately left out: anything FastAPI-specific (routes, dependencies).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from annotated_types import Le
+from pydantic import BaseModel, ConfigDict, Field
+
+from recsys.config import PipelineConfig
+from recsys.settings import Settings
+
+AnswerPath = Literal["light", "llm", "fallback"]  # "llm": the LLM re-ranker ran; "fallback": a stage fell back
+# The largest pipeline.max_k the config accepts: the static bound; the configured one is checked per request.
+K_CEILING: int = int(next(m.le for m in PipelineConfig.model_fields["max_k"].metadata if isinstance(m, Le)))  # type: ignore[call-overload]
+
+
+class RecommendRequest(BaseModel):
+    """POST /v1/recommend body. Strict types: ``"5"`` is not an integer, ``5`` is not a string."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    user_id: str = Field(min_length=1, max_length=128, description="External user id; unknown ids get cold start.")
+    k: int = Field(10, ge=1, le=K_CEILING, description="Items to return, 1..pipeline.max_k.")
+    context: dict[str, Any] | None = Field(
+        None, description="Request context (device, page, ...), at most serving.max_context_keys keys."
+    )
+    debug: bool = Field(False, description="Add removed items and per-stage scores to the answer.")
+
+
+class LimitError(ValueError):
+    """The body breaks configured limits; ``errors`` holds pydantic-style dicts naming the fields."""
+
+    def __init__(self, errors: list[dict]):
+        super().__init__("; ".join(f"{e['loc'][-1]}: {e['msg']}" for e in errors))
+        self.errors = errors
+
+
+def within_limits(body: RecommendRequest, settings: Settings) -> RecommendRequest:
+    """``body`` checked against the configured limits; raises ``LimitError`` naming each bad field.
+
+    An omitted ``k`` means "the default, or fewer when pipeline.max_k is smaller", so a
+    deployment with ``max_k < 10`` still accepts bodies without ``k``.
+    """
+    max_k, serving = settings.pipeline.max_k, settings.serving
+    if "k" not in body.model_fields_set and body.k > max_k:
+        body = body.model_copy(update={"k": max_k})
+    errors: list[dict] = []
+    if body.k > max_k:
+        errors.append(_error(("body", "k"), f"Input should be less than or equal to {max_k}", body.k))
+    if body.context is not None:
+        n_keys = len(body.context)
+        size = len(json.dumps(body.context, separators=(",", ":"), default=str))
+        if n_keys > serving.max_context_keys:
+            msg = f"context has {n_keys} keys, at most {serving.max_context_keys} allowed"
+            errors.append(_error(("body", "context"), msg, None))
+        elif size > serving.max_context_bytes:
+            msg = f"context is {size} bytes as JSON, at most {serving.max_context_bytes} allowed"
+            errors.append(_error(("body", "context"), msg, None))
+    if errors:
+        raise LimitError(errors)
+    return body
+
+
+def _error(loc: tuple[str, ...], msg: str, value: Any) -> dict:
+    return {"type": "value_error", "loc": loc, "msg": msg, "input": value}
+
+
+class StageInfo(BaseModel):
+    name: str
+    status: Literal["ok", "skipped", "fallback", "error"]
+    ms: float
+    n_in: int
+    n_out: int
+    reason: str
+
+
+class RecommendedItem(BaseModel):
+    id: str = Field(description="External item id.")
+    title: str
+    score: float | None = Field(description="Score of the column that ordered the answer (null when unscored).")
+    rank: int = Field(ge=1)
+    disclaimers: list[str]
+
+
+class RemovedItem(BaseModel):
+    id: str
+    reason: str
+
+
+class DebugInfo(BaseModel):
+    order_by: str | None = Field(description="Score column that defines the final order.")
+    history_len: int
+    removed: list[RemovedItem]
+    item_scores: dict[str, dict[str, float | None]] = Field(description="item id -> stage -> score.")
+
+
+class RecommendResponse(BaseModel):
+    request_id: str
+    user_id: str
+    cold_start: bool
+    items: list[RecommendedItem]
+    stages: list[StageInfo]
+    versions: dict[str, str]
+    fallbacks: list[str]
+    path: AnswerPath
+    total_ms: float
+    debug: DebugInfo | None = Field(None, description="Present only when the request set debug.")

@@ -1,0 +1,146 @@
+"""What the server knows about users and items, loaded once from the saved ``Split``.
+
+``CatalogState`` maps the external ids of the HTTP API to the contiguous indices the stages
+work on, and turns one API call into a ``recsys.contract.Request``:
+
+- a known user gets its ``user_idx``, its attributes and its full observed history
+  (training sequence + valid item + test item, oldest first: serving sees everything the
+  split observed, unlike the offline evaluator which hides the held-out items);
+- an unknown user is a cold start: ``user_idx`` None, empty history, no attributes.
+
+Histories sit behind the small ``HistoryStore`` protocol so that real-time events (issue 7)
+can later come from Redis without touching the request path; ``SplitHistories`` is the
+in-memory store built from the split.
+
+Deliberately left out: real-time event ingestion, item features (stages load their own).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import pandas as pd
+
+from offline.split import Split
+from recsys.contract import Request
+
+USER_ATTRIBUTE_COLUMNS = ("age", "gender", "occupation", "zip", "risk_tolerance")
+
+
+class HistoryStore(Protocol):
+    """Per-user item history, oldest first. Called on the request thread, once per request."""
+
+    def history(self, user_idx: int) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class SplitHistories:
+    """In-memory histories: ``sequences[user_idx]`` is that user's time-ordered item indices."""
+
+    sequences: list[np.ndarray]
+
+    @classmethod
+    def from_split(cls, split: Split) -> SplitHistories:
+        train = split.train_sequences
+        seqs = [
+            np.concatenate([train[u], split.valid[u : u + 1], split.test[u : u + 1]]).astype(np.int64)
+            for u in range(split.n_users)
+        ]
+        return cls(seqs)
+
+    def history(self, user_idx: int) -> np.ndarray:
+        if not 0 <= user_idx < len(self.sequences):
+            raise IndexError(f"user_idx {user_idx} out of range [0, {len(self.sequences)})")
+        return self.sequences[user_idx]
+
+
+def user_attributes(users: pd.DataFrame) -> list[dict[str, Any]]:
+    """One dict per users-table row with the set attributes only, as plain Python values.
+
+    >>> user_attributes(pd.DataFrame({"age": pd.array([30, None], dtype="Int64"), "zip": ["1", None]}))
+    [{'age': 30, 'zip': '1'}, {}]
+    """
+    cols = [c for c in USER_ATTRIBUTE_COLUMNS if c in users.columns]
+    out: list[dict[str, Any]] = []
+    for row in users[cols].itertuples(index=False):
+        attrs: dict[str, Any] = {}
+        for col, value in zip(cols, row, strict=True):
+            if pd.isna(value):
+                continue
+            attrs[col] = value.item() if isinstance(value, np.generic) else value
+        out.append(attrs)
+    return out
+
+
+class CatalogState:
+    """Id maps, titles, user attributes and histories; built by ``load`` at start-up."""
+
+    def __init__(
+        self,
+        user_ids: np.ndarray,
+        item_ids: np.ndarray,
+        titles: np.ndarray,
+        attrs: list[dict[str, Any]],
+        histories: HistoryStore,
+    ):
+        if len(user_ids) != len(attrs):
+            raise ValueError(f"CatalogState: {len(user_ids)} user ids but {len(attrs)} attribute rows")
+        if len(item_ids) != len(titles):
+            raise ValueError(f"CatalogState: {len(item_ids)} item ids but {len(titles)} titles")
+        self.user_index = {str(u): i for i, u in enumerate(user_ids)}
+        self.item_ids = np.asarray(item_ids, dtype=object)
+        self.titles = np.asarray(titles, dtype=object)
+        self.attrs = attrs
+        self.histories = histories
+
+    @classmethod
+    def from_split(cls, split: Split, histories: HistoryStore | None = None) -> CatalogState:
+        return cls(
+            user_ids=split.vocab.user_ids,
+            item_ids=split.vocab.item_ids,
+            titles=split.items["title"].to_numpy(dtype=object),
+            attrs=user_attributes(split.users),
+            histories=histories if histories is not None else SplitHistories.from_split(split),
+        )
+
+    @classmethod
+    def load(cls, artifact_dir: Path) -> CatalogState:
+        """Read ``artifact_dir/split`` (the saved ``offline.split.Split``)."""
+        return cls.from_split(Split.load(Path(artifact_dir) / "split"))
+
+    @property
+    def n_items(self) -> int:
+        return len(self.item_ids)
+
+    def request_for(
+        self,
+        user_id: str,
+        k: int,
+        context: Mapping[str, Any] | None = None,
+        debug: bool = False,
+        request_id: str = "",
+    ) -> Request:
+        """The pipeline request for external ``user_id`` (cold start when unknown)."""
+        user_idx = self.user_index.get(user_id)
+        if user_idx is None:
+            return Request(user_id=user_id, k=k, context=dict(context or {}), debug=debug, request_id=request_id)
+        return Request(
+            user_id=user_id,
+            k=k,
+            user_idx=user_idx,
+            history=self.histories.history(user_idx),
+            user_attrs=dict(self.attrs[user_idx]),
+            context=dict(context or {}),
+            debug=debug,
+            request_id=request_id,
+        )
+
+    def item_id(self, item_idx: int) -> str:
+        return str(self.item_ids[item_idx])
+
+    def title(self, item_idx: int) -> str:
+        return str(self.titles[item_idx])

@@ -1,0 +1,86 @@
+"""CoarseStage: the Stage contract, load round trip, depth cut, batch path."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from coarse_rank.dataset import build_groups
+from coarse_rank.features import FeatureBuilder
+from coarse_rank.stage import CoarseStage
+from recsys.config import StageSpec
+from recsys.contract import Candidates, Request, Stage, StageError
+from recsys.registry import build_stage
+from recsys.settings import Settings
+from tests.coarse_rank.conftest import TOY_CONFIG
+from tests.coarse_rank.toy import PopularityStage
+
+
+def loaded(root, depth=None) -> CoarseStage:
+    stage = build_stage(StageSpec(name="coarse", kind="coarse", depth=depth), Settings.build())
+    assert isinstance(stage, CoarseStage) and isinstance(stage, Stage)
+    stage.load(root)
+    return stage
+
+
+@pytest.fixture(scope="module")
+def valid_groups(chain):
+    return build_groups(chain, PopularityStage(chain), "valid", users=range(20), progress=False)
+
+
+def test_loaded_scores_equal_a_freshly_fitted_builder_with_the_saved_booster(chain, trained, valid_groups):
+    import lightgbm as lgb
+
+    root, _ = trained
+    stage = loaded(root)
+    fresh = FeatureBuilder(TOY_CONFIG).fit(chain, score_columns=["recall_popularity"], flag_columns=["src_popularity"])
+    booster = lgb.Booster(model_file=str(root / "coarse" / "model.txt"))
+    for req, cands in zip(valid_groups.requests[:5], valid_groups.candidates[:5], strict=True):
+        out = stage.run(req, cands)
+        expected = booster.predict(fresh.transform(req, cands)).astype(np.float32)
+        order = np.argsort(-expected, kind="stable")
+        np.testing.assert_array_equal(out.items, cands.items[order])
+        np.testing.assert_array_equal(out.scores["coarse"], expected[order])
+    assert stage.version() == hashlib.sha256((root / "coarse" / "model.txt").read_bytes()).hexdigest()[:12]
+
+
+def test_run_reorders_without_adding_or_dropping_items(trained, valid_groups):
+    root, _ = trained
+    full, cut = loaded(root), loaded(root, depth=5)
+    req, cands = valid_groups.requests[0], valid_groups.candidates[0]
+    out = full.run(req, cands)
+    assert sorted(out.items.tolist()) == sorted(cands.items.tolist()) and out.order_by == "coarse"
+    assert (np.diff(out.scores["coarse"]) <= 0).all()
+    recall_of = dict(zip(cands.items.tolist(), cands.scores["recall"].tolist(), strict=True))
+    assert out.scores["recall"].tolist() == [recall_of[i] for i in out.items.tolist()]  # columns stay aligned
+    assert out.flags["src_popularity"].all() and "coarse" not in cands.scores  # input not mutated
+    head = cut.run(req, cands)
+    np.testing.assert_array_equal(head.items, out.items[:5])
+
+
+def test_score_many_matches_run(trained, valid_groups):
+    stage = loaded(trained[0], depth=10)
+    batch = stage.score_many(valid_groups.requests, valid_groups.candidates)
+    for req, cands, got in zip(valid_groups.requests, valid_groups.candidates, batch, strict=True):
+        one = stage.run(req, cands)
+        np.testing.assert_array_equal(got.items, one.items)
+        np.testing.assert_allclose(got.scores["coarse"], one.scores["coarse"], rtol=1e-6)
+
+
+def test_empty_candidates_and_cold_users(trained):
+    stage = loaded(trained[0], depth=5)
+    empty = stage.run(Request(user_id="new"), Candidates.empty())
+    assert len(empty) == 0 and "coarse" in empty.scores
+    cold = stage.run(Request(user_id="new"), Candidates(items=np.array([3, 1, 2])))  # no history, no recall
+    assert sorted(cold.items.tolist()) == [1, 2, 3] and np.isfinite(cold.scores["coarse"]).all()
+
+
+def test_unloaded_and_missing_artifacts(tmp_path):
+    stage = CoarseStage(StageSpec(name="coarse", kind="coarse"), Settings.build())
+    assert stage.version() == "unloaded" and stage.reads == ("recall",) and stage.writes == ("coarse",)
+    with pytest.raises(StageError, match="load"):
+        stage.run(Request(user_id="x"), Candidates(items=np.array([1])))
+    with pytest.raises(FileNotFoundError, match="coarse/meta.json"):
+        stage.load(tmp_path)

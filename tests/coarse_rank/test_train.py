@@ -1,0 +1,64 @@
+"""Training: learns a predictable label, keeps label-less groups out, deterministic, test-blind."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from coarse_rank.dataset import build_groups
+from coarse_rank.stage import CoarseStage
+from coarse_rank.train import train_coarse
+from recsys.config import StageSpec
+from recsys.contract import Candidates, Request
+from recsys.settings import Settings
+from tests.coarse_rank.conftest import TOY_CONFIG
+from tests.coarse_rank.toy import PopularityStage
+
+
+def test_ranker_puts_the_next_item_first_more_often_than_recall(chain, trained):
+    root, report = trained
+    assert report["valid_ndcg@10_coarse"] > report["valid_ndcg@10_recall"] + 0.3
+    stage = CoarseStage(StageSpec(name="coarse", kind="coarse"), Settings.build())
+    stage.load(root)
+    groups = build_groups(chain, PopularityStage(chain), "valid", progress=False)
+    ranked = stage.score_many(groups.requests, groups.candidates)
+    coarse_top1 = np.mean([r.items[0] == t for r, t in zip(ranked, groups.labels, strict=True)])
+    recall_top1 = np.mean([c.items[0] == t for c, t in zip(groups.candidates, groups.labels, strict=True)])
+    assert recall_top1 < 0.2 and coarse_top1 > 0.5, (recall_top1, coarse_top1)
+
+
+def test_report_and_artifacts(trained):
+    root, report = trained
+    assert {p.name for p in (root / "coarse").iterdir()} == {"model.txt", "features.npz", "features.json", "meta.json"}
+    assert report["n_train_queries"] == report["n_train_groups"] == 160  # every unseen item is a candidate
+    assert report["n_valid_groups"] == 160 and report["train_positive_share"] == 1.0
+    assert 1 <= report["best_iteration"] <= TOY_CONFIG.n_estimators
+    assert next(iter(report["feature_importance_top10"])).startswith("follow_last")
+    meta = json.loads((root / "coarse" / "meta.json").read_text())
+    assert meta["seed"] == 7 and meta["report"] == report and "recall_popularity" in meta["feature_names"]
+
+
+def test_groups_without_the_label_stay_out_of_training(chain, tmp_path):
+    shallow = PopularityStage(chain, depth=8)
+    report = train_coarse(chain, shallow, tmp_path, TOY_CONFIG, seed=7, progress=False)
+    seqs = chain.train_sequences
+    hits = sum(s[-1] in shallow.run(Request(user_id="x", history=s[:-1]), Candidates.empty()).items for s in seqs)
+    assert report["n_train_queries"] == 160 and report["n_train_groups"] == hits < 160
+    assert report["train_positive_share"] == pytest.approx(hits / 160)
+    assert report["n_train_rows"] == 8 * hits
+
+
+def test_no_candidate_holding_a_label_is_an_error(chain, tmp_path):
+    with pytest.raises(ValueError, match="none of the 160 train groups"):
+        train_coarse(chain, PopularityStage(chain, depth=0), tmp_path, TOY_CONFIG, progress=False)
+
+
+def test_training_is_deterministic_and_never_reads_the_test_items(chain, trained, tmp_path):
+    root, report = trained
+    scrambled = dataclasses.replace(chain, test=np.full_like(chain.test, -999), _seqs=None)
+    again = train_coarse(scrambled, PopularityStage(scrambled), tmp_path, TOY_CONFIG, seed=7, progress=False)
+    assert (tmp_path / "model.txt").read_bytes() == (root / "coarse" / "model.txt").read_bytes()
+    assert {k: v for k, v in again.items() if k != "seconds"} == {k: v for k, v in report.items() if k != "seconds"}

@@ -1,0 +1,69 @@
+"""The ``recsys`` console script: help texts, reports, and clear errors for bad input."""
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from recsys.cli.main import app
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [[], ["prepare"], ["train"], ["eval"], ["serve"], ["recommend"], ["demo"], ["bench"], ["bench", "recall"],
+     ["bench", "serve"]],
+)
+def test_every_command_has_help(args):
+    res = runner.invoke(app, [*args, "--help"])
+    assert res.exit_code == 0, res.output
+    assert "Usage" in res.output
+
+
+def test_prepare_synthetic_writes_a_report(tmp_path: Path):
+    out = tmp_path / "r" / "prepare.json"
+    art = tmp_path / "art"
+    args = ["prepare", "--artifacts", str(art), "--synthetic-users", "60", "--synthetic-items", "120", "--out", str(out)]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    report = json.loads(out.read_text())
+    assert report["dataset"] == "synthetic" and report["n_users"] == 60
+    assert report["protocol"]["k_core"] == 5
+    assert (art / "split" / "split.json").exists()
+    # a second run with the same inputs reuses the split (same report, no rebuild)
+    mtime = (art / "split" / "train.parquet").stat().st_mtime_ns
+    assert runner.invoke(app, args).exit_code == 0
+    assert (art / "split" / "train.parquet").stat().st_mtime_ns == mtime
+
+
+def test_prepare_reports_malformed_data_by_file_and_line(tmp_path: Path):
+    data = tmp_path / "d"
+    data.mkdir()
+    (data / "interactions.csv").write_text("user_id,item_id,rating,timestamp\nu1,i1,5,100\nu1,i2,x,101\n")
+    (data / "items.csv").write_text("item_id,title\ni1,A\ni2,B\n")
+    res = runner.invoke(app, ["prepare", "--data", str(data), "--artifacts", str(tmp_path / "a")])
+    assert res.exit_code == 2
+    assert "interactions.csv line 3" in res.output
+
+
+def test_bad_config_is_refused_naming_the_key(tmp_path: Path):
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text("pipeline:\n  stages:\n    - {name: recall, kind: recall, depth: -3, on_error: fail}\n")
+    res = runner.invoke(app, ["prepare", "--config", str(cfg)])
+    assert res.exit_code == 2
+    assert "pipeline.stages.0.depth" in res.output
+
+
+def test_unknown_stage_and_phase_are_refused(tmp_path: Path):
+    res = runner.invoke(app, ["train", "recall,rerank", "--artifacts", str(tmp_path)])
+    assert res.exit_code == 2 and "unknown stage(s) ['rerank']" in res.output
+    res = runner.invoke(app, ["eval", "--phase", "train", "--artifacts", str(tmp_path)])
+    assert res.exit_code == 2 and "--phase must be 'valid' or 'test'" in res.output
+
+
+def test_serve_and_recommend_need_trained_artifacts(tmp_path: Path):
+    for args in (["serve"], ["recommend", "42"]):
+        res = runner.invoke(app, [*args, "--artifacts", str(tmp_path / "none")])
+        assert res.exit_code == 2 and "no trained artifacts here" in res.output

@@ -1,0 +1,54 @@
+"""Fixtures for the serving tests: the toy split on disk and a ready app over a toy pipeline."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from recsys.config import STAGE_KINDS, StageSpec
+from recsys.pipeline import Pipeline
+from recsys.settings import Settings
+from serving.app import create_app
+from tests.serving.toy import TOY_KINDS, AudienceRules, PopularityRecall, save_toy_split, toy_settings
+
+RECALL = StageSpec(name="recall", kind="recall", on_error="fail")
+RULES = StageSpec(name="rules", kind="rules", on_error="fail")
+
+
+def toy_pipeline(artifact_dir: Path, settings: Settings, pairs: list[tuple[StageSpec, type]]) -> Pipeline:
+    """A loaded ``Pipeline`` of ``(spec, stage class)`` pairs, assembled without the registry."""
+    stages = []
+    for spec, cls in pairs:
+        stage = cls(spec, settings)
+        stage.load(artifact_dir)
+        stages.append((spec, stage))
+    return Pipeline(stages, request_budget_ms=settings.pipeline.request_budget_ms)
+
+
+@pytest.fixture
+def toy_dir(tmp_path: Path) -> Path:
+    save_toy_split(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture
+def toy_kinds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Let ``build_pipeline`` build the toy stages (restored after the test)."""
+    for kind, path in TOY_KINDS.items():
+        monkeypatch.setitem(STAGE_KINDS, kind, path)
+
+
+def client_for(artifact_dir: Path, pairs: list[tuple[StageSpec, type]], **serving: Any) -> TestClient:
+    settings = toy_settings(*(spec for spec, _ in pairs), **serving)
+    app = create_app(settings, artifact_dir, pipeline=toy_pipeline(artifact_dir, settings, pairs))
+    return TestClient(app)
+
+
+@pytest.fixture
+def client(toy_dir: Path) -> Iterator[TestClient]:
+    with client_for(toy_dir, [(RECALL, PopularityRecall), (RULES, AudienceRules)]) as c:
+        yield c

@@ -1,0 +1,171 @@
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from recsys.config import StageSpec
+from serving.app import create_app
+from serving.schemas import RecommendResponse
+from tests.serving.conftest import RECALL, RULES, client_for
+from tests.serving.toy import AudienceRules, FailingStage, PopularityRecall, YearRerank, toy_settings
+
+
+def recommend(client: TestClient, **body: object):
+    return client.post("/v1/recommend", json=body)
+
+
+def test_known_user_gets_k_items_with_every_field(client: TestClient) -> None:
+    resp = recommend(client, user_id="u1", k=2)
+    assert resp.status_code == 200
+    data = resp.json()
+    RecommendResponse.model_validate(data)  # the answer matches the documented schema
+    # u1 has seen m1, m2, m3; popularity then ranks m4 (2), m5 (2), m6 (1); u1 is 30 so m4 stays
+    assert [(i["id"], i["title"], i["score"], i["rank"]) for i in data["items"]] == [
+        ("m4", "Delta", 2.0, 1), ("m5", "Echo", 2.0, 2)]
+    assert data["user_id"] == "u1" and data["cold_start"] is False
+    assert [(s["name"], s["status"], s["n_in"], s["n_out"]) for s in data["stages"]] == [
+        ("recall", "ok", 0, 3), ("rules", "ok", 3, 3)]
+    assert set(data["versions"]) == {"recall", "rules"} and data["versions"]["rules"] == "toy-rules-1"
+    assert data["fallbacks"] == [] and data["path"] == "light"
+    assert data["total_ms"] >= 0 and "debug" not in data
+    assert resp.headers["X-Request-ID"] == data["request_id"] and len(data["request_id"]) == 32
+
+
+def test_unknown_user_is_cold_start_and_rules_apply(client: TestClient) -> None:
+    data = recommend(client, user_id="stranger", k=5).json()
+    assert data["cold_start"] is True
+    # popularity over everything; m4 is adult content and a stranger's age is unknown
+    assert [i["id"] for i in data["items"]] == ["m1", "m2", "m5", "m3", "m6"]
+    assert [i["disclaimers"] for i in data["items"]] == [[], [], [], ["risk level 2"], []]
+
+
+def test_debug_adds_removed_items_and_stage_scores(client: TestClient) -> None:
+    data = recommend(client, user_id="stranger", k=2, debug=True).json()
+    RecommendResponse.model_validate(data)
+    assert data["debug"]["removed"] == [{"id": "m4", "reason": "audience: adult"}]
+    assert data["debug"]["item_scores"] == {"m1": {"recall": 3.0}, "m2": {"recall": 3.0}}
+    assert data["debug"]["order_by"] == "recall" and data["debug"]["history_len"] == 0
+
+
+def test_default_k_is_capped_by_catalog_and_request_id_header_is_echoed(client: TestClient) -> None:
+    resp = client.post("/v1/recommend", json={"user_id": "u2"}, headers={"X-Request-ID": "abc-123"})
+    data = resp.json()
+    assert data["request_id"] == "abc-123"
+    assert [(i["id"], i["disclaimers"]) for i in data["items"]] == [("m3", ["risk level 2"]), ("m6", [])]
+
+
+@pytest.mark.parametrize(
+    ("body", "loc"),
+    [
+        ({"user_id": "u1", "k": 0}, ["body", "k"]),
+        ({"user_id": "u1", "k": 6}, ["body", "k"]),  # toy settings: pipeline.max_k = 5
+        ({"user_id": "u1", "k": 2000}, ["body", "k"]),
+        ({"user_id": "u1", "k": "3"}, ["body", "k"]),
+        ({"user_id": "u1", "k": 2.5}, ["body", "k"]),
+        ({"k": 3}, ["body", "user_id"]),
+        ({"user_id": ""}, ["body", "user_id"]),
+        ({"user_id": "x" * 129}, ["body", "user_id"]),
+        ({"user_id": 7}, ["body", "user_id"]),
+        ({"user_id": "u1", "debug": "yes"}, ["body", "debug"]),
+        ({"user_id": "u1", "context": [1, 2]}, ["body", "context"]),
+        ({"user_id": "u1", "context": {f"k{i}": i for i in range(40)}}, ["body", "context"]),
+        ({"user_id": "u1", "context": {"note": "x" * 5000}}, ["body", "context"]),
+        ({"user_id": "u1", "colour": "red"}, ["body", "colour"]),
+    ],
+)
+def test_invalid_input_is_422_naming_the_field(client: TestClient, body: dict, loc: list[str]) -> None:
+    resp = recommend(client, **body)
+    assert resp.status_code == 422
+    assert [e["loc"] for e in resp.json()["detail"]] == [loc]
+
+
+def test_malformed_json_is_refused(client: TestClient) -> None:
+    resp = client.post("/v1/recommend", content=b'{"user_id": "u1", ', headers={"content-type": "application/json"})
+    assert resp.status_code in (400, 422)
+    assert resp.json()["detail"][0]["type"] == "json_invalid"
+
+
+def test_oversized_body_is_413(client: TestClient) -> None:
+    big = b'{"user_id": "u1", "context": {"pad": "' + b"x" * 70_000 + b'"}}'
+    resp = client.post("/v1/recommend", content=big, headers={"content-type": "application/json"})
+    assert resp.status_code == 413
+    assert "65536" in resp.json()["detail"]
+
+
+def test_oversized_chunked_body_without_length_is_413(client: TestClient) -> None:
+    def chunks():
+        yield b'{"user_id": "u1", "context": {"pad": "'
+        for _ in range(10):
+            yield b"x" * 8000
+        yield b'"}}'
+
+    resp = client.post("/v1/recommend", content=chunks(), headers={"content-type": "application/json"})
+    assert resp.status_code == 413
+
+
+def test_fail_closed_stage_error_is_503_naming_the_stage(toy_dir: Path) -> None:
+    broken_rules = StageSpec(name="rules", kind="rules", on_error="fail")
+    with client_for(toy_dir, [(RECALL, PopularityRecall), (broken_rules, FailingStage)]) as client:
+        resp = recommend(client, user_id="u1", k=2)
+    assert resp.status_code == 503
+    assert resp.json()["stage"] == "rules"
+    assert "'rules'" in resp.json()["detail"] and "toy stage always fails" in resp.json()["detail"]
+
+
+def test_passthrough_stage_error_falls_back_with_200(toy_dir: Path) -> None:
+    flaky = StageSpec(name="coarse", kind="coarse", on_error="passthrough")
+    with client_for(toy_dir, [(RECALL, PopularityRecall), (flaky, FailingStage), (RULES, AudienceRules)]) as client:
+        data = recommend(client, user_id="u1", k=3).json()
+    assert data["fallbacks"] == ["coarse"] and data["path"] == "fallback"
+    assert data["stages"][1]["reason"] == "StageError: toy stage always fails"
+    assert [i["id"] for i in data["items"]] == ["m4", "m5", "m6"]  # recall's order kept
+
+
+def test_llm_stage_that_ran_sets_llm_path(toy_dir: Path) -> None:
+    llm = StageSpec(name="llm", kind="llm", on_error="passthrough")
+    with client_for(toy_dir, [(RECALL, PopularityRecall), (llm, YearRerank), (RULES, AudienceRules)]) as client:
+        data = recommend(client, user_id="u1", k=3).json()
+    assert data["path"] == "llm"
+    assert [(i["id"], i["score"]) for i in data["items"]] == [("m5", 2010.0), ("m4", 2005.0), ("m6", 1985.0)]
+
+
+def test_readyz_is_503_while_loading_then_200(toy_dir: Path, toy_kinds: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    gate = threading.Event()
+    monkeypatch.setattr(PopularityRecall, "load_gate", gate)
+    app = create_app(toy_settings(), toy_dir)
+    with TestClient(app) as client:
+        assert client.get("/healthz").status_code == 200
+        loading = client.get("/readyz")
+        assert (loading.status_code, loading.json()["status"]) == (503, "loading")
+        assert recommend(client, user_id="u1").status_code == 503
+        gate.set()
+        assert _wait_ready(client).json()["versions"]["rules"] == "toy-rules-1"
+        assert [i["id"] for i in recommend(client, user_id="u1", k=1).json()["items"]] == ["m4"]
+
+
+def test_readyz_reports_a_failed_load(tmp_path: Path, toy_kinds: None) -> None:
+    with TestClient(create_app(toy_settings(), tmp_path / "missing")) as client:
+        resp = _wait_ready(client, until="failed")
+        assert resp.status_code == 503
+        assert "split.json" in resp.json()["detail"]
+        assert client.get("/healthz").status_code == 200
+
+
+def test_openapi_and_docs_are_served(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    assert {"/v1/recommend", "/readyz", "/healthz"} <= set(spec["paths"])
+    assert "RecommendResponse" in spec["components"]["schemas"]
+    assert client.get("/docs").status_code == 200
+
+
+def _wait_ready(client: TestClient, until: str = "ready", timeout_s: float = 20.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        resp = client.get("/readyz")
+        if resp.json()["status"] == until or time.monotonic() > deadline:
+            return resp
+        time.sleep(0.02)

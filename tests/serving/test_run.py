@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from recsys.config import STAGE_KINDS
+from recsys.contract import Candidates, StageTrace
+from recsys.pipeline import PipelineError, PipelineResult
+from serving.app import create_app
+from serving.run import ENV_ARTIFACT_DIR, recommend_once, server_env, settings_from_env
+from serving.schemas import LimitError, RecommendResponse
+from serving.service import answer_path, build_response
+from serving.state import CatalogState
+from tests.serving.conftest import RECALL
+from tests.serving.toy import toy_settings
+
+
+def test_recommend_once_matches_the_http_answer(toy_dir: Path, toy_kinds: None) -> None:
+    settings = toy_settings()
+    once = recommend_once(settings, toy_dir, "stranger", k=3, debug=True)
+    RecommendResponse.model_validate(once)
+    with TestClient(create_app(settings, toy_dir)) as client:
+        while client.get("/readyz").status_code != 200:
+            time.sleep(0.02)
+        http = client.post("/v1/recommend", json={"user_id": "stranger", "k": 3, "debug": True}).json()
+    for volatile in ("request_id", "total_ms", "stages"):
+        once.pop(volatile), http.pop(volatile)
+    assert once == http
+    assert [i["id"] for i in once["items"]] == ["m1", "m2", "m5"]
+
+
+def test_recommend_once_refuses_bad_input_by_field(toy_dir: Path, toy_kinds: None) -> None:
+    with pytest.raises(LimitError, match="k: Input should be less than or equal to 5"):
+        recommend_once(toy_settings(), toy_dir, "u1", k=6)
+    with pytest.raises(ValueError, match="user_id"):
+        recommend_once(toy_settings(), toy_dir, "", k=3)
+
+
+def test_recommend_once_raises_pipeline_error_of_fail_closed_stage(
+    toy_dir: Path, toy_kinds: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(STAGE_KINDS, "rules", "tests.serving.toy:FailingStage")
+    with pytest.raises(PipelineError, match="'rules'"):
+        recommend_once(toy_settings(), toy_dir, "u1", k=3)
+
+
+def test_omitted_k_shrinks_to_max_k(toy_dir: Path, toy_kinds: None) -> None:
+    data = recommend_once(toy_settings(max_k=2), toy_dir, "stranger")  # k defaults to 10
+    assert [i["id"] for i in data["items"]] == ["m1", "m2"]
+
+
+@pytest.mark.parametrize(
+    ("statuses", "path"),
+    [
+        ({"recall": "ok", "llm": "ok", "coarse": "fallback"}, "llm"),
+        ({"recall": "ok", "llm": "skipped", "coarse": "fallback"}, "fallback"),
+        ({"recall": "ok", "llm": "fallback"}, "fallback"),
+        ({"recall": "ok", "llm": "skipped", "rules": "ok"}, "light"),
+    ],
+)
+def test_answer_path(statuses: dict[str, str], path: str) -> None:
+    traces = [StageTrace(name, status, 1.0, 0, 0) for name, status in statuses.items()]  # type: ignore[arg-type]
+    assert answer_path(traces, frozenset({"llm"})) == path
+
+
+def test_unscored_items_get_null_scores(toy_dir: Path) -> None:
+    catalog = CatalogState.load(toy_dir)
+    cands = Candidates(items=np.array([2, 0]), scores={"recall": np.array([1.0, np.nan], dtype=np.float32)},
+                       order_by="recall")
+    result = PipelineResult(cands, [StageTrace("recall", "ok", 0.5, 0, 2)], {"recall": "v"})
+    out = build_response(catalog.request_for("u1", 2, debug=True), result, catalog, frozenset(), time.perf_counter())
+    assert [(i["id"], i["score"]) for i in out["items"]] == [("m3", 1.0), ("m1", None)]
+    assert out["debug"]["item_scores"] == {"m3": {"recall": 1.0}, "m1": {"recall": None}}
+    assert out["debug"]["history_len"] == 3
+
+
+def test_settings_travel_to_workers_through_env(toy_dir: Path) -> None:
+    settings = toy_settings(RECALL, max_k=7, max_body_bytes=2048)
+    env = server_env(settings, toy_dir)
+    assert env[ENV_ARTIFACT_DIR] == str(toy_dir.resolve())
+    back = settings_from_env(env)
+    assert back == settings
+    assert (back.pipeline.max_k, back.serving.max_body_bytes) == (7, 2048)

@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from serving.state import CatalogState, SplitHistories, user_attributes
+
+
+def test_known_user_gets_full_history_attrs_and_index(toy_dir: Path) -> None:
+    state = CatalogState.load(toy_dir)
+    req = state.request_for("u2", 3, context={"page": "home"}, debug=True, request_id="r1")
+    assert req.user_idx == 1
+    # train m1, m2 + valid m4 + test m5: serving sees every observed event, oldest first
+    assert req.history.tolist() == [0, 1, 3, 4]
+    assert dict(req.user_attrs) == {"age": 15, "gender": "F", "occupation": "student"}  # NA zip/risk dropped
+    assert (req.k, req.debug, req.request_id, dict(req.context)) == (3, True, "r1", {"page": "home"})
+    assert req.excluded.tolist() == [0, 1, 3, 4]
+
+
+def test_unknown_user_is_cold_start(toy_dir: Path) -> None:
+    req = CatalogState.load(toy_dir).request_for("nobody", 5)
+    assert req.user_idx is None
+    assert req.history.tolist() == []
+    assert dict(req.user_attrs) == {}
+
+
+def test_item_ids_and_titles_follow_item_index(toy_dir: Path) -> None:
+    state = CatalogState.load(toy_dir)
+    assert state.n_items == 6
+    assert [state.item_id(i) for i in range(6)] == ["m1", "m2", "m3", "m4", "m5", "m6"]
+    assert state.title(3) == "Delta"
+
+
+def test_user_attributes_returns_plain_python_values() -> None:
+    users = pd.DataFrame({"age": pd.array([30, None], dtype="Int64"), "zip": ["1", None], "other": [1, 2]})
+    attrs = user_attributes(users)
+    assert attrs == [{"age": 30, "zip": "1"}, {}]
+    assert type(attrs[0]["age"]) is int
+
+
+def test_split_histories_refuses_unknown_index() -> None:
+    store = SplitHistories([np.array([1, 2], dtype=np.int64)])
+    assert store.history(0).tolist() == [1, 2]
+    with pytest.raises(IndexError, match="user_idx 3"):
+        store.history(3)
+
+
+def test_catalog_state_refuses_misaligned_tables() -> None:
+    with pytest.raises(ValueError, match="2 user ids but 1 attribute rows"):
+        CatalogState(np.array(["a", "b"]), np.array(["x"]), np.array(["X"]), [{}], SplitHistories([]))
