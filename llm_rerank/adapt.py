@@ -1,0 +1,217 @@
+"""Domain adaptation of the re-ranker's LLM with LoRA (Hu et al. 2021), merged for serving.
+
+Examples come from the project's own candidates, so the model learns to fix the coarse
+ranker's mistakes (as in LlamaRec's retrieve-then-rank training): for each sampled training
+user, history = train sequence minus its last item, positive = that last item, negatives =
+the top candidates of ``candidate_stage`` (a pipeline cut after coarse) other than the
+positive. Listwise: the positive sits at its candidate rank when the stage found it, else at
+a random slot; loss = cross-entropy over the candidate letters at the answer position.
+Pointwise: loss = BCE on logit(Yes) - logit(No) for the positive and each negative.
+
+Prompts are built by ``LLMRerankStage.build_prompt`` so training and serving match exactly.
+Checkpoints (adapter + optimizer + step) land in ``<artifact_dir>/llm/checkpoints`` and a
+rerun resumes from the last one; the merged model is written to ``<artifact_dir>/llm``.
+
+Deliberately left out: evaluation (the lead's ``recsys eval``), multi-process training.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from llm_rerank.config import AdaptConfig
+from recsys.contract import Candidates, Request, Stage
+
+
+@dataclass(frozen=True)
+class Example:
+    """One training example: ``candidates[target]`` is the positive."""
+
+    user_idx: int
+    history: np.ndarray
+    candidates: np.ndarray
+    target: int
+
+
+def user_request(split: Any, user_idx: int, history: np.ndarray, k: int) -> Request:
+    """A ``Request`` for a split user with their profile attributes."""
+    row = split.users.iloc[user_idx]
+    attrs = {key: row[key] for key in ("age", "gender", "occupation") if key in row and not _missing(row[key])}
+    return Request(user_id=str(split.vocab.user_ids[user_idx]), k=k, user_idx=user_idx,
+                   history=history, user_attrs=attrs)
+
+
+def build_examples(split: Any, candidate_stage: Stage, *, n_users: int, n_candidates: int,
+                   listwise: bool, seed: int) -> list[Example]:
+    """Sample ``n_users`` users with >= 2 train items and build one example each (see module doc)."""
+    rng = np.random.default_rng(seed)
+    eligible = np.array([u for u, s in enumerate(split.train_sequences) if len(s) >= 2], dtype=np.int64)
+    if len(eligible) == 0:
+        raise ValueError("train_llm: no user has >= 2 training interactions")
+    users = rng.choice(eligible, size=min(n_users, len(eligible)), replace=False)
+    examples = []
+    for u in users:
+        seq = split.train_sequences[int(u)]
+        history, positive = seq[:-1], int(seq[-1])
+        request = user_request(split, int(u), history, k=n_candidates)
+        found = candidate_stage.run(request, Candidates.empty()).items
+        negatives = [int(i) for i in found if int(i) != positive][: n_candidates - 1]
+        if not negatives:
+            continue
+        ranked = [int(i) for i in found[:n_candidates]]
+        if listwise and positive in ranked:
+            cands = [i for i in ranked if i == positive or i in negatives]
+            target = cands.index(positive)
+        elif listwise:
+            target = int(rng.integers(0, len(negatives) + 1))
+            cands = negatives[:target] + [positive] + negatives[target:]
+        else:
+            cands, target = [positive] + negatives, 0
+        examples.append(Example(int(u), history, np.asarray(cands, dtype=np.int64), target))
+    return examples
+
+
+def example_loss(stage: Any, model: Any, examples: list[Example], split: Any, listwise: bool) -> Any:
+    """Mean loss of a batch of examples (listwise CE over letters / pointwise BCE on Yes-No)."""
+    import torch
+    import torch.nn.functional as F
+
+    from llm_rerank.scoring import answer_logits
+
+    pad = stage.scorer.pad_id
+    prompts = stage._prompts()
+    losses = []
+    for ex in examples:
+        parts = stage.build_prompt(user_request(split, ex.user_idx, ex.history, 1), ex.candidates)
+        logits = answer_logits(model, [parts.prefix + s for s in parts.suffixes], pad)
+        if listwise:
+            letters = logits[0, prompts.letter_ids[: len(ex.candidates)]]
+            losses.append(F.cross_entropy(letters.unsqueeze(0), torch.tensor([ex.target])))
+        else:
+            yes, no = prompts.yes_no
+            labels = torch.zeros(len(ex.candidates))
+            labels[ex.target] = 1.0
+            losses.append(F.binary_cross_entropy_with_logits(logits[:, yes] - logits[:, no], labels))
+    return torch.stack(losses).mean()
+
+
+def train_llm(split: Any, candidate_stage: Stage, settings: Any, artifact_dir: Path | str, *,
+              adapt: AdaptConfig | None = None, progress: bool = True) -> dict[str, Any]:
+    """Fine-tune the base LLM with LoRA on ``split``'s train part; write the merged model.
+
+    Called by ``recsys train llm``; returns a report (steps, wall time, losses, paths).
+    """
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from tqdm import tqdm
+
+    from llm_rerank.backbone import load_model, resolve_model
+    from llm_rerank.stage import LLMRerankStage
+
+    cfg = adapt or settings.llm.adapt
+    llm_cfg = settings.llm
+    listwise = llm_cfg.scoring == "listwise"
+    out_dir = Path(artifact_dir) / "llm"
+    ckpt_dir = out_dir / "checkpoints"
+    t0 = time.perf_counter()
+    base = resolve_model(llm_cfg, Path(settings.artifacts_dir))
+    model, tokenizer = load_model(base, "fp32", llm_cfg.threads)
+    stage = LLMRerankStage(None, settings)
+    stage.attach(model, tokenizer, split.items["title"].to_numpy(dtype=object))
+    n_cands = min(cfg.candidates, llm_cfg.candidates) if listwise else cfg.negatives + 1
+    examples = build_examples(split, candidate_stage, n_users=cfg.users, n_candidates=n_cands,
+                              listwise=listwise, seed=settings.seed)
+    schedule = _schedule(len(examples), cfg, settings.seed)
+    lora = LoraConfig(task_type="CAUSAL_LM", r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
+                      lora_dropout=cfg.lora_dropout, target_modules=list(cfg.target_modules))
+    model = get_peft_model(model, lora)
+    model.train()
+    optim = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
+                              weight_decay=cfg.weight_decay)
+    start = _resume(ckpt_dir, model, optim)
+    losses: list[float] = []
+    bar = tqdm(range(start, len(schedule)), desc="llm adapt", disable=not progress, initial=start,
+               total=len(schedule))
+    for step in bar:
+        torch.manual_seed(settings.seed + step)  # LoRA dropout masks reproducible across resumes
+        batch = [examples[i] for i in schedule[step]]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
+            loss = example_loss(stage, model, batch, split, listwise)
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
+        losses.append(float(loss.detach()))
+        bar.set_postfix(loss=f"{np.mean(losses[-10:]):.3f}")
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == len(schedule):
+            _checkpoint(ckpt_dir, model, optim, step + 1)
+    train_s = time.perf_counter() - t0
+    merged = model.merge_and_unload()
+    report = {"base": base, "scoring": llm_cfg.scoring, "examples": len(examples), "steps": len(schedule),
+              "resumed_from": start, "steps_run": len(schedule) - start, "losses": losses,
+              "wall_s": train_s, "adapt": cfg.model_dump(), "out_dir": str(out_dir)}
+    _save_merged(merged, tokenizer, out_dir, report)
+    return report
+
+
+def _schedule(n_examples: int, cfg: AdaptConfig, seed: int) -> list[list[int]]:
+    """Example indices per optimizer step: a seeded shuffle per epoch, cut to ``max_steps``."""
+    rng = np.random.default_rng(seed)
+    steps: list[list[int]] = []
+    for _ in range(cfg.epochs):
+        order = rng.permutation(n_examples)
+        steps += [order[i : i + cfg.batch_size].tolist() for i in range(0, n_examples, cfg.batch_size)]
+    return steps[: cfg.max_steps] if cfg.max_steps is not None else steps
+
+
+def _checkpoint(ckpt_dir: Path, model: Any, optim: Any, step: int) -> None:
+    import torch
+    from peft import get_peft_model_state_dict
+
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    tmp = ckpt_dir / f".step-{step:06d}.pt.tmp"
+    torch.save({"adapter": get_peft_model_state_dict(model), "optimizer": optim.state_dict(), "step": step}, tmp)
+    tmp.replace(ckpt_dir / f"step-{step:06d}.pt")
+    for old in sorted(ckpt_dir.glob("step-*.pt"))[:-2]:  # keep the last two
+        old.unlink()
+
+
+def _resume(ckpt_dir: Path, model: Any, optim: Any) -> int:
+    """Load the latest checkpoint into ``model``/``optim``; the step to start from (0 if none)."""
+    import torch
+    from peft import set_peft_model_state_dict
+
+    found = sorted(ckpt_dir.glob("step-*.pt"))
+    if not found:
+        return 0
+    state = torch.load(found[-1], weights_only=False)
+    set_peft_model_state_dict(model, state["adapter"])
+    optim.load_state_dict(state["optimizer"])
+    return int(state["step"])
+
+
+def _save_merged(model: Any, tokenizer: Any, out_dir: Path, report: dict[str, Any]) -> None:
+    """Write the merged model into ``out_dir``; config.json moves last (it marks completeness)."""
+    tmp = out_dir / ".merged.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "train_meta.json").write_text(json.dumps(report, indent=2, default=str))
+    (out_dir / "config.json").unlink(missing_ok=True)
+    for f in sorted(tmp.iterdir(), key=lambda p: p.name == "config.json"):
+        f.replace(out_dir / f.name)
+    tmp.rmdir()
+
+
+def _missing(value: Any) -> bool:
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):  # list-like values are never "missing" here
+        return False

@@ -1,0 +1,167 @@
+"""Scores from next-token logits, with the shared prefix computed once.
+
+Two modes over the same ``PromptParts``:
+
+- pointwise (TALLRec, Bao et al. 2023): score = P(Yes) / (P(Yes) + P(No)) at the answer
+  position after each candidate. The prefix runs once; its keys/values are expanded along
+  the batch dimension and every candidate suffix runs in one batched forward pass over that
+  cache (right-padded: causal attention keeps pads invisible to the real tokens before them).
+- listwise (LlamaRec, Yue et al. 2023): one forward pass over the lettered list; score =
+  log-softmax of the candidate letter logits at the answer position (a verbalizer).
+
+``PrefixCache`` is plain LRU bookkeeping keyed by the prefix token ids, so a user's next
+request with the same history window skips the prefix entirely.
+
+Deliberately left out: prompt text (``llm_rerank.prompt``), the Stage glue (``llm_rerank.stage``).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from llm_rerank.prompt import PromptParts
+
+
+@dataclass
+class PrefixState:
+    """Keys/values of a prefix (one tuple per layer, batch 1) and its length."""
+
+    kv: list[tuple[Any, Any]]
+    length: int
+
+
+class PrefixCache:
+    """LRU map from prefix token ids to ``PrefixState``; capacity 0 stores nothing."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._data: OrderedDict[tuple[int, ...], PrefixState] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: tuple[int, ...]) -> PrefixState | None:
+        state = self._data.get(key)
+        if state is None:
+            self.misses += 1
+            return None
+        self._data.move_to_end(key)
+        self.hits += 1
+        return state
+
+    def put(self, key: tuple[int, ...], state: PrefixState) -> None:
+        if self.capacity <= 0:
+            return
+        self._data[key] = state
+        self._data.move_to_end(key)
+        while len(self._data) > self.capacity:
+            self._data.popitem(last=False)
+
+    def clear(self) -> None:
+        self._data.clear()
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+def _pad_right(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Any, Any]:
+    """(LongTensor [B, T] right-padded, LongTensor [B] index of each row's last real token)."""
+    import torch
+
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    last = torch.tensor([len(r) - 1 for r in rows], dtype=torch.long)
+    return ids, last
+
+
+def answer_logits(model: Any, rows: Sequence[Sequence[int]], pad_id: int) -> Any:
+    """Next-token logits [B, V] after each full row (no cache); differentiable (used in training)."""
+    import torch
+
+    ids, last = _pad_right(rows, pad_id)
+    out = model(input_ids=ids, use_cache=False)
+    return out.logits[torch.arange(len(rows)), last].float()
+
+
+def run_prefix(model: Any, prefix: Sequence[int]) -> PrefixState:
+    """Forward the prefix once (batch 1) and keep its keys/values."""
+    import torch
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    model(input_ids=torch.tensor([list(prefix)], dtype=torch.long), cache=cache, use_cache=True)
+    kv = [(getattr(layer, "keys"), getattr(layer, "values")) for layer in cache.layers]  # noqa: B009 (union type)
+    return PrefixState(kv=kv, length=len(prefix))
+
+
+def suffix_logits(model: Any, state: PrefixState, suffixes: Sequence[Sequence[int]], pad_id: int) -> Any:
+    """Next-token logits [B, V] after each suffix, continuing the cached prefix."""
+    import torch
+    from transformers import DynamicCache
+
+    ids, last = _pad_right(suffixes, pad_id)
+    batch = len(suffixes)
+    # expand() is a view; DynamicLayer.update concatenates, so the stored prefix is never mutated
+    cache = DynamicCache(ddp_cache_data=[(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1))
+                                         for k, v in state.kv])
+    position_ids = torch.arange(state.length, state.length + ids.shape[1]).unsqueeze(0).expand(batch, -1)
+    out = model(input_ids=ids, cache=cache, position_ids=position_ids, use_cache=True)
+    return out.logits[torch.arange(batch), last].float()
+
+
+def pointwise_from_logits(logits: Any, yes_id: int, no_id: int) -> np.ndarray:
+    """P(Yes) / (P(Yes) + P(No)) = sigmoid(logit_yes - logit_no)."""
+    import torch
+
+    return torch.sigmoid(logits[:, yes_id] - logits[:, no_id]).cpu().numpy().astype(np.float32)
+
+
+def listwise_from_logits(logits: Any, letter_ids: Sequence[int], n: int) -> np.ndarray:
+    """Log-softmax over the first ``n`` letter tokens at the answer position (row 0)."""
+    import torch
+
+    sub = logits[0, list(letter_ids[:n])]
+    return torch.log_softmax(sub, dim=-1).cpu().numpy().astype(np.float32)
+
+
+class LogitScorer:
+    """Scores ``PromptParts`` with a causal LM; ``check`` is called between batches (deadline)."""
+
+    def __init__(self, model: Any, pad_id: int, *, batch_size: int = 32, cache: PrefixCache | None = None):
+        self.model = model
+        self.pad_id = pad_id
+        self.batch_size = batch_size
+        self.cache = cache if cache is not None else PrefixCache(0)
+
+    def prefix_state(self, prefix: Sequence[int]) -> PrefixState:
+        key = tuple(prefix)
+        state = self.cache.get(key)
+        if state is None:
+            state = run_prefix(self.model, prefix)
+            self.cache.put(key, state)
+        return state
+
+    def logits(self, parts: PromptParts, *, use_cache: bool = True,
+               check: Callable[[], None] = lambda: None) -> Any:
+        """Answer-position logits [len(parts.suffixes), V]."""
+        import torch
+
+        with torch.inference_mode():
+            check()
+            state = self.prefix_state(parts.prefix) if use_cache else None
+            chunks = []
+            for start in range(0, len(parts.suffixes), self.batch_size):
+                check()
+                batch = parts.suffixes[start : start + self.batch_size]
+                if state is not None:
+                    chunks.append(suffix_logits(self.model, state, batch, self.pad_id))
+                else:
+                    rows = [parts.prefix + s for s in batch]
+                    chunks.append(answer_logits(self.model, rows, self.pad_id))
+            return torch.cat(chunks)

@@ -1,0 +1,70 @@
+"""Logit scoring on a tiny random Llama: prefix cache == full prompts, verbalizer maths, LRU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from llm_rerank.prompt import PromptBuilder
+from llm_rerank.scoring import LogitScorer, PrefixCache, listwise_from_logits, pointwise_from_logits
+from tests.llm_rerank.factories import ANIMATION, HORROR, tiny_llm
+
+ATTRS = {"age": 30, "gender": "M"}
+
+
+@pytest.fixture(scope="module")
+def tiny() -> tuple[LogitScorer, PromptBuilder]:
+    model, tok = tiny_llm()
+    return LogitScorer(model, tok.pad_token_id, batch_size=2, cache=PrefixCache(4)), PromptBuilder(tok)
+
+
+def test_cached_prefix_matches_full_prompts(tiny: tuple[LogitScorer, PromptBuilder]) -> None:
+    scorer, builder = tiny
+    # titles of different token lengths, batch_size 2: right padding and batching both exercised
+    parts = builder.pointwise(ANIMATION[:3], ATTRS, ["Alien (1979)", "Shining, The (1980)", "Psycho (1960)",
+                                                      "A Much Longer Title For Padding (2001)", "Dumbo (1941)"])
+    cached = scorer.logits(parts, use_cache=True)
+    full = scorer.logits(parts, use_cache=False)
+    assert cached.shape == full.shape == (5, scorer.model.config.vocab_size)
+    assert torch.allclose(cached, full, atol=1e-3)
+    yes, no = builder.yes_no
+    cached_p, full_p = pointwise_from_logits(cached, yes, no), pointwise_from_logits(full, yes, no)
+    np.testing.assert_allclose(cached_p, full_p, atol=1e-3)
+    assert np.ptp(cached_p) > 1e-3  # the candidates really get different scores
+
+
+def test_listwise_cached_matches_full_and_is_a_distribution(tiny: tuple[LogitScorer, PromptBuilder]) -> None:
+    scorer, builder = tiny
+    parts = builder.listwise(ANIMATION[:2], ATTRS, HORROR)
+    cached, full = scorer.logits(parts), scorer.logits(parts, use_cache=False)
+    assert torch.allclose(cached, full, atol=1e-3)
+    scores = listwise_from_logits(cached, builder.letter_ids, len(HORROR))
+    assert scores.shape == (6,)
+    assert np.exp(scores).sum() == pytest.approx(1.0, abs=1e-5)
+
+
+def test_pointwise_probability_is_yes_over_yes_plus_no() -> None:
+    logits = torch.zeros(2, 5)
+    logits[0, 3], logits[1, 4] = 2.0, 1.0  # row 0: yes=2 no=0; row 1: yes=0 no=1
+    np.testing.assert_allclose(pointwise_from_logits(logits, 3, 4),
+                               [np.exp(2) / (np.exp(2) + 1), 1 / (1 + np.e)], rtol=1e-6)
+
+
+def test_prefix_cache_is_lru_and_reused_across_requests(tiny: tuple[LogitScorer, PromptBuilder]) -> None:
+    scorer, builder = tiny
+    scorer.cache.clear()
+    first = builder.pointwise(HORROR[:4], ATTRS, ["Dumbo (1941)"])
+    second = builder.pointwise(HORROR[:4], ATTRS, ["Alien (1979)", "Dumbo (1941)"])  # same user, next request
+    hits = scorer.cache.hits
+    a = scorer.logits(first)
+    b = scorer.logits(second)
+    assert scorer.cache.hits == hits + 1 and len(scorer.cache) == 1
+    assert torch.allclose(a[0], b[1], atol=1e-5)
+
+    lru = PrefixCache(2)
+    for key in ((1,), (2,), (1,), (3,)):
+        if lru.get(key) is None:
+            lru.put(key, object())  # type: ignore[arg-type]
+    assert lru.get((2,)) is None and lru.get((1,)) is not None and lru.get((3,)) is not None
+    assert len(PrefixCache(0)) == 0
