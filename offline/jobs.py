@@ -166,11 +166,12 @@ def _train_fusion(settings: Any, artifact_dir: Path, split: Split, progress: boo
 
 
 def _train_llm(settings: Any, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
-    from llm_rerank.train import train_llm
+    from llm_rerank.adapt import train_llm
+    from recsys.pipeline import PipelineStage
     from recsys.registry import build_pipeline
 
-    pipe = build_pipeline(settings, artifact_dir, only=("recall", "coarse"))
-    return train_llm(split, pipe, artifact_dir / "llm", settings.llm, progress=progress)
+    cascade = PipelineStage(build_pipeline(settings, artifact_dir, only=("recall", "coarse")))
+    return train_llm(split, cascade, settings, artifact_dir, progress=progress)
 
 
 _TRAINERS = {"recall": _train_recall, "coarse": _train_coarse, "fusion": _train_fusion, "llm": _train_llm}

@@ -4,9 +4,12 @@
 thread, the evaluator calls it in a loop. Per stage:
 
 - disabled in config, or in ``skip`` for this request (traffic policy) -> ``skipped``;
-- raised, or finished past its ``budget_ms``, or the request deadline already passed ->
-  with ``on_error: passthrough`` the previous order is kept (``fallback``, with the reason);
-  with ``on_error: fail`` a ``PipelineError`` is raised (rules fail closed this way);
+- raised, or the request deadline already passed -> with ``on_error: passthrough`` the
+  previous order is kept (``fallback``, with the reason); with ``on_error: fail`` a
+  ``PipelineError`` is raised (rules fail closed this way);
+- finished past its ``budget_ms`` -> a passthrough stage falls back as above; a required
+  (``fail``) stage keeps its late output, flagged in the trace's reason (a late answer beats
+  none, and there is no earlier order to fall back to);
 - otherwise its output is cut to ``depth`` (``ok``).
 
 Each stage sees the request with ``deadline`` set to the tighter of the request deadline
@@ -123,11 +126,15 @@ class Pipeline:
             log.warning("stage %s failed for request %s: %r", spec.name, request.request_id, exc)
             return self._fallback(spec, cands, traces, ms, f"{type(exc).__name__}: {exc}")
         ms = (time.perf_counter() - t0) * 1000
+        reason = ""
         if spec.budget_ms is not None and ms > spec.budget_ms:
-            return self._fallback(spec, cands, traces, ms, f"budget overrun ({ms:.0f} ms > {spec.budget_ms:.0f} ms)")
+            reason = f"budget overrun ({ms:.0f} ms > {spec.budget_ms:.0f} ms)"
+            if spec.on_error == "passthrough":
+                return self._fallback(spec, cands, traces, ms, reason)
+            # a required stage (recall, rules) has no safe previous order: a late answer beats none
         if spec.depth is not None:
             out = out.head(spec.depth)
-        traces.append(StageTrace(spec.name, "ok", ms, n_in, len(out)))
+        traces.append(StageTrace(spec.name, "ok", ms, n_in, len(out), reason))
         return out
 
     @staticmethod
@@ -140,3 +147,28 @@ class Pipeline:
         out = cands.head(spec.depth) if spec.depth is not None else cands
         traces.append(StageTrace(spec.name, "fallback", ms, len(cands), len(out), reason))
         return out
+
+
+class PipelineStage:
+    """A (loaded) pipeline used as one candidate stage, e.g. recall + coarse feeding LLM training.
+
+    ``run`` returns everything the last stage handed on, not cut to ``request.k``.
+    """
+
+    reads: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()
+
+    def __init__(self, pipeline: Pipeline, name: str = "cascade"):
+        self.pipeline = pipeline
+        self.name = name
+
+    def load(self, artifact_dir: object) -> None:
+        """Nothing to do: the wrapped pipeline's stages are loaded by whoever built it."""
+
+    def version(self) -> str:
+        return "+".join(f"{k}:{v}" for k, v in self.pipeline.versions().items())
+
+    def run(self, request: Request, candidates: Candidates) -> Candidates:
+        last: list[Candidates] = [candidates]
+        self.pipeline.run(request, observe=lambda _name, c: last.append(c))
+        return last[-1]

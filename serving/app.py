@@ -1,7 +1,8 @@
-"""The FastAPI app factory: wires routers, middleware, error handlers and artifact loading.
+"""The FastAPI app factory: wires routers, middleware, error handlers, artifacts and Redis.
 
 Nothing is created at import time; ``create_app(settings, artifact_dir)`` builds a fresh app
-(tests build their own). Artifacts load in a background task started by the lifespan, so
+(tests build their own). The lifespan opens the worker's ``OnlineBackend`` (Redis, starting
+an embedded server when none is configured), then loads artifacts in a background task, so
 ``/healthz`` answers at once and ``/readyz`` turns from 503 to 200 when loading finishes
 (or stays 503 with the error when it fails). Passing ``pipeline`` loads eagerly instead:
 the catalog is read in the factory and the app is ready before it serves.
@@ -25,8 +26,10 @@ from fastapi.responses import JSONResponse
 
 from recsys.pipeline import Pipeline, PipelineError
 from recsys.settings import Settings
-from serving.middleware import BodySizeLimit
-from serving.routes import health, recommend
+from serving.backend import OnlineBackend
+from serving.metrics import ServingMetrics
+from serving.middleware import BodySizeLimit, RequestContext
+from serving.routes import admin, events, health, recommend
 from serving.service import Recommender, ServiceSlot
 
 log = logging.getLogger(__name__)
@@ -35,38 +38,56 @@ log = logging.getLogger(__name__)
 def create_app(settings: Settings, artifact_dir: Path, *, pipeline: Pipeline | None = None) -> FastAPI:
     """A new app serving ``artifact_dir`` (the per-dataset root holding ``split/`` etc.)."""
     artifact_dir = Path(artifact_dir)
-    slot = ServiceSlot(Recommender.load(settings, artifact_dir, pipeline) if pipeline is not None else None)
+    metrics = ServingMetrics()
+    eager = Recommender.load(settings, artifact_dir, pipeline, metrics) if pipeline is not None else None
+    slot = ServiceSlot()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with anyio.create_task_group() as tg:
-            if slot.recommender is None:
-                tg.start_soon(_load_into, slot, settings, artifact_dir)
-            yield
-            tg.cancel_scope.cancel()  # shutting down: abandon a load still in progress
+        backend = await anyio.to_thread.run_sync(OnlineBackend.open, settings, artifact_dir)
+        app.state.backend = backend
+        try:
+            async with anyio.create_task_group() as tg:
+                if eager is not None:
+                    await anyio.to_thread.run_sync(backend.attach, eager)
+                    slot.recommender = eager
+                else:
+                    tg.start_soon(_load_into, slot, settings, artifact_dir, backend, metrics)
+                yield
+                tg.cancel_scope.cancel()  # shutting down: abandon a load still in progress
+        finally:
+            await anyio.to_thread.run_sync(backend.close)
 
     app = FastAPI(
         title="Hybrid recommender",
         summary="Two-tower recall -> LightGBM coarse ranking -> LLM re-ranking -> rules -> fusion.",
-        version="0.1.0",
+        version="0.2.0",
         lifespan=lifespan,
     )
     app.state.settings = settings
     app.state.slot = slot
+    app.state.metrics = metrics
     app.state.artifact_dir = artifact_dir
-    app.include_router(health.router)
-    app.include_router(recommend.router)
+    for module in (health, recommend, events, admin):
+        app.include_router(module.router)
     app.add_exception_handler(PipelineError, _pipeline_error)  # type: ignore[arg-type]
     app.add_middleware(BodySizeLimit, max_bytes=settings.serving.max_body_bytes)
+    app.add_middleware(RequestContext)  # outermost: even a 413 carries a request id
     return app
 
 
-async def _load_into(slot: ServiceSlot, settings: Settings, artifact_dir: Path) -> None:
+async def _load_into(
+    slot: ServiceSlot, settings: Settings, artifact_dir: Path, backend: OnlineBackend, metrics: ServingMetrics
+) -> None:
     """Load artifacts on a worker thread; record the error instead of killing the process."""
+
+    def load() -> Recommender:
+        recommender = Recommender.load(settings, artifact_dir, None, metrics)
+        backend.attach(recommender)
+        return recommender
+
     try:
-        slot.recommender = await anyio.to_thread.run_sync(
-            Recommender.load, settings, artifact_dir, None, abandon_on_cancel=True
-        )
+        slot.recommender = await anyio.to_thread.run_sync(load, abandon_on_cancel=True)
         log.info("artifacts loaded from %s", artifact_dir)
     except Exception as exc:  # readiness reports it; liveness stays up so the error can be read
         log.exception("loading artifacts from %s failed", artifact_dir)
@@ -74,4 +95,7 @@ async def _load_into(slot: ServiceSlot, settings: Settings, artifact_dir: Path) 
 
 
 async def _pipeline_error(request: HttpRequest, exc: PipelineError) -> JSONResponse:
+    metrics = getattr(request.app.state, "metrics", None)
+    if metrics is not None:
+        metrics.errors.labels(f"stage_{exc.stage}").inc()
     return JSONResponse({"detail": str(exc), "stage": exc.stage}, status_code=503)

@@ -1,13 +1,25 @@
-"""Serving latency benchmark: drive a running server over loopback and report percentiles.
+"""Serving benchmark: drive a running server over loopback for a fixed time, report percentiles.
 
-``bench_latency`` sends ``n_requests`` POST /v1/recommend calls (users round-robin) through
-one ``httpx.Client``: one after another with ``concurrency=1`` (pure per-request latency),
-or from ``concurrency`` threads sharing the client (throughput under load). Latency is the
-client-side wall time of each successful call; the run stops early at ``max_duration_s``.
-``start_server_subprocess`` starts a real uvicorn process on a free loopback port for it.
+``bench_run`` runs ``concurrency`` closed-loop clients (each sends its next call when the
+previous answer arrives) for ``seconds``, bounded also by ``max_requests``. The traffic mix,
+meant to look like a real front end rather than a cold loop over every user:
+
+- users are drawn from a Zipf law (exponent ``zipf_s``, default 1.1) over the split's real
+  user ids in a seeded random order, so a hot minority sends most requests, as on real
+  sites; repeat calls of a hot user within ``result_cache_ttl_s`` are answered from the cache;
+- ``event_share`` (default 5 %) of the calls are ``POST /v1/events`` clicks by such a user on
+  a random catalog item: they bump that user's history version, so its next recommendation
+  misses the cache and runs the pipeline again;
+- every run sends its own ``context`` (``{"bench_run": tag}``), so one run never reuses the
+  cache entries of an earlier run.
+
+Latency figures are client-side wall times of successful recommendations only; events are
+counted apart. ``bench_serve`` starts one embedded Redis, then per ``llm_share`` one server
+subprocess, and runs every concurrency level against it. ``start_server_subprocess`` starts
+a real uvicorn process on a free loopback port.
 
 Deliberately left out: asserting targets (the caller writes the JSON report and judges),
-open-loop load generation (requests are sent closed-loop, each after the previous answer).
+open-loop load generation.
 """
 
 from __future__ import annotations
@@ -20,8 +32,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -35,60 +46,133 @@ from serving.run import APP_FACTORY, server_env
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def bench_latency(
+def zipf_weights(n: int, s: float) -> np.ndarray:
+    """Probabilities proportional to 1 / rank**s for ranks 1..n.
+
+    >>> zipf_weights(3, 1.0).round(3).tolist()
+    [0.545, 0.273, 0.182]
+    """
+    w = 1.0 / np.arange(1, n + 1, dtype=np.float64) ** s
+    return w / w.sum()
+
+
+def bench_run(
     base_url: str,
-    user_ids: list[str],
-    n_requests: int = 1000,
+    user_ids: Sequence[str],
+    item_ids: Sequence[str],
+    seconds: float = 10.0,
     concurrency: int = 1,
+    max_requests: int = 200_000,
     k: int = 10,
+    event_share: float = 0.05,
+    zipf_s: float = 1.1,
+    run_tag: str = "run",
+    seed: int = 0,
     timeout_s: float = 30.0,
-    max_duration_s: float = 600.0,
-    warmup: int = 5,
 ) -> dict[str, Any]:
-    """Latency percentiles (ms), throughput and answer paths of ``n_requests`` calls."""
-    if not user_ids:
-        raise ValueError("bench_latency: user_ids is empty")
-    if n_requests < 1 or concurrency < 1:
-        raise ValueError(f"bench_latency: n_requests and concurrency must be >= 1, got {n_requests}, {concurrency}")
-    url = base_url.rstrip("/") + "/v1/recommend"
+    """One timed run of the mix described in the module docstring; the report dict."""
+    if not user_ids or not item_ids:
+        raise ValueError("bench_run: user_ids and item_ids must not be empty")
+    if concurrency < 1 or seconds <= 0 or max_requests < 1:
+        raise ValueError(f"bench_run: need concurrency >= 1, seconds > 0, max_requests >= 1; "
+                         f"got {concurrency}, {seconds}, {max_requests}")
+    order = np.random.default_rng(seed).permutation(len(user_ids))
+    users = [user_ids[i] for i in order]
+    probs = zipf_weights(len(users), zipf_s)
     latencies: list[float] = []
     paths: Counter[str] = Counter()
     errors: Counter[str] = Counter()
+    events: Counter[str] = Counter()
     lock = threading.Lock()
-    stop_at = time.monotonic() + max_duration_s
+    budget = [max_requests]
+    stop_at = time.monotonic() + seconds
 
-    with httpx.Client(timeout=timeout_s) as client:
-        for i in range(warmup):  # first calls pay lazy initialisation (threads, caches): not measured
-            client.post(url, json={"user_id": user_ids[i % len(user_ids)], "k": k})
-
-        def one(i: int) -> None:
-            if time.monotonic() > stop_at:
-                return
-            t0 = time.perf_counter()
-            try:
-                resp = client.post(url, json={"user_id": user_ids[i % len(user_ids)], "k": k})
-            except httpx.HTTPError as exc:
+    def client_loop(worker: int) -> None:
+        rng = np.random.default_rng([seed, worker])
+        with httpx.Client(base_url=base_url, timeout=timeout_s) as client:
+            while time.monotonic() < stop_at:
                 with lock:
-                    errors[type(exc).__name__] += 1
-                return
-            ms = (time.perf_counter() - t0) * 1000
-            with lock:
-                if resp.status_code == 200:
-                    latencies.append(ms)
-                    paths[resp.json()["path"]] += 1
-                else:
-                    errors[f"http_{resp.status_code}"] += 1
+                    if budget[0] <= 0:
+                        return
+                    budget[0] -= 1
+                user = users[int(rng.choice(len(users), p=probs))]
+                if rng.random() < event_share:
+                    _send_event(client, user, item_ids[int(rng.integers(len(item_ids)))], rng, events, lock)
+                    continue
+                _send_recommend(client, user, k, run_tag, latencies, paths, errors, lock)
 
-        t_start = time.perf_counter()
-        if concurrency == 1:
-            for i in range(n_requests):
-                one(i)
+    t_start = time.perf_counter()
+    threads = [threading.Thread(target=client_loop, args=(w,)) for w in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    report = summarise(latencies, errors, paths, concurrency, time.perf_counter() - t_start)
+    report["events"] = dict(events)
+    return report
+
+
+def _send_recommend(client: httpx.Client, user: str, k: int, tag: str, latencies: list[float],
+                    paths: Counter[str], errors: Counter[str], lock: threading.Lock) -> None:
+    t0 = time.perf_counter()
+    try:
+        resp = client.post("/v1/recommend", json={"user_id": user, "k": k, "context": {"bench_run": tag}})
+    except httpx.HTTPError as exc:
+        with lock:
+            errors[type(exc).__name__] += 1
+        return
+    ms = (time.perf_counter() - t0) * 1000
+    with lock:
+        if resp.status_code == 200:
+            latencies.append(ms)
+            paths[resp.json()["path"]] += 1
         else:
-            with ThreadPoolExecutor(max_workers=concurrency) as pool:
-                list(pool.map(one, range(n_requests)))
-        wall_s = time.perf_counter() - t_start
+            errors[f"http_{resp.status_code}"] += 1
 
-    return summarise(latencies, errors, paths, concurrency, wall_s)
+
+def _send_event(client: httpx.Client, user: str, item: str, rng: np.random.Generator,
+                events: Counter[str], lock: threading.Lock) -> None:
+    body = {"event_id": f"bench-{rng.integers(1 << 62):x}", "user_id": user, "item_id": item, "type": "click"}
+    try:
+        status = str(client.post("/v1/events", json=body).status_code)
+    except httpx.HTTPError as exc:
+        status = type(exc).__name__
+    with lock:
+        events[status] += 1
+
+
+def bench_serve(
+    settings: Settings, artifact_dir: Path, user_ids: Sequence[str], item_ids: Sequence[str], *,
+    seconds: float = 10.0, concurrencies: Sequence[int] = (1, 4, 8), llm_shares: Sequence[float] = (0.0, 0.3, 1.0),
+    app_factory: str = APP_FACTORY, **run_kwargs: Any,
+) -> dict[str, Any]:
+    """Every (llm_share, concurrency) run against real server subprocesses sharing one Redis."""
+    from serving.redis_state import EmbeddedRedis, redis_url
+
+    runs = []
+    llm_names = {spec.name for spec in settings.pipeline.stages if spec.kind == "llm"}
+    embedded = None if redis_url(settings) else EmbeddedRedis()
+    try:
+        if embedded is not None:
+            settings = settings.model_copy(update={"redis_url": embedded.start()})
+        for share in llm_shares:
+            serving = settings.serving.model_copy(update={"llm_share": float(share)})
+            run_settings = settings.model_copy(update={"serving": serving})
+            with start_server_subprocess(run_settings, artifact_dir, app_factory=app_factory) as url:
+                serving_now = httpx.get(url + "/readyz", timeout=10).json()["versions"]  # enabled, loaded stages
+                for conc in concurrencies:
+                    tag = f"share{share}-c{conc}-{time.time():.0f}"
+                    rep = bench_run(url, user_ids, item_ids, seconds=seconds, concurrency=conc, run_tag=tag,
+                                    **run_kwargs)
+                    runs.append({"concurrency": conc, "llm_share": float(share), **rep,
+                                 "llm_stage_loaded": any(n in serving_now for n in llm_names)})
+    finally:
+        if embedded is not None:
+            embedded.close()
+    return {"runs": runs, "seconds_per_run": seconds,
+            "mix": {"users": f"zipf(s={run_kwargs.get('zipf_s', 1.1)}) over real user ids",
+                    "event_share": run_kwargs.get("event_share", 0.05), "k": run_kwargs.get("k", 10),
+                    "result_cache_ttl_s": settings.serving.result_cache_ttl_s}}
 
 
 def summarise(
@@ -133,11 +217,14 @@ def start_server_subprocess(
     app_factory: str = APP_FACTORY,
     extra_env: dict[str, str] | None = None,
     ready_timeout_s: float | None = None,
+    workers: int = 1,
 ) -> Iterator[str]:
     """Run ``python -m uvicorn --factory app_factory`` on 127.0.0.1; yield its base URL once ready.
 
     ``settings`` is a ``Settings`` object, a pipeline YAML path, or None for the default
-    config. Waits for ``/readyz`` to answer 200; raises ``RuntimeError`` with the server's
+    config. ``workers > 1`` runs uvicorn's process manager (the caller provides a shared Redis
+    through ``settings.redis_url`` or ``REDIS_URL``, and ``PROMETHEUS_MULTIPROC_DIR`` in
+    ``extra_env`` for aggregated metrics). Waits for ``/readyz`` to answer 200; raises ``RuntimeError`` with the server's
     log tail if it exits, reports a failed load, or is not ready within ``ready_timeout_s``.
     The server is stopped (SIGTERM, then SIGKILL) when the block exits.
     """
@@ -147,7 +234,7 @@ def start_server_subprocess(
     if ready_timeout_s is None:
         ready_timeout_s = settings.serving.ready_timeout_s if isinstance(settings, Settings) else 300.0
     cmd = [sys.executable, "-m", "uvicorn", "--factory", app_factory, "--host", "127.0.0.1",
-           "--port", str(port), "--log-level", "warning"]
+           "--port", str(port), "--log-level", "warning"] + (["--workers", str(workers)] if workers > 1 else [])
     base_url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile() as log_file:
         proc = subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, stdout=log_file, stderr=subprocess.STDOUT)

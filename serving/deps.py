@@ -1,13 +1,17 @@
 """FastAPI dependencies of the routes, as ``Annotated`` aliases (one place, short routes).
 
-Everything comes from ``app.state`` set by ``serving.app.create_app``: the ``Settings`` and
-the ``ServiceSlot`` holding the loaded ``Recommender``. The dependencies are ``async def``
+Everything comes from ``app.state`` set by ``serving.app.create_app``: the ``Settings``, the
+``ServiceSlot`` holding the loaded ``Recommender``, the ``ServingMetrics`` and the worker's
+``OnlineBackend``. ``admin_key`` guards the admin routes: no key configured -> 503 (admin
+disabled), missing or wrong ``X-API-Key`` -> 401; the comparison is constant-time and the key
+is never logged. The dependencies are ``async def``
 although none awaits: FastAPI runs a plain ``def`` dependency on the threadpool, one thread
 hop each per request, for work that takes microseconds.
 """
 
 from __future__ import annotations
 
+import hmac
 import re
 import uuid
 from typing import Annotated
@@ -16,6 +20,8 @@ from fastapi import Depends, Header, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 
 from recsys.settings import Settings
+from serving.backend import OnlineBackend
+from serving.metrics import ServingMetrics
 from serving.schemas import LimitError, RecommendRequest, within_limits
 from serving.service import Recommender, ServiceSlot
 
@@ -49,13 +55,41 @@ async def checked_body(body: RecommendRequest, settings: SettingsDep) -> Recomme
         raise RequestValidationError(exc.errors, body=body.model_dump()) from None
 
 
-async def request_id(x_request_id: Annotated[str | None, Header()] = None) -> str:
-    """The caller's X-Request-ID when it is a sane token, else a fresh one."""
+async def request_id(request: Request, x_request_id: Annotated[str | None, Header()] = None) -> str:
+    """The id ``RequestContext`` chose (the caller's sane X-Request-ID or a fresh one)."""
+    chosen = getattr(request.state, "request_id", None)
+    if chosen:
+        return str(chosen)
     if x_request_id is not None and _REQUEST_ID.fullmatch(x_request_id):
         return x_request_id
     return uuid.uuid4().hex
 
 
+async def get_metrics(request: Request) -> ServingMetrics:
+    return request.app.state.metrics
+
+
+async def get_backend(request: Request) -> OnlineBackend:
+    backend = getattr(request.app.state, "backend", None)
+    if backend is None:
+        raise HTTPException(status_code=503, detail="online state not started")
+    return backend
+
+
+async def admin_key(settings: SettingsDep, x_api_key: Annotated[str | None, Header()] = None) -> None:
+    """Pass only with the configured admin key (503 when none is configured, 401 otherwise)."""
+    key = settings.serving.admin_api_key
+    if key is None:
+        raise HTTPException(status_code=503, detail="admin API disabled: set serving.admin_api_key")
+    given = (x_api_key or "").encode()
+    if not hmac.compare_digest(given, key.get_secret_value().encode()):
+        raise HTTPException(status_code=401, detail="missing or wrong X-API-Key",
+                            headers={"WWW-Authenticate": "APIKey"})
+
+
 RecommenderDep = Annotated[Recommender, Depends(get_recommender)]
 RecommendBody = Annotated[RecommendRequest, Depends(checked_body)]
 RequestIdDep = Annotated[str, Depends(request_id)]
+MetricsDep = Annotated[ServingMetrics, Depends(get_metrics)]
+BackendDep = Annotated[OnlineBackend, Depends(get_backend)]
+AdminDep = Depends(admin_key)

@@ -6,12 +6,20 @@ environment variables, and each worker builds its app with ``app_from_env``. The
 names avoid the ``RECSYS_`` prefix on purpose: ``Settings`` reads every ``RECSYS_*``
 variable as a configuration key and refuses unknown ones.
 
+Shared state across workers: ``serve`` resolves Redis before forking. Without
+``settings.redis_url`` / ``$REDIS_URL`` it starts ONE embedded Redis in the parent and puts
+its URL into the settings every worker receives; with ``workers > 1`` it also points
+``PROMETHEUS_MULTIPROC_DIR`` at a fresh directory so ``/metrics`` aggregates all workers.
+Logs are JSON lines (``serving.logs``) in every process.
+
 Deliberately left out: the command-line interface itself (``recsys.cli``).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,14 +51,19 @@ def app_from_env() -> FastAPI:
     artifact_dir = os.environ.get(ENV_ARTIFACT_DIR)
     if not artifact_dir:
         raise RuntimeError(f"{ENV_ARTIFACT_DIR} is not set: it names the per-dataset artifact directory to serve")
-    return create_app(settings_from_env(), Path(artifact_dir))
+    return create_app(settings_from_env(), Path(artifact_dir))  # JSON logs: uvicorn's log_config (serve)
 
 
 def server_env(settings: Settings | Path | None, artifact_dir: Path) -> dict[str, str]:
     """The environment variables ``app_from_env`` reads, for ``settings`` (object, YAML path or default)."""
     env = {ENV_ARTIFACT_DIR: str(Path(artifact_dir).resolve())}
     if isinstance(settings, Settings):
-        env[ENV_SETTINGS_JSON] = settings.model_dump_json()
+        import json
+
+        data = settings.model_dump(mode="json")
+        key = settings.serving.admin_api_key  # model_dump masks secrets; workers need the real key
+        data["serving"]["admin_api_key"] = key.get_secret_value() if key is not None else None
+        env[ENV_SETTINGS_JSON] = json.dumps(data)
     elif settings is not None:
         env[ENV_CONFIG_PATH] = str(Path(settings).resolve())
     return env
@@ -62,18 +75,50 @@ def serve(
     """Run the HTTP server until interrupted; unset arguments come from ``settings.serving``."""
     import uvicorn
 
+    from serving.logs import log_config
+
     host = host or settings.serving.host
     port = port or settings.serving.port
     workers = workers or settings.serving.workers
     if workers < 1:
         raise ValueError(f"serve: workers must be >= 1, got {workers}")
-    if workers == 1:
-        from serving.app import create_app
+    with shared_state(settings, workers) as settings:
+        if workers == 1:
+            from serving.app import create_app
 
-        uvicorn.run(create_app(settings, Path(artifact_dir)), host=host, port=port)
-        return
-    os.environ.update(server_env(settings, Path(artifact_dir)))
-    uvicorn.run(APP_FACTORY, factory=True, host=host, port=port, workers=workers)
+            uvicorn.run(create_app(settings, Path(artifact_dir)), host=host, port=port, log_config=log_config())
+            return
+        os.environ.update(server_env(settings, Path(artifact_dir)))
+        uvicorn.run(APP_FACTORY, factory=True, host=host, port=port, workers=workers, log_config=log_config())
+
+
+@contextmanager
+def shared_state(settings: Settings, workers: int) -> Iterator[Settings]:
+    """Settings whose ``redis_url`` every worker shares (an embedded Redis started once here).
+
+    With ``workers > 1`` also sets ``PROMETHEUS_MULTIPROC_DIR`` (unless already set) to a
+    fresh directory; both are cleaned up when the block exits.
+    """
+    import shutil
+    import tempfile
+
+    from serving.redis_state import EmbeddedRedis, redis_url
+
+    embedded, metrics_dir = None, None
+    try:
+        if redis_url(settings) is None:
+            embedded = EmbeddedRedis()
+            settings = settings.model_copy(update={"redis_url": embedded.start()})
+        if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            metrics_dir = tempfile.mkdtemp(prefix="recsys-metrics-")
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+        yield settings
+    finally:
+        if metrics_dir is not None:
+            os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+        if embedded is not None:
+            embedded.close()
 
 
 def recommend_once(
@@ -95,8 +140,8 @@ def recommend_once(
     from serving.service import Recommender
 
     try:
-        given = {"k": k} if k is not None else {}  # omitted k: the API default, capped by max_k
-        body = RecommendRequest(user_id=user_id, context=context, debug=debug, **given)
+        given: dict[str, Any] = {"k": k} if k is not None else {}  # omitted k: the API default, capped by max_k
+        body = RecommendRequest.model_validate({"user_id": user_id, "context": context, "debug": debug, **given})
     except ValidationError as exc:
         raise ValueError(f"invalid request: {exc}") from exc
     body = within_limits(body, settings)  # LimitError is a ValueError naming the field

@@ -21,8 +21,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from recsys.config import PipelineConfig
 from recsys.settings import Settings
+from serving.config import EVENT_TYPES
+from serving.policy import RouteReason
 
-AnswerPath = Literal["light", "llm", "fallback"]  # "llm": the LLM re-ranker ran; "fallback": a stage fell back
+# "cache": a cached answer; "llm": the LLM re-ranker ran; "fallback": a stage fell back; "light": no LLM
+AnswerPath = Literal["cache", "light", "llm", "fallback"]
 # The largest pipeline.max_k the config accepts: the static bound; the configured one is checked per request.
 K_CEILING: int = int(next(m.le for m in PipelineConfig.model_fields["max_k"].metadata if isinstance(m, Le)))  # type: ignore[call-overload]
 
@@ -37,7 +40,10 @@ class RecommendRequest(BaseModel):
     context: dict[str, Any] | None = Field(
         None, description="Request context (device, page, ...), at most serving.max_context_keys keys."
     )
-    debug: bool = Field(False, description="Add removed items and per-stage scores to the answer.")
+    debug: bool = Field(False, description="Add removed items and per-stage scores to the answer (never cached).")
+    llm: bool | None = Field(
+        None, description="true: ask for the LLM path (when available); false: light path; null: the traffic policy."
+    )
 
 
 class LimitError(ValueError):
@@ -116,5 +122,52 @@ class RecommendResponse(BaseModel):
     versions: dict[str, str]
     fallbacks: list[str]
     path: AnswerPath
+    route: RouteReason = Field(description="Why the policy chose the LLM path or not.")
+    degraded: bool = Field(description="Redis was unavailable: split histories, no cache, no real-time events.")
     total_ms: float
     debug: DebugInfo | None = Field(None, description="Present only when the request set debug.")
+
+
+EventType = Literal[EVENT_TYPES]  # type: ignore[valid-type]
+
+
+class EventRequest(BaseModel):
+    """POST /v1/events body: one user-item interaction, recorded at most once per ``event_id``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    event_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$",
+                          description="Client-chosen unique id; a repeat is ignored and reported as duplicate.")
+    user_id: str = Field(min_length=1, max_length=128)
+    item_id: str = Field(min_length=1, max_length=128, description="External item id; must be in the catalog.")
+    type: EventType = Field(description="impression, click, rating, purchase or add_to_cart.")
+    value: float | None = Field(None, description="Rating value, price, dwell seconds... depending on type.")
+    ts: float | None = Field(None, ge=0, description="Client unix time; the server's time when omitted.")
+    variant: str | None = Field(None, max_length=64, description="A/B variant that served the item.")
+
+
+class EventResponse(BaseModel):
+    event_id: str
+    status: Literal["accepted", "duplicate"]
+    appended_to_history: bool
+    history_version: int | None = Field(description="The user's history version after the event (None: unchanged).")
+    stream_id: str | None
+
+
+class RollbackRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    version: str = Field(min_length=1, max_length=128)
+
+
+class VersionEntry(BaseModel):
+    version: str
+    created_at: float
+    active: bool
+
+
+class VersionsResponse(BaseModel):
+    kind: Literal["rules", "prompts"]
+    active: str | None
+    serving: str | None = Field(description="The version this worker serves now.")
+    versions: list[VersionEntry]

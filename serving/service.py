@@ -1,10 +1,16 @@
 """Answers one recommendation request as the API's JSON: the code HTTP and the CLI share.
 
-``Recommender`` holds the loaded ``CatalogState`` and ``Pipeline``; ``recommend`` turns an
-external user id into a ``Request``, runs the pipeline (synchronously: the HTTP layer calls
-it from a worker thread) and builds the response dict with ``build_response``. The route
-and ``serving.run.recommend_once`` both return exactly that dict, so the CLI prints what
-the server would send.
+``Recommender`` holds the loaded ``CatalogState`` and ``Pipeline`` and, when served online,
+the worker's ``OnlineState`` (Redis). ``recommend`` applies the traffic policy
+(``serving.policy``): it reads the user's online history and its version, answers from the
+result cache when it can ("cache"), else runs the pipeline with the LLM stages skipped
+("light") or not ("llm", or "fallback" when a stage fell back), with the request deadline
+counted from arrival. While Redis is down it answers from the split's in-memory histories
+without the cache and marks the answer ``degraded``. The route and
+``serving.run.recommend_once`` both return exactly that dict.
+
+An LLM stage whose artifacts fail to load is disabled (logged), never fatal: the policy then
+sends everyone down the light path. Other stages failing to load still fail start-up.
 
 Deliberately left out: HTTP status codes and threads (``serving.app``), process start-up
 (``serving.run``). A ``PipelineError`` (a fail-closed stage failed) propagates to the caller.
@@ -12,46 +18,141 @@ Deliberately left out: HTTP status codes and threads (``serving.app``), process 
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from recsys.contract import Candidates, Request, StageTrace
 from recsys.pipeline import Pipeline, PipelineResult
 from recsys.settings import Settings
+from serving.metrics import ServingMetrics
+from serving.policy import choose_route, result_cache_key
+from serving.redis_state import RedisUnavailable
 from serving.schemas import RecommendRequest
 from serving.state import CatalogState
+
+if TYPE_CHECKING:
+    from serving.online import OnlineState
+
+log = logging.getLogger(__name__)
 
 
 class Recommender:
     """Loaded state plus pipeline; built once per process by the app's start-up or the CLI."""
 
-    def __init__(self, settings: Settings, catalog: CatalogState, pipeline: Pipeline):
+    def __init__(self, settings: Settings, catalog: CatalogState, pipeline: Pipeline,
+                 metrics: ServingMetrics | None = None):
         self.settings = settings
         self.catalog = catalog
         self.pipeline = pipeline
+        self.metrics = metrics or ServingMetrics()
         self.llm_stages = frozenset(spec.name for spec, _ in pipeline.stages if spec.kind == "llm")
+        self.llm_available = any(spec.kind == "llm" and spec.enabled for spec, _ in pipeline.stages)
+        self.online: OnlineState | None = None  # attached by serving.backend when serving online
+        self.extra_versions: Callable[[], dict[str, str]] = dict  # e.g. the active prompt version
 
     @classmethod
-    def load(cls, settings: Settings, artifact_dir: Path, pipeline: Pipeline | None = None) -> Recommender:
+    def load(cls, settings: Settings, artifact_dir: Path, pipeline: Pipeline | None = None,
+             metrics: ServingMetrics | None = None) -> Recommender:
         """Read the catalog from ``artifact_dir/split``; build and load the pipeline unless given."""
         catalog = CatalogState.load(artifact_dir)
         if pipeline is None:
-            from recsys.registry import build_pipeline  # imports the configured stage packages
+            pipeline = load_pipeline(settings, Path(artifact_dir))
+        return cls(settings, catalog, pipeline, metrics)
 
-            pipeline = build_pipeline(settings, Path(artifact_dir))
-        return cls(settings, catalog, pipeline)
+    def versions(self) -> dict[str, str]:
+        return {**self.pipeline.versions(), **self.extra_versions()}
 
     def recommend(self, body: RecommendRequest, request_id: str | None = None) -> dict[str, Any]:
         """The API answer for ``body`` (limits are the caller's to check first)."""
         t0 = time.perf_counter()
+        deadline = time.monotonic() + self.settings.pipeline.request_budget_ms / 1000
+        cfg = self.settings.serving
+        route = choose_route(body.user_id, body.llm, cfg.llm_share, cfg.policy_salt, self.llm_available)
+        self.metrics.routes.labels(route.reason).inc()
+        history, history_version, degraded = self._online_history(body.user_id)
+        cache_key = None
+        if self.online is not None and not degraded and cfg.result_cache_ttl_s > 0 and not body.debug:
+            cache_key = result_cache_key(body.user_id, body.k, body.context, history_version, self.versions(),
+                                         route.llm)
+            cached, degraded = self._cached(cache_key)
+            if cached is not None:
+                answer = {**cached, "request_id": request_id or uuid.uuid4().hex, "path": "cache",
+                          "degraded": False, "total_ms": round((time.perf_counter() - t0) * 1000, 3)}
+                self.metrics.observe_answer("cache", time.perf_counter() - t0, [])
+                return answer
         request = self.catalog.request_for(
-            body.user_id, body.k, context=body.context, debug=body.debug, request_id=request_id or uuid.uuid4().hex
+            body.user_id, body.k, context=body.context, debug=body.debug,
+            request_id=request_id or uuid.uuid4().hex, online_history=history, deadline=deadline,
         )
-        result = self.pipeline.run(request)
-        return build_response(request, result, self.catalog, self.llm_stages, t0)
+        result = self.pipeline.run(request, skip=() if route.llm else self.llm_stages)
+        answer = build_response(request, result, self.catalog, self.llm_stages, t0)
+        answer["versions"].update(self.extra_versions())
+        answer["route"], answer["degraded"] = route.reason, degraded
+        if cache_key is not None and answer["path"] != "fallback":  # never pin a degraded answer
+            self._store(cache_key, answer)
+        answer["total_ms"] = round((time.perf_counter() - t0) * 1000, 3)
+        self.metrics.observe_answer(answer["path"], time.perf_counter() - t0, result.traces)
+        if degraded:
+            self.metrics.degraded.inc()
+        return answer
+
+    def _online_history(self, user_id: str) -> tuple[np.ndarray | None, int, bool]:
+        """(online history or None for the split's, history version, degraded)."""
+        if self.online is None:
+            return None, 0, False
+        try:
+            history, version = self.online.history(user_id, self.catalog.user_index.get(user_id))
+        except RedisUnavailable as exc:
+            self.metrics.redis_errors.inc()
+            log.debug("history of %s from the split: %s", user_id, exc)
+            return None, 0, True
+        return history, version, False
+
+    def _cached(self, key: str) -> tuple[dict[str, Any] | None, bool]:
+        if self.online is None:
+            return None, False
+        try:
+            hit = self.online.cached_result(key)
+        except RedisUnavailable:
+            self.metrics.redis_errors.inc()
+            return None, True
+        self.metrics.cache.labels("hit" if hit is not None else "miss").inc()
+        return hit, False
+
+    def _store(self, key: str, answer: dict[str, Any]) -> None:
+        if self.online is None:
+            return
+        keep = {k: v for k, v in answer.items() if k not in ("request_id", "total_ms")}
+        try:
+            self.online.store_result(key, keep, self.settings.serving.result_cache_ttl_s)
+        except RedisUnavailable:
+            self.metrics.redis_errors.inc()
+
+
+def load_pipeline(settings: Settings, artifact_dir: Path) -> Pipeline:
+    """``build_pipeline`` whose LLM stages are disabled, not fatal, when their artifacts fail to load."""
+    from recsys.registry import build_pipeline  # imports the configured stage packages
+
+    built = build_pipeline(settings, Path(artifact_dir), load=False)
+    pairs = []
+    for spec, stage in built.stages:
+        if spec.enabled:
+            try:
+                stage.load(Path(artifact_dir))
+            except Exception as exc:
+                if spec.kind != "llm":
+                    raise
+                log.warning("LLM stage %r disabled: loading failed: %s: %s", spec.name, type(exc).__name__, exc)
+                spec = spec.model_copy(update={"enabled": False})
+        pairs.append((spec, stage))
+    return Pipeline(pairs, request_budget_ms=built.request_budget_ms)
 
 
 def answer_path(traces: list[StageTrace], llm_stages: frozenset[str]) -> str:

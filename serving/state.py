@@ -8,11 +8,13 @@ work on, and turns one API call into a ``recsys.contract.Request``:
   split observed, unlike the offline evaluator which hides the held-out items);
 - an unknown user is a cold start: ``user_idx`` None, empty history, no attributes.
 
-Histories sit behind the small ``HistoryStore`` protocol so that real-time events (issue 7)
-can later come from Redis without touching the request path; ``SplitHistories`` is the
-in-memory store built from the split.
+Histories sit behind the small ``HistoryStore`` protocol; ``SplitHistories`` is the
+in-memory store built from the split. Online, ``serving.online`` keeps each user's recent
+history in Redis (seeded from this store) and passes it to ``request_for``; this store is
+also what the service falls back to while Redis is down.
 
-Deliberately left out: real-time event ingestion, item features (stages load their own).
+Deliberately left out: real-time event ingestion (``serving.online``), item features
+(stages load their own).
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ class CatalogState:
         if len(item_ids) != len(titles):
             raise ValueError(f"CatalogState: {len(item_ids)} item ids but {len(titles)} titles")
         self.user_index = {str(u): i for i, u in enumerate(user_ids)}
+        self.item_index = {str(it): i for i, it in enumerate(item_ids)}
         self.item_ids = np.asarray(item_ids, dtype=object)
         self.titles = np.asarray(titles, dtype=object)
         self.attrs = attrs
@@ -123,21 +126,26 @@ class CatalogState:
         context: Mapping[str, Any] | None = None,
         debug: bool = False,
         request_id: str = "",
+        online_history: np.ndarray | None = None,
+        deadline: float | None = None,
     ) -> Request:
-        """The pipeline request for external ``user_id`` (cold start when unknown)."""
+        """The pipeline request for external ``user_id`` (cold start when unknown).
+
+        ``online_history`` (the user's recent items from Redis, events included) replaces the
+        split history as the model input; a known user still never gets an item from the
+        full split history, which the capped online list may have dropped.
+        """
         user_idx = self.user_index.get(user_id)
+        common: dict[str, Any] = {"user_id": user_id, "k": k, "context": dict(context or {}), "debug": debug,
+                                  "request_id": request_id, "deadline": deadline}
         if user_idx is None:
-            return Request(user_id=user_id, k=k, context=dict(context or {}), debug=debug, request_id=request_id)
-        return Request(
-            user_id=user_id,
-            k=k,
-            user_idx=user_idx,
-            history=self.histories.history(user_idx),
-            user_attrs=dict(self.attrs[user_idx]),
-            context=dict(context or {}),
-            debug=debug,
-            request_id=request_id,
-        )
+            history = online_history if online_history is not None else np.zeros(0, dtype=np.int64)
+            return Request(history=history, **common)
+        seen = self.histories.history(user_idx)
+        if online_history is None:
+            return Request(user_idx=user_idx, history=seen, user_attrs=dict(self.attrs[user_idx]), **common)
+        return Request(user_idx=user_idx, history=online_history, exclude=np.concatenate([seen, online_history]),
+                       user_attrs=dict(self.attrs[user_idx]), **common)
 
     def item_id(self, item_idx: int) -> str:
         return str(self.item_ids[item_idx])

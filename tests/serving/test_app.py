@@ -128,8 +128,10 @@ def test_passthrough_stage_error_falls_back_with_200(toy_dir: Path) -> None:
 def test_llm_stage_that_ran_sets_llm_path(toy_dir: Path) -> None:
     llm = StageSpec(name="llm", kind="llm", on_error="passthrough")
     with client_for(toy_dir, [(RECALL, PopularityRecall), (llm, YearRerank), (RULES, AudienceRules)]) as client:
-        data = recommend(client, user_id="u1", k=3).json()
-    assert data["path"] == "llm"
+        data = recommend(client, user_id="u1", k=3, llm=True).json()
+        light = recommend(client, user_id="u1", k=3).json()  # llm_share defaults to 0
+    assert (data["path"], data["route"]) == ("llm", "opt_in")
+    assert (light["path"], light["route"]) == ("light", "not_in_share")
     assert [(i["id"], i["score"]) for i in data["items"]] == [("m5", 2010.0), ("m4", 2005.0), ("m6", 1985.0)]
 
 

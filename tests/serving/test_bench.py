@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.bench import bench_latency, start_server_subprocess, summarise
+from serving.bench import bench_run, start_server_subprocess, summarise, zipf_weights
 from tests.serving.toy import toy_settings
 
 
@@ -23,8 +23,13 @@ def test_summarise_without_successes_has_no_latency() -> None:
 
 
 def test_bench_refuses_empty_users() -> None:
-    with pytest.raises(ValueError, match="user_ids is empty"):
-        bench_latency("http://127.0.0.1:1", [])
+    with pytest.raises(ValueError, match="must not be empty"):
+        bench_run("http://127.0.0.1:1", [], ["m1"])
+
+
+def test_zipf_weights_by_hand() -> None:
+    assert zipf_weights(2, 1.0).tolist() == pytest.approx([2 / 3, 1 / 3])
+    assert zipf_weights(4, 0.0).tolist() == [0.25] * 4
 
 
 @pytest.mark.slow
@@ -32,11 +37,15 @@ def test_real_server_subprocess_answers_the_benchmark(toy_dir: Path) -> None:
     settings = toy_settings()
     with start_server_subprocess(settings, toy_dir, app_factory="tests.serving.toy:create_toy_app_from_env") as url:
         assert url.startswith("http://127.0.0.1:")
-        sequential = bench_latency(url, ["u1", "u2", "stranger"], n_requests=20, k=3)
-        concurrent = bench_latency(url, ["u1", "u3"], n_requests=10, concurrency=3, k=2, warmup=0)
-    assert (sequential["requests"], sequential["errors"], sequential["paths"]) == (20, 0, {"light": 20})
-    assert sequential["p50_ms"] <= sequential["p95_ms"] <= sequential["p99_ms"]
-    assert (concurrent["requests"], concurrent["errors"], concurrent["concurrency"]) == (10, 0, 3)
+        bounded = bench_run(url, ["u1", "u2", "stranger"], ["m1", "m2"], seconds=30, max_requests=20, k=3,
+                            event_share=0.0)
+        timed = bench_run(url, ["u1", "u3"], ["m5"], seconds=0.5, concurrency=3, k=2, event_share=0.5, run_tag="b")
+    # 20 calls, 3 users: each user's first call runs the pipeline, its repeats hit the result cache
+    assert (bounded["requests"], bounded["errors"]) == (20, 0)
+    assert bounded["paths"]["light"] == 3 and bounded["paths"]["cache"] == 17
+    assert bounded["p50_ms"] <= bounded["p95_ms"] <= bounded["p99_ms"]
+    assert timed["errors"] == 0 and timed["concurrency"] == 3 and set(timed["events"]) == {"200"}
+    assert timed["paths"].get("light", 0) >= 2  # clicks bumped history versions: cache misses ran the pipeline
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ them once ``STAGE_KINDS`` points at them with ``use_toy_stage_kinds``):
 - ``AudienceRules`` (kind rules): drops adult items unless the user is known to be 18+,
   adds a disclaimer to items riskier than the user's (unknown = 0) risk tolerance.
 - ``YearRerank`` (kind llm): newest first, a stand-in re-ranker for the answer path.
-- ``FailingStage``: raises ``StageError``.
+- ``FailingStage``: raises ``StageError``; ``MissingArtifactsLLM``: fails to load.
 """
 
 from __future__ import annotations
@@ -170,9 +170,24 @@ class FailingStage:
         return "failing-1"
 
 
+class MissingArtifactsLLM(YearRerank):
+    """An LLM stage whose artifacts are absent: ``load`` raises like a real untrained one."""
+
+    def load(self, artifact_dir: Path) -> None:
+        raise FileNotFoundError(f"{artifact_dir}/llm: no adapter here")
+
+
 def create_toy_app_from_env():  # noqa: ANN201 - uvicorn factory for the subprocess test
     """``serving.run.app_from_env`` with the toy stage kinds registered first."""
     from serving.run import app_from_env
 
     use_toy_stage_kinds()
+    return app_from_env()
+
+
+def create_real_rules_app_from_env():  # noqa: ANN201 - uvicorn factory for the multi-worker tests
+    """Toy popularity recall in front of the real ``rules.stage.RulesStage`` (hot-swappable)."""
+    from serving.run import app_from_env
+
+    STAGE_KINDS["recall"] = TOY_KINDS["recall"]
     return app_from_env()

@@ -1,0 +1,76 @@
+"""One worker's link to the online state: Redis client, circuit breaker, stores and watcher.
+
+``OnlineBackend.open`` connects to ``settings.redis_url`` / ``$REDIS_URL``, or starts an
+``EmbeddedRedis`` owned by this app when neither is set (a lone app: the CLI demo, tests);
+``recsys serve --workers N`` starts one embedded server in the parent instead and passes
+its URL, so all workers share one state. ``attach`` wires a loaded ``Recommender`` to it:
+the ``OnlineState`` for histories/events/cache and a ``VersionWatcher`` that installs the
+active rules and prompt versions (once at once, so a new worker starts on the current
+rules, then every ``versions_poll_s``).
+
+The key namespace is ``serving.redis_namespace``, else the artifact directory's name, so
+two datasets can share one Redis.
+
+Deliberately left out: the HTTP routes using it.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from recsys.settings import Settings
+from serving.hot_reload import PromptApplier, RulesApplier, VersionWatcher
+from serving.online import OnlineState
+from serving.redis_state import EmbeddedRedis, RedisGuard, RedisUnavailable, connect, redis_url
+from serving.service import Recommender
+from serving.versioned import VersionStore
+
+log = logging.getLogger(__name__)
+
+
+class OnlineBackend:
+    def __init__(self, settings: Settings, ns: str, url: str, embedded: EmbeddedRedis | None = None):
+        cfg = settings.serving
+        self.settings, self.ns, self.url, self.embedded = settings, ns, url, embedded
+        self.client = connect(settings, url)
+        self.guard = RedisGuard(cfg.redis_retry_min_s, cfg.redis_retry_max_s)
+        self.versions = VersionStore(self.client, self.guard, ns)
+        self.watcher: VersionWatcher | None = None
+        self.rules: RulesApplier | None = None
+        self.prompts: PromptApplier | None = None
+
+    @classmethod
+    def open(cls, settings: Settings, artifact_dir: Path) -> OnlineBackend:
+        ns = settings.serving.redis_namespace or Path(artifact_dir).resolve().name
+        url = redis_url(settings)
+        embedded = None
+        if url is None:
+            embedded = EmbeddedRedis()
+            url = embedded.start()
+        return cls(settings, ns, url, embedded)
+
+    def attach(self, recommender: Recommender) -> None:
+        """Give ``recommender`` its online state and start watching versions (call once)."""
+        cfg = self.settings.serving
+        recommender.online = OnlineState(
+            self.client, self.guard, self.ns, recommender.catalog.histories,
+            history_max_len=cfg.history_max_len, stream_maxlen=cfg.events_stream_maxlen,
+            dedup_ttl_s=cfg.event_dedup_ttl_s,
+        )
+        self.rules, self.prompts = RulesApplier(recommender.pipeline), PromptApplier(recommender.pipeline)
+        prompts = self.prompts
+        recommender.extra_versions = lambda: {"prompt": prompts.applied} if prompts.applied else {}
+        self.watcher = VersionWatcher(self.versions, [self.rules, self.prompts], cfg.versions_poll_s)
+        try:
+            self.watcher.sync_once()
+        except RedisUnavailable as exc:
+            log.error("starting without the stored rules/prompt versions: %s", exc)
+        self.watcher.start()
+
+    def close(self) -> None:
+        if self.watcher is not None:
+            self.watcher.stop()
+        self.client.close()
+        if self.embedded is not None:
+            self.embedded.close()

@@ -1,0 +1,109 @@
+"""Admin API: publish, list and roll back versions of the rule set and the prompt template.
+
+``PUT /admin/{rules|prompts}`` takes the document as YAML or JSON, validates it with its
+owner's parser (``rules.schema.parse_ruleset``; for prompts a mapping with an optional
+``version``, else a content hash names it), stores it as a new version in Redis, makes it
+active and installs it in this worker at once; the other workers follow within
+``serving.versions_poll_s`` (``serving.hot_reload``). An invalid document is a 422 and the
+current version keeps serving. ``POST /admin/{kind}/rollback {"version"}`` re-activates any
+published version. Every route needs ``X-API-Key`` (``serving.deps.admin_key``).
+
+Status codes: 401 missing/wrong key, 503 admin disabled or Redis down, 404 unknown version,
+409 version reused for a different document (or no rules stage to install into), 422 invalid.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
+
+from serving.backend import OnlineBackend
+from serving.deps import AdminDep, BackendDep, MetricsDep, RecommenderDep
+from serving.hot_reload import canonical, parse_document
+from serving.redis_state import RedisUnavailable
+from serving.schemas import RollbackRequest, VersionEntry, VersionsResponse
+from serving.versioned import UnknownVersion, VersionConflict
+
+router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep])
+Kind = Literal["rules", "prompts"]
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"description": "Missing or wrong X-API-Key."}, 404: {"description": "Unknown version."},
+    409: {"description": "Version reused for another document."}, 503: {"description": "Admin disabled or Redis down."},
+}
+
+
+def _applier(backend: OnlineBackend, kind: Kind) -> Any:
+    applier = backend.rules if kind == "rules" else backend.prompts
+    if applier is None or backend.watcher is None:
+        raise HTTPException(status_code=503, detail="service not ready")
+    if not applier.available:
+        raise HTTPException(status_code=409, detail=f"the pipeline has no enabled {kind} stage to install into")
+    return applier
+
+
+def _publish(backend: OnlineBackend, kind: Kind, text: bytes) -> dict[str, Any]:
+    applier = _applier(backend, kind)
+    try:
+        data = parse_document(text, f"PUT /admin/{kind}")
+        version, parsed = applier.validate(data, f"PUT /admin/{kind}")
+    except ValueError as exc:
+        raise HTTPException(status_code=422, detail=str(exc)) from None
+    try:
+        status = backend.versions.publish(kind, version, canonical(data))
+    except VersionConflict as exc:
+        raise HTTPException(status_code=409, detail=str(exc)) from None
+    backend.watcher.install(kind, version, parsed)  # type: ignore[union-attr]
+    return {"kind": kind, "version": version, "status": status, "active": version}
+
+
+def _rollback(backend: OnlineBackend, kind: Kind, version: str) -> dict[str, Any]:
+    applier = _applier(backend, kind)
+    document = backend.versions.document(kind, version)
+    if document is None:
+        raise HTTPException(status_code=404, detail=f"{kind} version {version!r} was never published")
+    _, parsed = applier.validate(parse_document(document, f"{kind} {version}"), f"{kind} {version}")
+    try:
+        backend.versions.rollback(kind, version)
+    except UnknownVersion as exc:
+        raise HTTPException(status_code=404, detail=str(exc)) from None
+    backend.watcher.install(kind, version, parsed)  # type: ignore[union-attr]
+    return {"kind": kind, "version": version, "status": "rolled_back", "active": version}
+
+
+def _versions(backend: OnlineBackend, kind: Kind) -> VersionsResponse:
+    applier = _applier(backend, kind)
+    infos = backend.versions.versions(kind)
+    active = next((i.version for i in infos if i.active), None)
+    return VersionsResponse(kind=kind, active=active, serving=applier.applied,
+                            versions=[VersionEntry(version=i.version, created_at=i.created_at, active=i.active)
+                                      for i in infos])
+
+
+async def _redis(fn: Any, *args: Any) -> Any:
+    try:
+        return await run_in_threadpool(fn, *args)
+    except RedisUnavailable as exc:
+        raise HTTPException(status_code=503, detail=str(exc)) from None
+
+
+@router.put("/{kind}", responses=_ERRORS)
+async def put_version(kind: Kind, request: Request, backend: BackendDep, metrics: MetricsDep,
+                      _: RecommenderDep) -> dict[str, Any]:
+    out = await _redis(_publish, backend, kind, await request.body())
+    metrics.reloads.labels(kind).inc()
+    return out
+
+
+@router.get("/{kind}/versions", response_model=VersionsResponse, responses=_ERRORS)
+async def list_versions(kind: Kind, backend: BackendDep, _: RecommenderDep) -> VersionsResponse:
+    return await _redis(_versions, backend, kind)
+
+
+@router.post("/{kind}/rollback", responses=_ERRORS)
+async def rollback(kind: Kind, body: RollbackRequest, backend: BackendDep, metrics: MetricsDep,
+                   _: RecommenderDep) -> dict[str, Any]:
+    out = await _redis(_rollback, backend, kind, body.version)
+    metrics.reloads.labels(kind).inc()
+    return out

@@ -1,0 +1,57 @@
+"""POST /v1/events: record one user-item event in Redis, at most once per ``event_id``.
+
+The event goes to the Redis stream and, for history event types (``serving.history_event_types``:
+clicks, ratings, purchases...; not impressions), onto the user's online history at once, so
+the user's next recommendation reflects it (its history version changes, which also retires
+its cached answers). An unknown ``item_id`` is a 422 naming the field; Redis down is a 503
+(the event is not recorded, the client may retry with the same ``event_id``).
+"""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, HTTPException
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+
+from serving.deps import MetricsDep, RecommenderDep, SettingsDep
+from serving.redis_state import RedisUnavailable
+from serving.schemas import EventRequest, EventResponse
+
+router = APIRouter(prefix="/v1", tags=["events"])
+
+
+@router.post("/events", response_model=EventResponse,
+             responses={503: {"description": "Not ready, or Redis unavailable (event not recorded)."}})
+async def post_event(body: EventRequest, recommender: RecommenderDep, settings: SettingsDep,
+                     metrics: MetricsDep) -> EventResponse:
+    item_idx = recommender.catalog.item_index.get(body.item_id)
+    if item_idx is None:
+        err = {"type": "value_error", "loc": ("body", "item_id"), "msg": f"unknown item_id {body.item_id!r}",
+               "input": body.item_id}
+        raise RequestValidationError([err], body=body.model_dump())
+    online = recommender.online
+    if online is None:
+        raise HTTPException(status_code=503, detail="online state unavailable: events are not recorded")
+    appends = body.type in settings.serving.history_event_types
+    fields = {"user_id": body.user_id, "item_id": body.item_id, "type": body.type,
+              "ts": f"{body.ts if body.ts is not None else time.time():.3f}"}
+    if body.value is not None:
+        fields["value"] = repr(body.value)
+    if body.variant is not None:
+        fields["variant"] = body.variant
+    user_idx = recommender.catalog.user_index.get(body.user_id)
+    try:
+        result = await run_in_threadpool(online.ingest, body.event_id, body.user_id, user_idx,
+                                         item_idx if appends else None, fields)
+    except RedisUnavailable as exc:
+        metrics.events.labels(body.type, "unavailable").inc()
+        metrics.redis_errors.inc()
+        raise HTTPException(status_code=503, detail=f"event not recorded: {exc}") from None
+    metrics.events.labels(body.type, result.status).inc()
+    return EventResponse(
+        event_id=body.event_id, status=result.status,
+        appended_to_history=result.history_version is not None,
+        history_version=result.history_version, stream_id=result.stream_id,
+    )

@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+import redis
+
+from serving.online import OnlineState
+from serving.redis_state import RedisGuard, RedisUnavailable
+from serving.state import SplitHistories
+
+
+@pytest.fixture
+def state(redis_env: str) -> OnlineState:
+    client = redis.Redis.from_url(redis_env)
+    seeds = SplitHistories([np.array([5, 6, 7, 8], dtype=np.int64), np.array([1], dtype=np.int64)])
+    return OnlineState(client, RedisGuard(), f"t-{uuid.uuid4().hex}", seeds,
+                       history_max_len=3, stream_maxlen=100, dedup_ttl_s=60)
+
+
+def test_history_is_seeded_lazily_capped_and_appended(state: OnlineState) -> None:
+    hist, version = state.history("alice", 0)
+    assert hist.tolist() == [6, 7, 8] and version == 0  # last history_max_len=3 split items
+    res = state.ingest("e1", "alice", 0, 9, {"type": "click"})
+    assert (res.status, res.history_version) == ("accepted", 1)
+    hist, version = state.history("alice", 0)
+    assert hist.tolist() == [7, 8, 9] and version == 1
+
+
+def test_event_before_first_read_seeds_then_appends(state: OnlineState) -> None:
+    state.ingest("e1", "bob", 1, 4, {"type": "rating"})
+    assert state.history("bob", 1)[0].tolist() == [1, 4]
+    state.ingest("e2", "stranger", None, 3, {"type": "purchase"})  # unknown user: no seed
+    assert state.history("stranger", None) == (pytest.approx(np.array([3])), 1)
+
+
+def test_duplicate_event_is_ignored_and_impression_leaves_history(state: OnlineState) -> None:
+    first = state.ingest("dup", "bob", 1, 4, {"type": "click"})
+    again = state.ingest("dup", "bob", 1, 4, {"type": "click"})
+    assert (again.status, again.history_version, again.stream_id) == ("duplicate", None, None)
+    seen = state.ingest("imp", "bob", 1, None, {"type": "impression", "item_id": "m9"})
+    assert seen.status == "accepted" and seen.history_version is None
+    assert state.history("bob", 1) [0].tolist() == [1, 4]
+    entries = state.client.xrange(f"{state.ns}:events")
+    assert [e[0].decode() for e in entries] == [first.stream_id, seen.stream_id]
+    assert entries[1][1] == {b"type": b"impression", b"item_id": b"m9"}
+
+
+def test_result_cache_round_trip_and_expiry(state: OnlineState) -> None:
+    assert state.cached_result("k") is None
+    state.store_result("k", {"items": [1]}, ttl_s=60)
+    assert state.cached_result("k") == {"items": [1]}
+    assert 0 < state.client.pttl(f"{state.ns}:result:k") <= 60_000
+
+
+def test_calls_raise_unavailable_when_redis_is_gone(redis_server, state: OnlineState) -> None:
+    redis_server.stop()
+    try:
+        with pytest.raises(RedisUnavailable):
+            state.history("alice", 0)
+        with pytest.raises(RedisUnavailable, match="next retry"):
+            state.cached_result("k")  # in backoff: no connection attempt at all
+    finally:
+        redis_server.start()

@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import pytest
+import redis
+
+from serving.redis_state import EmbeddedRedis, RedisGuard, RedisUnavailable, connect, redis_url
+from tests.serving.toy import toy_settings
+
+
+def test_redis_url_prefers_settings_then_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REDIS_URL", "redis://env:6379/0")
+    assert redis_url(toy_settings()) == "redis://env:6379/0"
+    assert redis_url(toy_settings().model_copy(update={"redis_url": "redis://cfg:1/2"})) == "redis://cfg:1/2"
+    monkeypatch.delenv("REDIS_URL")
+    assert redis_url(toy_settings()) is None
+    with pytest.raises(ValueError, match="no Redis URL"):
+        connect(toy_settings())
+
+
+def test_embedded_server_stops_and_restarts_on_the_same_socket(tmp_path) -> None:
+    server = EmbeddedRedis(tmp_path / "r")
+    try:
+        client = connect(toy_settings(), server.start())
+        client.set("k", "v")
+        assert client.get("k") == b"v"
+        server.stop()
+        with pytest.raises(redis.exceptions.ConnectionError):
+            client.get("k")
+        server.start()
+        assert client.get("k") is None  # no persistence: a restart is an empty Redis
+    finally:
+        server.close()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_guard_backs_off_exponentially_then_recovers() -> None:
+    clock, calls = Clock(), []
+
+    def down() -> int:
+        calls.append(clock.now)
+        raise redis.exceptions.ConnectionError("refused")
+
+    guard = RedisGuard(min_s=1.0, max_s=3.0, clock=clock)
+    with pytest.raises(RedisUnavailable, match="refused"):
+        guard.call(down)
+    with pytest.raises(RedisUnavailable, match="next retry"):
+        guard.call(down)  # within 1 s: skipped without touching Redis
+    assert calls == [100.0] and guard.down
+    clock.now = 101.0
+    with pytest.raises(RedisUnavailable):
+        guard.call(down)  # second failure: wait 2 s
+    clock.now = 102.5
+    with pytest.raises(RedisUnavailable, match="next retry"):
+        guard.call(down)
+    clock.now = 103.0
+    assert guard.call(lambda: 7) == 7 and not guard.down
+    assert calls == [100.0, 101.0]
