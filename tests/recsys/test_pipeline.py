@@ -128,3 +128,27 @@ def test_observer_sees_every_stage_output():
     seen = []
     pipeline(ParityScorer()).run(Request(user_id="u", k=3), observe=lambda n, c: seen.append((n, len(c))))
     assert seen == [("recall", 10), ("coarse", 4)]
+
+
+def test_pipeline_stage_returns_the_last_stage_output_uncut():
+    from recsys.contract import Stage
+    from recsys.pipeline import PipelineStage
+
+    ps = PipelineStage(pipeline(ParityScorer()))
+    assert isinstance(ps, Stage)
+    out = ps.run(Request(user_id="u", k=1), Candidates.empty())
+    assert out.items.tolist() == [1, 3, 5, 7]  # coarse depth 4, not request.k
+    assert ps.version() == "recall:list-v1+coarse:parity-v1"
+
+
+def test_required_stage_over_budget_keeps_its_output_and_flags_it():
+    p = Pipeline([(spec("recall", "recall", depth=10, budget_ms=1, on_error="fail"), SlowRecall())])
+    res = p.run(Request(user_id="u", k=2))
+    assert res.candidates.items.tolist() == [0, 1]
+    assert res.traces[0].status == "ok" and "budget overrun" in res.traces[0].reason
+
+
+class SlowRecall(ListRecall):
+    def run(self, request, candidates):
+        time.sleep(0.01)
+        return super().run(request, candidates)
