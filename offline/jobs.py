@@ -139,13 +139,13 @@ def _json_default(o: Any) -> Any:
 def _train_recall(settings: Any, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
     from recall.train import train_two_tower
 
-    main = train_two_tower(split, artifact_dir / "recall", settings.recall, progress=progress)
+    main = train_two_tower(split, artifact_dir / "recall", settings.recall, progress=progress, seed=settings.seed)
     seqs, labels, users = holdout_sequences(split)
     targets = np.full(split.n_users, -1, dtype=np.int64)
     targets[users] = labels
     holdout = train_two_tower(
         split, artifact_dir / "recall_holdout", settings.recall,
-        sequences=seqs, early_stop_targets=targets, progress=progress,
+        sequences=seqs, early_stop_targets=targets, progress=progress, seed=settings.seed,
     )
     return {"main": main, "holdout": holdout}
 
@@ -156,7 +156,7 @@ def _train_coarse(settings: Any, artifact_dir: Path, split: Split, progress: boo
 
     recall = RecallStage(settings.pipeline.stage("recall"), settings)
     recall.load(artifact_dir, subdir="recall_holdout")
-    return train_coarse(split, recall, artifact_dir / "coarse", settings.coarse, progress=progress)
+    return train_coarse(split, recall, artifact_dir / "coarse", settings.coarse, seed=settings.seed, progress=progress)
 
 
 def _train_fusion(settings: Any, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:

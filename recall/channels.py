@@ -1,0 +1,136 @@
+"""Recall channels and the one place their candidates are merged.
+
+A *channel* proposes item indices, best first, with a raw score per item: the two-tower
+ANN search (``recall.stage``) and ``PopularityChannel`` here. ``merge_channels`` turns any
+number of channel lists into one de-duplicated ``Candidates`` set:
+
+- every channel's list is cleaned first (padding ids -1, excluded items and repeats dropped);
+- slots are dealt out by Sainte-Lague apportionment: each channel has a weight (its quota, or
+  ``depth`` without one) and the next slot goes to the channel with the smallest
+  ``(slots_filled + 0.5) / weight`` (ties to the earlier channel). Without quotas this is a
+  plain round-robin; with quotas ``{"popularity": 20}`` at depth 200 the popularity channel
+  fills about every 10th slot, its first one at position 5 rather than at the top;
+- a quota caps how many slots a channel may fill; a channel whose next item is already taken
+  skips it; once every channel is capped or exhausted, the remaining slots go to the first
+  channel (the primary one), past its own quota;
+- flags ``src_<channel>`` mark every channel that returned an item (one item can carry
+  several), ``recall_<channel>`` holds that channel's raw score (NaN where it did not return
+  the item), and ``recall`` is the merged rank score ``1 / (1 + position)``.
+
+Deliberately left out: score-based fusion across channels (raw scores of different channels
+are not comparable; the coarse ranker learns how to weigh them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from recsys.contract import Candidates
+
+Channel = tuple[str, np.ndarray, np.ndarray]  # (name, ids best first, raw scores)
+
+
+class PopularityChannel:
+    """Most popular items first (ties to the lower item index), excluded items removed.
+
+    Built by the recall stage's ``load`` from interaction counts; the fallback for cold users.
+    """
+
+    name = "popularity"
+
+    def __init__(self, popularity: np.ndarray) -> None:
+        pop = np.asarray(popularity, dtype=np.float64)
+        if pop.ndim != 1 or not np.isfinite(pop).all():
+            raise ValueError(f"popularity must be a finite 1-d array per item, got shape {pop.shape}")
+        self.popularity = pop.astype(np.float32)
+        # Stable sort on -popularity keeps equal counts in item-index order.
+        self._order = np.argsort(-pop, kind="stable").astype(np.int64)
+
+    def candidates(self, exclude: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ``n`` most popular items not in ``exclude``: (ids int64, scores float32)."""
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        exclude = np.asarray(exclude, dtype=np.int64)
+        head = self._order[: n + len(exclude)]
+        ids = head[~np.isin(head, exclude)][:n]
+        return ids, self.popularity[ids]
+
+
+def _clean(
+    ids: np.ndarray, scores: np.ndarray, excluded: np.ndarray, name: str
+) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.asarray(ids, dtype=np.int64).ravel()
+    scores = np.asarray(scores, dtype=np.float32).ravel()
+    if len(ids) != len(scores):
+        raise ValueError(f"channel {name!r} has {len(ids)} ids but {len(scores)} scores")
+    keep = (ids >= 0) & ~np.isin(ids, excluded)
+    ids, scores = ids[keep], scores[keep]
+    _, first = np.unique(ids, return_index=True)
+    first.sort()  # keep each id's first (best) occurrence, in channel order
+    return ids[first], scores[first]
+
+
+def _deal_slots(lists: list[np.ndarray], weights: list[float], caps: list[int], depth: int) -> list[int]:
+    """Sainte-Lague interleave of ``lists`` into at most ``depth`` distinct items."""
+    taken: set[int] = set()
+    merged: list[int] = []
+    pos = [0] * len(lists)
+    filled = [0] * len(lists)
+
+    def next_free(c: int) -> int | None:
+        while pos[c] < len(lists[c]) and int(lists[c][pos[c]]) in taken:
+            pos[c] += 1
+        return int(lists[c][pos[c]]) if pos[c] < len(lists[c]) else None
+
+    while len(merged) < depth:
+        heads = {c: next_free(c) for c in range(len(lists)) if filled[c] < caps[c]}
+        open_ = {c: item for c, item in heads.items() if item is not None}
+        if not open_:
+            break
+        c = min(open_, key=lambda c: ((filled[c] + 0.5) / weights[c], c))
+        item = open_[c]
+        merged.append(item)
+        taken.add(item)
+        filled[c] += 1
+    while lists and len(merged) < depth and (extra := next_free(0)) is not None:
+        merged.append(extra)  # every channel capped or exhausted: the primary channel fills the rest
+        taken.add(extra)
+    return merged
+
+
+def merge_channels(
+    channels: list[Channel], depth: int, exclude: np.ndarray, quotas: dict[str, int] | None = None
+) -> Candidates:
+    """Merge channel lists into at most ``depth`` candidates sorted by ``recall`` (see module doc).
+
+    Example: channels ``[("ann", [4, 7, 2], ...), ("popularity", [7, 9], ...)]``, depth 4,
+    no exclusion -> items ``[4, 7, 2, 9]``; item 7 has both ``src_ann`` and ``src_popularity``.
+    """
+    if depth < 0:
+        raise ValueError(f"depth must be >= 0, got {depth}")
+    names = [name for name, _, _ in channels]
+    if len(set(names)) != len(names):
+        raise ValueError(f"channel names must be unique, got {names}")
+    quotas = dict(quotas or {})
+    if unknown := set(quotas) - set(names):
+        raise ValueError(f"quotas name unknown channels {sorted(unknown)}; channels are {names}")
+    if bad := {k: v for k, v in quotas.items() if v < 0}:
+        raise ValueError(f"quotas must be >= 0, got {bad}")
+    excluded = np.asarray(exclude, dtype=np.int64).ravel()
+    cleaned = [_clean(ids, scores, excluded, name) for name, ids, scores in channels]
+    caps = [quotas.get(name, depth) for name in names]
+    weights = [max(cap, 1e-9) for cap in caps]  # a quota of 0 never wins a slot
+    items = np.asarray(_deal_slots([ids for ids, _ in cleaned], weights, caps, depth), dtype=np.int64)
+
+    scores: dict[str, np.ndarray] = {"recall": (1.0 / (1.0 + np.arange(len(items)))).astype(np.float32)}
+    flags: dict[str, np.ndarray] = {}
+    for name, (ids, raw) in zip(names, cleaned, strict=True):
+        order = np.argsort(ids)
+        where = np.searchsorted(ids[order], items)
+        where = np.minimum(where, max(len(ids) - 1, 0))
+        found = (ids[order][where] == items) if len(ids) else np.zeros(len(items), dtype=bool)
+        flags[f"src_{name}"] = found
+        col = np.full(len(items), np.nan, dtype=np.float32)
+        col[found] = raw[order][where[found]]
+        scores[f"recall_{name}"] = col
+    return Candidates(items=items, scores=scores, flags=flags, order_by="recall")

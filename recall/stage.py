@@ -1,0 +1,141 @@
+"""The recall stage: two-tower ANN search merged with the popularity channel.
+
+At request time the user tower encodes the request's most recent history (and attributes)
+into one vector (the tower is inductive: a user unknown at training time, or one with no
+history at all, still gets a vector); the faiss index returns the nearest items; excluded
+items are dropped; ``recall.channels.merge_channels`` interleaves them with the most popular
+items, the popularity channel getting ``popularity_share`` of the depth
+(``cold_popularity_share`` for an empty history, where the two-tower vector rests on the
+attributes alone).
+
+Artifacts: ``<artifact_dir>/recall`` as written by ``recall.train`` and the popularity
+counts of ``<artifact_dir>/split`` (every interaction visible at test time). Architecture
+comes from the saved ``model.json``; serving knobs (``popularity_share``) from
+``settings.recall`` overlaid with the stage spec's ``params``.
+
+Deliberately left out: re-encoding item vectors at serving time (the trained ones are
+loaded) and any use of incoming candidates (recall is the first stage; it ignores them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from recall.channels import PopularityChannel, merge_channels
+from recall.config import RecallConfig
+from recsys.config import StageSpec
+from recsys.contract import Candidates, Request
+
+DEFAULT_DEPTH = 200
+TWO_TOWER = "two_tower"
+
+
+class RecallStage:
+    """``recsys.contract.Stage`` "recall": writes the ``recall`` rank score (plus per-channel columns)."""
+
+    reads: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ("recall",)
+
+    def __init__(self, spec: StageSpec, settings: Any) -> None:
+        self.name = spec.name
+        self.depth = spec.depth or DEFAULT_DEPTH
+        base = settings.recall.model_dump() if settings is not None else {}
+        self.config = RecallConfig.model_validate({**base, **spec.params})
+        self._tower: Any = None
+        self._vocab: Any = None
+        self._vectors = np.zeros((0, self.config.dim), dtype=np.float32)
+        self._index: Any = None
+        self._popularity: PopularityChannel | None = None
+        self._version = "unloaded"
+
+    def load(self, artifact_dir: Any, subdir: str = "recall") -> None:
+        """Load the user tower, item vectors, faiss index and popularity counts (once, at start-up).
+
+        ``subdir`` selects another trained copy, e.g. ``recall_holdout`` (trained without each
+        user's last training item) when producing coarse-ranker training candidates.
+        """
+        import torch
+
+        from offline.split import Split
+        from recall.features import UserVocab
+        from recall.index import ItemIndex
+        from recall.towers import UserTower
+        from recall.train import INDEX_DIR, MODEL_FILE, SPEC_FILE, VECTORS_FILE
+
+        root = Path(artifact_dir)
+        recall_dir = root / subdir
+        if not (recall_dir / SPEC_FILE).is_file():
+            raise FileNotFoundError(f"{recall_dir / SPEC_FILE}: no trained recall model here (run training first)")
+        spec = json.loads((recall_dir / SPEC_FILE).read_text())
+        arch = RecallConfig.model_validate(spec["config"])
+        vocab = UserVocab.from_json(spec["user_vocab"])
+        tower = UserTower(arch.dim, arch.max_len, arch.n_blocks, arch.n_heads, 0.0, vocab.sizes)
+        state = torch.load(recall_dir / MODEL_FILE, map_location="cpu", weights_only=True)
+        tower.load_state_dict(state["user_tower"])
+        tower.eval()
+        vectors = np.load(recall_dir / VECTORS_FILE).astype(np.float32)
+        index = ItemIndex.load(recall_dir / INDEX_DIR)
+        if index.ntotal != len(vectors) or len(vectors) != spec["n_items"]:
+            raise ValueError(f"{recall_dir}: index holds {index.ntotal} items, item_vectors {len(vectors)}, "
+                             f"model.json says {spec['n_items']}")
+        popularity = Split.load(root / "split").item_popularity("test")
+        if len(popularity) != len(vectors):
+            raise ValueError(f"{root / 'split'} has {len(popularity)} items but the recall model has {len(vectors)}")
+        self._tower, self._vocab, self._vectors, self._index = tower, vocab, vectors, index
+        self._popularity = PopularityChannel(popularity)
+        self._version = hashlib.sha256((recall_dir / MODEL_FILE).read_bytes()).hexdigest()[:12]
+
+    @property
+    def n_items(self) -> int:
+        return len(self._vectors)
+
+    def version(self) -> str:
+        return self._version
+
+    def user_vectors(
+        self, histories: Sequence[np.ndarray], user_attrs_list: Sequence[Mapping[str, Any]]
+    ) -> np.ndarray:
+        """``[n, dim]`` unit user vectors for many users at once (the evaluator's entry point).
+
+        History items outside the model's catalog are ignored.
+        """
+        from recall.scoring import user_vectors
+
+        if self._tower is None:
+            raise RuntimeError("RecallStage.user_vectors called before load(artifact_dir)")
+        if len(histories) != len(user_attrs_list):
+            raise ValueError(f"{len(histories)} histories but {len(user_attrs_list)} attribute mappings")
+        known = [self._known(h) for h in histories]
+        attrs = np.stack([self._vocab.encode(a) for a in user_attrs_list]) if known else np.zeros((0, 3), np.int64)
+        return user_vectors(self._tower, self._vectors, known, attrs)
+
+    def item_vectors(self) -> np.ndarray:
+        """The loaded ``[n_items, dim]`` item vectors (row i == item_idx i)."""
+        return self._vectors
+
+    def run(self, request: Request, candidates: Candidates) -> Candidates:
+        """Top ``depth`` items for ``request``, excluded items never among them."""
+        if self._index is None or self._popularity is None:
+            raise RuntimeError("RecallStage.run called before load(artifact_dir)")
+        history = self._known(request.history)
+        exclude = np.unique(request.excluded)
+        share = self.config.popularity_share if len(history) else self.config.cold_popularity_share
+        n_pop = int(round(self.depth * share))
+        vector = self.user_vectors([history], [request.user_attrs])
+        k = min(self.depth + len(exclude), self.n_items)
+        scores, ids = self._index.search(vector, k)
+        pop_ids, pop_scores = self._popularity.candidates(exclude, self.depth)
+        return merge_channels(
+            [(TWO_TOWER, ids[0], scores[0]), (PopularityChannel.name, pop_ids, pop_scores)],
+            self.depth, exclude, quotas={TWO_TOWER: self.depth - n_pop, PopularityChannel.name: n_pop},
+        )
+
+    def _known(self, history: np.ndarray) -> np.ndarray:
+        h = np.asarray(history, dtype=np.int64)
+        return h[(h >= 0) & (h < self.n_items)]

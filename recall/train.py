@@ -1,0 +1,271 @@
+"""Train the two-tower recall model and write its artifacts.
+
+Training is SASRec-style next-item prediction at every position (Kang & McAuley 2018): each
+user's sequence is cut from the end into windows of ``max_len``; the user tower's output at
+position t is scored against the target item t+1. The loss is a softmax over the whole
+catalog when it is small (cheap and the strongest choice at ML scale), else a sampled
+softmax over shared negatives drawn from the item frequency with logQ correction (Yi et
+al. 2019, "Sampling-bias-corrected neural modeling for large corpus item recommendations").
+AdamW, dropout, early stopping on full-ranking NDCG@10 of held-out targets with patience,
+and a wall-clock cap; the best evaluated weights are kept. Deterministic for a given seed.
+
+Artifacts in ``out_dir`` (the per-dataset ``recall/`` directory): ``model.pt`` (both towers'
+state dicts), ``model.json`` (config + vocabularies), ``item_vectors.npy``, ``index/`` (faiss,
+via ``recall.index.ItemIndex``), ``report.json``, and ``text_cache/``.
+
+Measured on ML-100K (5-core, leave-one-out, full ranking, history excluded; default config,
+seed 42, 1 CPU thread, text embeddings cached): 28 epochs (best 22) in 103 s; valid NDCG@10
+0.107; test NDCG@10 0.102, Recall@10 0.190, Recall@200 0.815 (popularity: NDCG@10 0.045,
+Recall@200 0.480). The recall stage at depth 200 with a 10% popularity share reaches test
+Recall@200 0.829.
+
+Deliberately left out: hyper-parameter search, hard-negative mining, multi-process loading.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from offline.split import Split
+from recall.config import RecallConfig
+from recall.features import ItemFeatures, UserVocab
+from recall.index import ItemIndex
+from recall.scoring import full_ranking_metrics, user_vectors
+from recall.towers import BOS, PAD, ItemTower, UserTower
+
+MODEL_FILE, SPEC_FILE, VECTORS_FILE, INDEX_DIR, REPORT_FILE = (
+    "model.pt", "model.json", "item_vectors.npy", "index", "report.json")
+
+
+def training_windows(sequences: list[np.ndarray], max_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Cut sequences into ``(inputs, targets, owner)`` windows of ``max_len`` from the end.
+
+    Inputs are BOS + the sequence shifted right; targets the sequence; both left-padded
+    (PAD in inputs, -1 in targets); ``owner`` is the user row of each window.
+
+    >>> x, y, u = training_windows([np.array([7, 8, 9])], 2)
+    >>> x.tolist(), y.tolist(), u.tolist()
+    ([[7, 8], [-1, -2]], [[8, 9], [-1, 7]], [0, 0])
+    """
+    xs, ys, owners = [], [], []
+    for u, seq in enumerate(sequences):
+        seq = np.asarray(seq, dtype=np.int64)
+        inputs = np.concatenate([[BOS], seq[:-1]])
+        for end in range(len(seq), 0, -max_len):
+            start = max(0, end - max_len)
+            x = np.full(max_len, PAD, dtype=np.int64)
+            y = np.full(max_len, -1, dtype=np.int64)
+            x[max_len - (end - start):] = inputs[start:end]
+            y[max_len - (end - start):] = seq[start:end]
+            xs.append(x)
+            ys.append(y)
+            owners.append(u)
+    if not xs:
+        raise ValueError("training_windows: every sequence is empty; nothing to train on")
+    return np.stack(xs), np.stack(ys), np.asarray(owners, dtype=np.int64)
+
+
+def _batch_loss(
+    item_tower: ItemTower, user_tower: UserTower, x: torch.Tensor, y: torch.Tensor, attrs: torch.Tensor,
+    config: RecallConfig, log_q: torch.Tensor | None, gen: torch.Generator,
+) -> torch.Tensor:
+    mask = y >= 0
+    if log_q is None:  # full softmax over the catalog
+        items = item_tower.all_items()
+        h = user_tower(items, x, attrs)[mask] / config.temperature  # scale [b, d], not [b, n_items]
+        return F.cross_entropy(h @ items.T, y[mask])
+    negatives = torch.multinomial(log_q.exp(), config.n_negatives, replacement=True, generator=gen)
+    needed, local = torch.unique(torch.cat([x[x >= 0], y[mask], negatives]), return_inverse=True)
+    vecs = item_tower(needed)
+    n_x = int((x >= 0).sum())
+    x_local = x.clone()
+    x_local[x >= 0] = local[:n_x]
+    y_local = local[n_x:n_x + int(mask.sum())]
+    neg_local = local[n_x + int(mask.sum()):]
+    h = user_tower(vecs, x_local, attrs)[mask]
+    # logQ correction: subtract log sampling probability so popular items are not over-penalised.
+    pos = (h * vecs[y_local]).sum(-1) / config.temperature - log_q[needed[y_local]]
+    neg = h @ vecs[neg_local].T / config.temperature - log_q[needed[neg_local]]
+    neg = neg.masked_fill(neg_local[None, :] == y_local[:, None], float("-inf"))  # accidental hits
+    logits = torch.cat([pos[:, None], neg], dim=1)
+    return F.cross_entropy(logits, torch.zeros(len(logits), dtype=torch.long))
+
+
+@dataclass
+class _Run:
+    """One training run's model and data, built by ``_setup``."""
+
+    item_tower: ItemTower
+    user_tower: UserTower
+    vocab: UserVocab
+    attrs: np.ndarray  # [n_users, 3] UserVocab codes
+    seqs: list[np.ndarray]
+    targets: np.ndarray
+    log_q: torch.Tensor | None  # log item frequency for the sampled loss; None = full softmax
+
+    def item_vectors(self) -> np.ndarray:
+        self.item_tower.eval()
+        with torch.no_grad():
+            return self.item_tower.all_items().numpy()
+
+    def evaluate(self, histories: list[np.ndarray], targets: np.ndarray) -> dict[str, float]:
+        items = self.item_vectors()
+        return full_ranking_metrics(user_vectors(self.user_tower, items, histories, self.attrs), items,
+                                    histories, targets)
+
+
+def _setup(
+    split: Split, out_dir: Path, config: RecallConfig, sequences: list[np.ndarray] | None,
+    targets: np.ndarray | None, progress: bool,
+) -> _Run:
+    seqs = list(split.train_sequences if sequences is None else sequences)
+    targets = np.asarray(split.valid if targets is None else targets, dtype=np.int64)
+    if len(seqs) != split.n_users or len(targets) != split.n_users:
+        raise ValueError(f"need one sequence and one target per user ({split.n_users}); "
+                         f"got {len(seqs)} sequences and {len(targets)} targets")
+    text = None
+    if config.use_text:
+        from recall.text import embed_items
+
+        text = embed_items(split.items, out_dir / "text_cache", progress=progress)
+    vocab = UserVocab.from_users(split.users)
+    log_q = None
+    if not config.uses_full_softmax(split.n_items):
+        counts = np.bincount(np.concatenate(seqs), minlength=split.n_items) + 1.0
+        log_q = torch.from_numpy(np.log(counts / counts.sum())).float()
+    return _Run(
+        item_tower=ItemTower(ItemFeatures.from_items(split.items, text), config.dim),
+        user_tower=UserTower(config.dim, config.max_len, config.n_blocks, config.n_heads, config.dropout,
+                             vocab.sizes),
+        vocab=vocab, attrs=vocab.encode_table(split.users), seqs=seqs, targets=targets, log_q=log_q,
+    )
+
+
+def _fit(run: _Run, config: RecallConfig, seed: int, t0: float, progress: bool) -> dict[str, Any]:
+    """The epoch loop with early stopping; leaves the best evaluated weights in the towers."""
+    params = list(run.item_tower.parameters()) + list(run.user_tower.parameters())
+    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    x_all, y_all, owner = training_windows(run.seqs, config.max_len)
+    gen, rng = torch.Generator().manual_seed(seed), np.random.default_rng(seed)
+    best: dict[str, Any] = {"valid": {"ndcg@10": -1.0}, "best_epoch": 0, "state": None}
+    history: list[dict[str, Any]] = []
+    bad_evals, epoch = 0, 0
+    bar = tqdm(range(1, config.max_epochs + 1), desc="two-tower", disable=not progress)
+    for epoch in bar:
+        run.item_tower.train()
+        run.user_tower.train()
+        losses = []
+        order = rng.permutation(len(x_all))
+        for s in range(0, len(order), config.batch_size):
+            rows = order[s:s + config.batch_size]
+            loss = _batch_loss(run.item_tower, run.user_tower, torch.from_numpy(x_all[rows]),
+                               torch.from_numpy(y_all[rows]), torch.from_numpy(run.attrs[owner[rows]]),
+                               config, run.log_q, gen)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        out_of_time = time.perf_counter() - t0 > config.max_train_s
+        if epoch % config.eval_every and epoch != config.max_epochs and not out_of_time:
+            continue
+        metrics = run.evaluate(run.seqs, run.targets)
+        history.append({"epoch": epoch, "loss": round(float(np.mean(losses)), 4), **metrics,
+                        "s": round(time.perf_counter() - t0, 1)})
+        bar.set_postfix(loss=history[-1]["loss"], ndcg10=metrics["ndcg@10"])
+        if metrics["ndcg@10"] > best["valid"]["ndcg@10"]:
+            state = copy.deepcopy((run.item_tower.state_dict(), run.user_tower.state_dict()))
+            best, bad_evals = {"valid": metrics, "best_epoch": epoch, "state": state}, 0
+        else:
+            bad_evals += 1
+        if bad_evals >= config.patience or out_of_time:
+            break
+    bar.close()
+    run.item_tower.load_state_dict(best["state"][0])
+    run.user_tower.load_state_dict(best["state"][1])
+    return {"epochs": epoch, "best_epoch": best["best_epoch"], "n_windows": len(x_all),
+            "loss": "full" if run.log_q is None else "sampled", "valid": best["valid"], "history": history}
+
+
+def train_two_tower(
+    split: Split, out_dir: Path, config: RecallConfig, *, sequences: list[np.ndarray] | None = None,
+    early_stop_targets: np.ndarray | None = None, progress: bool = True, seed: int = 42,
+) -> dict[str, Any]:
+    """Train, save the artifacts to ``out_dir`` and return the report.
+
+    Trains on ``sequences`` (default ``split.train_sequences``) and early-stops on
+    ``early_stop_targets`` (default ``split.valid``) ranked from those sequences with them
+    excluded. The report holds epochs, best valid metrics, seconds and, with the default
+    data only, test metrics (input = train + valid item, as in ``offline.split``).
+    """
+    t0 = time.perf_counter()
+    torch.set_num_threads(config.train_threads or len(os.sched_getaffinity(0)))
+    torch.manual_seed(seed)
+    out_dir = Path(out_dir)
+    run = _setup(split, out_dir, config, sequences, early_stop_targets, progress)
+    report = _fit(run, config, seed, t0, progress)
+    if sequences is None and early_stop_targets is None:
+        test_hist = [split.history(u, "test") for u in range(split.n_users)]
+        report["test"] = run.evaluate(test_hist, split.test)
+    report["train_s"] = round(time.perf_counter() - t0, 1)
+    save_artifacts(out_dir, run.item_tower, run.user_tower, run.item_vectors(), run.vocab, config, report)
+    return report
+
+
+def save_artifacts(
+    out_dir: Path, item_tower: ItemTower, user_tower: UserTower, item_vectors: np.ndarray,
+    vocab: UserVocab, config: RecallConfig, report: dict[str, Any],
+) -> None:
+    """Write the model, spec, item vectors, faiss index and report; ``model.json`` last."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / f".{MODEL_FILE}.tmp"
+    torch.save({"item_tower": item_tower.state_dict(), "user_tower": user_tower.state_dict()}, tmp)
+    os.replace(tmp, out_dir / MODEL_FILE)
+    tmp = out_dir / f".{VECTORS_FILE}.tmp.npy"
+    np.save(tmp, item_vectors.astype(np.float32))
+    os.replace(tmp, out_dir / VECTORS_FILE)
+    ItemIndex.build(item_vectors, kind=config.index).save(out_dir / INDEX_DIR)
+    (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2))
+    spec = {"config": config.model_dump(), "n_items": len(item_vectors), "user_vocab": vocab.to_json()}
+    tmp = out_dir / f".{SPEC_FILE}.tmp"
+    tmp.write_text(json.dumps(spec, indent=2))
+    os.replace(tmp, out_dir / SPEC_FILE)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m recall.train ARTIFACT_DIR [--seed N] [--set key=value ...]``: train on
+    ``ARTIFACT_DIR/split`` into ``ARTIFACT_DIR/recall`` with the default ``RecallConfig``
+    (values overridden by ``--set``, parsed as JSON when they parse) and print the report."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m recall.train", description=main.__doc__)
+    parser.add_argument("artifact_dir", type=Path)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+    overrides: dict[str, Any] = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--set expects KEY=VALUE, got {item!r}")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    split = Split.load(args.artifact_dir / "split")
+    report = train_two_tower(split, args.artifact_dir / "recall", RecallConfig(**overrides), seed=args.seed)
+    print(json.dumps({k: v for k, v in report.items() if k != "history"}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
