@@ -141,7 +141,7 @@ def tune_fusion(settings: Any, artifact_dir: Path, split: Split, *, progress: bo
     sees), and the simplex grid of weights over the stages present is searched for the best
     mean NDCG@10 (``recsys.fusion.tune_fusion_weights``). The test phase is never read.
     """
-    from recsys.fusion import FusionExample, ndcg_at_k, save_weights, tune_fusion_weights
+    from recsys.fusion import FusionExample, ndcg_at_k, save_weights, tune_fusion_weights, weights_key
     from recsys.registry import build_pipeline
 
     names = [s.name for s in settings.pipeline.stages if s.enabled]
@@ -162,6 +162,6 @@ def tune_fusion(settings: Any, artifact_dir: Path, split: Split, *, progress: bo
     present = list(weights)
     single = {s: float(ndcg_at_k(examples, [{s: 1.0}], K)[0]) for s in present}
     best = float(ndcg_at_k(examples, [weights], K)[0])
-    save_weights(Path(artifact_dir) / "fusion", weights, valid_ndcg_at_10=best, single_stage_valid_ndcg=single)
-    return {"weights": weights, "valid_ndcg@10": round(best, 5),
+    save_weights(Path(artifact_dir) / "fusion" / weights_key(settings), weights, valid_ndcg_at_10=best, single_stage_valid_ndcg=single)
+    return {"weights": weights, "key": weights_key(settings), "valid_ndcg@10": round(best, 5),
             "single_stage_valid_ndcg@10": {s: round(v, 5) for s, v in single.items()}}

@@ -27,7 +27,7 @@ from offline.split import Split
 
 log = logging.getLogger(__name__)
 
-STAGE_ORDER = ("recall", "coarse", "fusion", "llm")
+STAGE_ORDER = ("recall", "coarse", "llm", "fusion")
 
 
 def dataset_name(data: Path | None) -> str:
@@ -94,7 +94,8 @@ def train_stages(
     split_id = _split_id(artifact_dir)
     report: dict[str, Any] = {}
     for stage in (s for s in STAGE_ORDER if s in stages):
-        meta = _read_meta(artifact_dir / stage)
+        stage_dir = _stage_dir(settings, artifact_dir, stage)
+        meta = _read_meta(stage_dir)
         if not force and meta is not None and meta.get("split_id") == split_id:
             report[stage] = {"reused": True, **meta.get("report", {})}
             continue
@@ -102,9 +103,18 @@ def train_stages(
         rep = _TRAINERS[stage](settings, artifact_dir, split, progress)
         rep["seconds"] = round(time.perf_counter() - t0, 2)
         report[stage] = rep
-        _write_meta(artifact_dir / stage, rep, split_id)
+        _write_meta(stage_dir, rep, split_id)
         force = True  # a retrained stage invalidates every stage trained on its output
     return report
+
+
+def _stage_dir(settings: Any, artifact_dir: Path, stage: str) -> Path:
+    """Where a stage's artifacts (and its completion marker) live; fusion has one per stage set."""
+    if stage == "fusion":
+        from recsys.fusion import weights_key
+
+        return artifact_dir / "fusion" / weights_key(settings)
+    return artifact_dir / stage
 
 
 def _split_id(artifact_dir: Path) -> str:

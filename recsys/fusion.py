@@ -16,8 +16,9 @@ shifts the ranking smoothly instead of falling off a cliff. With no weighted sta
 current order is kept.
 
 Weights come from ``FusionConfig`` (``settings.fusion``), overridden by
-``artifact_dir/fusion/weights.json`` written by ``save_weights`` after
-``tune_fusion_weights`` (grid search maximising NDCG@10 on the valid split).
+``artifact_dir/fusion/<stages>/weights.json`` written by ``save_weights`` after
+``tune_fusion_weights`` (grid search maximising NDCG@10 on the valid split); ``<stages>``
+is ``weights_key(settings)``, so pipelines with and without the LLM keep their own weights.
 
 Deliberately left out: collecting the per-user valid candidates (the evaluator does it with
 ``FusionExample.from_candidates``) and learning-to-rank fusion.
@@ -106,6 +107,18 @@ def fuse(
     return np.asarray(final, dtype=np.float64), used
 
 
+def weights_key(settings: Any) -> str:
+    """``+``-joined names of the enabled scored stages that run before fusion, e.g. ``recall+coarse``."""
+    names: list[str] = []
+    pipeline = getattr(settings, "pipeline", None)
+    for spec in getattr(pipeline, "stages", []):
+        if spec.kind == "fusion":
+            break
+        if spec.enabled and spec.name in FUSED_STAGES:
+            names.append(spec.name)
+    return "+".join(names) or "none"
+
+
 class FusionStage:
     """``recsys.contract.Stage`` writing ``final``, sorting by it and cutting to ``k``."""
 
@@ -115,13 +128,19 @@ class FusionStage:
     def __init__(self, spec: StageSpec, settings: Any):
         self.name = spec.name
         self.spec = spec
+        self.weights_key = weights_key(settings)
         base = getattr(settings, "fusion", None) or FusionConfig()
         self.config = FusionConfig.model_validate({**base.model_dump(), **spec.params})
         self.reads = tuple(self.config.weights)
 
     def load(self, artifact_dir: Any) -> None:
-        """Use ``artifact_dir/fusion/weights.json`` when present, else the configured weights."""
-        tuned = load_weights(Path(artifact_dir) / "fusion")
+        """Use the weights tuned for this pipeline's scored stages when present, else the configured ones.
+
+        Tuned weights live in ``artifact_dir/fusion/<key>/weights.json`` with ``key`` the
+        enabled scored stages before fusion (``recall+coarse`` or ``recall+coarse+llm``), so
+        pipelines with and without the LLM keep their own weights side by side.
+        """
+        tuned = load_weights(Path(artifact_dir) / "fusion" / self.weights_key)
         if tuned is not None:
             self.config = self.config.model_copy(update={"weights": FusionConfig(weights=tuned).weights})
             self.reads = tuple(self.config.weights)

@@ -13,15 +13,22 @@ thread, the evaluator calls it in a loop. Per stage:
 - otherwise its output is cut to ``depth`` (``ok``).
 
 Each stage sees the request with ``deadline`` set to the tighter of the request deadline
-and its own budget, so a stage that can stop early (the LLM) knows when to.
+and its own budget, so a stage that can stop early (the LLM) knows when to. A passthrough
+stage with a budget also runs under a watchdog (``StageWatchdog``): a backend that hangs
+inside one call (a stuck forward pass, a dead socket) cannot check its deadline, so the
+pipeline stops waiting ``WATCHDOG_GRACE_S`` after that deadline and falls back; the call is
+abandoned on its thread, and while ``MAX_ABANDONED`` calls of a stage are still stuck, the
+stage falls back at once instead of taking another thread.
 
 Deliberately left out: building stages from config (``recsys.registry``) and HTTP.
 """
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +37,9 @@ from recsys.config import StageSpec
 from recsys.contract import Candidates, Request, Stage, StageTrace
 
 log = logging.getLogger(__name__)
+
+WATCHDOG_GRACE_S = 0.05  # lets a stage that checks its deadline stop itself and say why
+MAX_ABANDONED = 4  # stuck calls per stage before it falls back without trying
 
 
 class PipelineError(RuntimeError):
@@ -67,6 +77,7 @@ class Pipeline:
     def __init__(self, stages: Sequence[tuple[StageSpec, Stage]], request_budget_ms: float | None = None):
         self.stages = list(stages)
         self.request_budget_ms = request_budget_ms
+        self.watchdog = StageWatchdog()
 
     def stage(self, name: str) -> Stage:
         for spec, stage in self.stages:
@@ -120,7 +131,14 @@ class Pipeline:
             stage_request = dataclasses.replace(request, deadline=stage_deadline)
         t0 = time.perf_counter()
         try:
-            out = stage.run(stage_request, cands)
+            if spec.on_error == "passthrough" and spec.budget_ms is not None:
+                out = self.watchdog.run(spec.name, stage, stage_request, cands)
+            else:
+                out = stage.run(stage_request, cands)
+        except StageAbandoned as exc:
+            ms = (time.perf_counter() - t0) * 1000
+            log.error("stage %s abandoned for request %s: %s", spec.name, request.request_id, exc)
+            return self._fallback(spec, cands, traces, ms, str(exc))
         except Exception as exc:  # any stage failure is contained here, by design
             ms = (time.perf_counter() - t0) * 1000
             log.warning("stage %s failed for request %s: %r", spec.name, request.request_id, exc)
@@ -147,6 +165,58 @@ class Pipeline:
         out = cands.head(spec.depth) if spec.depth is not None else cands
         traces.append(StageTrace(spec.name, "fallback", ms, len(cands), len(out), reason))
         return out
+
+
+class StageAbandoned(RuntimeError):
+    """A stage call did not return by its deadline (plus grace) and was left running."""
+
+
+class StageWatchdog:
+    """Runs a stage call on a daemon thread and stops waiting for it at the request's deadline.
+
+    Python cannot kill a thread, so a hung call keeps its thread until it returns; ``stuck``
+    counts those per stage and refuses new calls while ``max_abandoned`` are stuck, so a dead
+    backend costs a bounded number of threads, and each request only its deadline.
+    """
+
+    def __init__(self, grace_s: float = WATCHDOG_GRACE_S, max_abandoned: int = MAX_ABANDONED):
+        self.grace_s, self.max_abandoned = grace_s, max_abandoned
+        self.stuck: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def run(self, name: str, stage: Stage, request: Request, cands: Candidates) -> Candidates:
+        if request.deadline is None:
+            return stage.run(request, cands)
+        with self._lock:
+            if self.stuck.get(name, 0) >= self.max_abandoned:
+                raise StageAbandoned(f"budget overrun: {self.stuck[name]} earlier calls still running (backend hung)")
+        box: dict[str, object] = {}
+        done = threading.Event()
+        ctx = contextvars.copy_context()  # log lines of the call keep the request id
+
+        def call() -> None:
+            try:
+                box["out"] = ctx.run(stage.run, request, cands)
+            except BaseException as exc:  # handed to the waiting request thread below
+                box["exc"] = exc
+            finally:
+                done.set()
+                with self._lock:
+                    if box.get("abandoned"):
+                        self.stuck[name] -= 1
+
+        threading.Thread(target=call, name=f"stage-{name}", daemon=True).start()
+        wait_s = max(0.0, request.deadline - time.monotonic()) + self.grace_s
+        if not done.wait(wait_s):
+            with self._lock:
+                if not done.is_set():  # still running: abandon it
+                    box["abandoned"] = True
+                    self.stuck[name] = self.stuck.get(name, 0) + 1
+                    raise StageAbandoned(f"budget overrun: no answer {wait_s * 1000:.0f} ms after the call "
+                                         "started (deadline + grace); call abandoned")
+        if "exc" in box:
+            raise box["exc"]  # type: ignore[misc]
+        return box["out"]  # type: ignore[return-value]
 
 
 class PipelineStage:

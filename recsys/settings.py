@@ -11,6 +11,7 @@ dotted key (``pipeline.stages.1.depth: ...``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -113,10 +114,8 @@ def _env_layer(cls: type[Settings]) -> dict[str, Any]:
         path = key[len(_ENV_PREFIX):].lower().split("__")
         value: Any = raw
         if raw[:1] in "[{":
-            try:
+            with contextlib.suppress(json.JSONDecodeError):  # not JSON: keep the string
                 value = json.loads(raw)
-            except json.JSONDecodeError:
-                pass
         node = out
         for part in path[:-1]:
             node = node.setdefault(part, {})

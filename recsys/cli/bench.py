@@ -63,3 +63,6 @@ def bench_serve(
                  max_requests=max_requests)
     report["dataset"] = art.name
     c.write_report(report, out)
+
+
+import recsys.cli.soak  # noqa: E402, F401  (registers `bench soak` on bench_app)

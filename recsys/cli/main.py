@@ -7,16 +7,17 @@ Python and tests. Errors in user input exit with code 2 and a message naming the
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from recsys.cli import common as c
+from recsys.cli.ab import ab_app
 from recsys.cli.bench import bench_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Hybrid recommender with LLM re-ranking.")
 app.add_typer(bench_app, name="bench")
+app.add_typer(ab_app, name="ab")
 
 STAGES_HELP = "Stages to train, comma-separated, from recall,coarse,fusion,llm ('all' = recall,coarse,fusion)."
 

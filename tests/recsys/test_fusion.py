@@ -17,6 +17,7 @@ from recsys.fusion import (
     save_weights,
     simplex_grid,
     tune_fusion_weights,
+    weights_key,
 )
 from recsys.settings import Settings
 
@@ -85,14 +86,27 @@ def test_stage_interface_weights_file_and_version(tmp_path):
     s = stage()
     assert isinstance(s, Stage) and s.writes == ("final",)
     assert s.config.weights == FusionConfig().weights
-    s.load(tmp_path)  # no fusion/weights.json: configured defaults stay
+    s.load(tmp_path)  # no tuned weights: configured defaults stay
     default_version = s.version()
-    save_weights(tmp_path / "fusion", {"recall": 0.0, "coarse": 1.0}, ndcg_at_10=0.5)
-    assert json.loads((tmp_path / "fusion" / "weights.json").read_text())["ndcg_at_10"] == 0.5
+    # the default pipeline has the LLM disabled: weights are looked up under "recall+coarse"
+    assert s.weights_key == "recall+coarse"
+    save_weights(tmp_path / "fusion" / "recall+coarse+llm", {"recall": 1.0}, ndcg_at_10=0.1)
+    s.load(tmp_path)  # another stage set's weights are not this pipeline's
+    assert s.version() == default_version
+    save_weights(tmp_path / "fusion" / "recall+coarse", {"recall": 0.0, "coarse": 1.0}, ndcg_at_10=0.5)
+    assert json.loads((tmp_path / "fusion" / "recall+coarse" / "weights.json").read_text())["ndcg_at_10"] == 0.5
     s.load(tmp_path)
     assert s.config.weights == {"recall": 0.0, "coarse": 1.0}
     assert s.version() != default_version and len(s.version()) == 12
     assert s.run(Request(user_id="u"), cands(recall=RECALL, coarse=COARSE)).items.tolist() == [11, 12, 13, 10]
+
+
+def test_weights_key_follows_the_enabled_scored_stages():
+    on = Settings.build({"pipeline": {"stages": [
+        {"name": "recall", "kind": "recall", "on_error": "fail"}, {"name": "coarse", "kind": "coarse"},
+        {"name": "llm", "kind": "llm"}, {"name": "fusion", "kind": "fusion"}]}})
+    assert weights_key(on) == "recall+coarse+llm"
+    assert weights_key(Settings.build({})) == "recall+coarse"
 
 
 def test_invalid_weights_are_refused_by_name(tmp_path):

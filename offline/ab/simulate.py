@@ -1,0 +1,116 @@
+"""Replay simulator: held-out users of a split drive a live server, producing a real event log.
+
+Each simulated user is a real test user of the split, in a seeded random order. It asks
+``POST /v1/recommend`` for ``k`` items; the server answers from the user's history as it
+knows it (the split's train + valid sequence, seeded into Redis), which is exactly the test
+phase's input. The user "clicks" a recommended item when it is the item they really
+consumed next (their test target), and the click goes to ``POST /v1/events`` with the
+variant the answer carried. Impressions: an experiment-enabled server logs them itself
+(``impressions_logged`` in the answer); otherwise the simulator posts one impression event
+per item shown, so the log is complete either way.
+
+The server must not know the test items yet: serving's histories are a split's full
+sequences (train + valid + test), and a known user never gets an item of them. Start it on
+``replay_artifacts(artifact_dir, out_dir)``: the same trained stages (symlinked) over a copy
+of the split whose test item is replaced by a repeat of the valid item, so what the server
+knows ends where the test phase's input ends (every stage reads the same train + valid
+interactions and popularity as in offline evaluation; only the served history shows the
+valid item twice). Targets come from the original split.
+
+Bounded by ``users`` and ``seconds``; refuses any URL that is not loopback.
+
+Deliberately left out: position bias and click noise (a user clicks their true next item
+wherever it is ranked) and users returning for a second session.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import httpx
+import numpy as np
+
+from offline.split import Split
+
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+def check_loopback(url: str) -> str:
+    host = urlparse(url).hostname
+    if host not in LOOPBACK:
+        raise ValueError(f"simulate: {url!r} is not a loopback address ({sorted(LOOPBACK)}); refusing to drive it")
+    return url.rstrip("/")
+
+
+def replay_artifacts(artifact_dir: Path, out_dir: Path) -> Path:
+    """A serving directory at ``out_dir``: ``artifact_dir``'s stages symlinked, the split's test hidden."""
+    artifact_dir, out_dir = Path(artifact_dir).resolve(), Path(out_dir)
+    split = Split.load(artifact_dir / "split")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for entry in artifact_dir.iterdir():
+        link = out_dir / entry.name
+        if entry.name != "split" and entry.is_dir() and not link.exists():
+            link.symlink_to(entry, target_is_directory=True)
+    dataclasses.replace(split, test=split.valid.copy(), test_ts=split.valid_ts.copy()).save(out_dir / "split")
+    return out_dir
+
+
+def simulate(
+    base_url: str, split: Split, *, users: int = 500, seconds: float = 60.0, k: int = 10, seed: int = 0,
+    run_tag: str | None = None, timeout_s: float = 30.0, client: httpx.Client | None = None,
+) -> dict[str, Any]:
+    """Replay up to ``users`` test users of ``split`` (the original) within ``seconds``; the run's counts.
+
+    ``client`` (tests: a FastAPI ``TestClient``) replaces the loopback HTTP client.
+    """
+    base_url = check_loopback(base_url) if client is None else base_url
+    if users < 1 or seconds <= 0 or k < 1:
+        raise ValueError(f"simulate: need users >= 1, seconds > 0, k >= 1; got {users}, {seconds}, {k}")
+    tag = run_tag or f"sim{int(time.time())}"
+    order = np.random.default_rng(seed).permutation(split.n_users)[:users]
+    targets = split.targets("test")
+    counts: Counter[str] = Counter()
+    variants: Counter[str] = Counter()
+    stop_at = time.monotonic() + seconds
+    t0 = time.perf_counter()
+    http = client if client is not None else httpx.Client(base_url=base_url, timeout=timeout_s)
+    try:
+        for u in order:
+            if time.monotonic() >= stop_at:
+                counts["stopped_by_time"] = 1
+                break
+            user_id = str(split.vocab.user_ids[u])
+            target_id = str(split.vocab.item_ids[targets[u]])
+            resp = http.post("/v1/recommend", json={"user_id": user_id, "k": k})
+            counts["requests"] += 1
+            if resp.status_code != 200:
+                counts[f"http_{resp.status_code}"] += 1
+                continue
+            answer = resp.json()
+            variant = answer.get("variant")
+            variants[str(variant)] += 1
+            shown = [item["id"] for item in answer["items"]]
+            if not answer.get("impressions_logged"):
+                for rank, item in enumerate(shown, 1):
+                    _event(http, f"{tag}-{user_id}-imp{rank}", user_id, item, "impression", variant, counts)
+            if target_id in shown:
+                _event(http, f"{tag}-{user_id}-click", user_id, target_id, "click", variant, counts)
+    finally:
+        if client is None:
+            http.close()
+    return {"requests": counts.pop("requests", 0), "users_available": split.n_users, "variants": dict(variants),
+            "events": dict(counts), "wall_s": round(time.perf_counter() - t0, 2), "run_tag": tag}
+
+
+def _event(client: httpx.Client, event_id: str, user_id: str, item_id: str, kind: str, variant: str | None,
+           counts: Counter[str]) -> None:
+    body: dict[str, Any] = {"event_id": event_id, "user_id": user_id, "item_id": item_id, "type": kind}
+    if variant is not None:
+        body["variant"] = variant
+    status = client.post("/v1/events", json=body).status_code
+    counts[f"{kind}_{'sent' if status == 200 else f'http_{status}'}"] += 1
