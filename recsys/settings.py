@@ -25,6 +25,7 @@ from coarse_rank.config import CoarseConfig
 from llm_rerank.config import LLMConfig
 from recall.config import RecallConfig
 from recsys.config import PipelineConfig
+from recsys.experiments import ExperimentsConfig
 from recsys.fusion import FusionConfig
 from rules.config import RulesConfig
 from serving.config import ServingConfig
@@ -54,6 +55,7 @@ class Settings(BaseSettings):
     rules: RulesConfig = Field(default_factory=RulesConfig)
     serving: ServingConfig = Field(default_factory=ServingConfig)
     fusion: FusionConfig = Field(default_factory=FusionConfig)
+    experiments: ExperimentsConfig = Field(default_factory=ExperimentsConfig)
 
     @classmethod
     def settings_customise_sources(

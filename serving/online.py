@@ -7,7 +7,8 @@ Keys, all under the namespace ``ns`` (``serving.redis_namespace`` or the dataset
 - ``{ns}:hver:{user_id}``: the history version, bumped by every appended event (its presence
   also marks the list as seeded); result cache keys include it, so an event invalidates that
   user's cached answers without deleting anything;
-- ``{ns}:events``: the event stream (``XADD ... MAXLEN ~ events_stream_maxlen``);
+- ``{ns}:events``: the event stream (``XADD ... MAXLEN ~ events_stream_maxlen``), also holding
+  the impressions an active experiment logs (``log_impressions``);
 - ``{ns}:seen:{event_id}``: duplicate guard (``SET NX EX event_dedup_ttl_s``);
 - ``{ns}:result:{digest}``: cached answers (``SETEX``), see ``serving.policy.result_cache_key``.
 
@@ -133,6 +134,18 @@ class OnlineState:
             stream_id=stream_id.decode() or None,
             history_version=int(version) if version else None,
         )
+
+    def log_impressions(self, entries: list[dict[str, str]]) -> None:
+        """Append impression entries to the events stream in one round trip (no dedup, no history)."""
+        key = f"{self.ns}:events"
+
+        def write() -> None:
+            pipe = self.client.pipeline(transaction=False)
+            for fields in entries:
+                pipe.xadd(key, fields, maxlen=self.stream_maxlen, approximate=True)  # type: ignore[arg-type]
+            pipe.execute()
+
+        self.guard.call(write)
 
     def cached_result(self, key: str) -> dict[str, Any] | None:
         raw = self.guard.call(lambda: self.client.get(f"{self.ns}:result:{key}"))

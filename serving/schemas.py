@@ -125,6 +125,9 @@ class RecommendResponse(BaseModel):
     route: RouteReason = Field(description="Why the policy chose the LLM path or not.")
     degraded: bool = Field(description="Redis was unavailable: split histories, no cache, no real-time events.")
     total_ms: float
+    experiment: str | None = Field(None, description="The active experiment, when one is configured.")
+    variant: str | None = Field(None, description="The user's arm in it (a variant name or 'holdout').")
+    impressions_logged: bool = Field(False, description="The items were logged as impressions on the events stream.")
     debug: DebugInfo | None = Field(None, description="Present only when the request set debug.")
 
 

@@ -12,12 +12,18 @@ without the cache and marks the answer ``degraded``. The route and
 An LLM stage whose artifacts fail to load is disabled (logged), never fatal: the policy then
 sends everyone down the light path. Other stages failing to load still fail start-up.
 
+With an active experiment (``recsys.experiments``), each user is assigned a variant by
+salted hash; the variant's overrides (LLM share or opt-in, fusion weights) apply, the answer
+carries ``experiment`` and ``variant``, and the items shown are logged as impressions on the
+events stream (``impressions_logged``; not while Redis is down).
+
 Deliberately left out: HTTP status codes and threads (``serving.app``), process start-up
 (``serving.run``). A ``PipelineError`` (a fail-closed stage failed) propagates to the caller.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -29,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from recsys.contract import Candidates, Request, StageTrace
+from recsys.experiments import Assignment, ExperimentsConfig, active_experiment, assign
 from recsys.pipeline import Pipeline, PipelineResult
 from recsys.settings import Settings
 from serving.metrics import ServingMetrics
@@ -56,6 +63,8 @@ class Recommender:
         self.llm_available = any(spec.kind == "llm" and spec.enabled for spec, _ in pipeline.stages)
         self.online: OnlineState | None = None  # attached by serving.backend when serving online
         self.extra_versions: Callable[[], dict[str, str]] = dict  # e.g. the active prompt version
+        self.experiment = active_experiment(settings)
+        self.variant_pipelines = variant_pipelines(pipeline, self.experiment, settings)
 
     @classmethod
     def load(cls, settings: Settings, artifact_dir: Path, pipeline: Pipeline | None = None,
@@ -74,33 +83,60 @@ class Recommender:
         t0 = time.perf_counter()
         deadline = time.monotonic() + self.settings.pipeline.request_budget_ms / 1000
         cfg = self.settings.serving
-        route = choose_route(body.user_id, body.llm, cfg.llm_share, cfg.policy_salt, self.llm_available)
+        experiment = self.experiment
+        arm = assign(experiment, body.user_id) if experiment is not None else None
+        over = experiment.overrides(arm.variant) if experiment is not None and arm is not None else None
+        share = over.llm_share if over is not None and over.llm_share is not None else cfg.llm_share
+        opt = body.llm if body.llm is not None or over is None else over.llm
+        route = choose_route(body.user_id, opt, share, cfg.policy_salt, self.llm_available)
         self.metrics.routes.labels(route.reason).inc()
         history, history_version, degraded = self._online_history(body.user_id)
         cache_key = None
         if self.online is not None and not degraded and cfg.result_cache_ttl_s > 0 and not body.debug:
-            cache_key = result_cache_key(body.user_id, body.k, body.context, history_version, self.versions(),
-                                         route.llm)
+            versions = {**self.versions(), **({"variant": f"{arm.experiment}:{arm.variant}"} if arm else {})}
+            cache_key = result_cache_key(body.user_id, body.k, body.context, history_version, versions, route.llm)
             cached, degraded = self._cached(cache_key)
             if cached is not None:
                 answer = {**cached, "request_id": request_id or uuid.uuid4().hex, "path": "cache",
                           "degraded": False, "total_ms": round((time.perf_counter() - t0) * 1000, 3)}
                 self.metrics.observe_answer("cache", time.perf_counter() - t0, [])
-                return answer
+                return self._log_impressions(answer, arm)
         request = self.catalog.request_for(
             body.user_id, body.k, context=body.context, debug=body.debug,
             request_id=request_id or uuid.uuid4().hex, online_history=history, deadline=deadline,
         )
-        result = self.pipeline.run(request, skip=() if route.llm else self.llm_stages)
+        pipeline = self.pipeline
+        if arm is not None:
+            request = dataclasses.replace(request, variant=arm.variant)
+            pipeline = self.variant_pipelines.get(arm.variant, pipeline)
+        result = pipeline.run(request, skip=() if route.llm else self.llm_stages)
         answer = build_response(request, result, self.catalog, self.llm_stages, t0)
         answer["versions"].update(self.extra_versions())
         answer["route"], answer["degraded"] = route.reason, degraded
+        answer["experiment"], answer["variant"] = (arm.experiment, arm.variant) if arm else (None, None)
         if cache_key is not None and answer["path"] != "fallback":  # never pin a degraded answer
             self._store(cache_key, answer)
         answer["total_ms"] = round((time.perf_counter() - t0) * 1000, 3)
         self.metrics.observe_answer(answer["path"], time.perf_counter() - t0, result.traces)
         if degraded:
             self.metrics.degraded.inc()
+        return self._log_impressions(answer, arm)
+
+    def _log_impressions(self, answer: dict[str, Any], arm: Assignment | None) -> dict[str, Any]:
+        """Record the items shown to an experiment's user on the events stream (best effort)."""
+        answer["impressions_logged"] = False
+        if arm is None or self.online is None or answer["degraded"] or not answer["items"]:
+            return answer
+        ts = f"{time.time():.3f}"
+        entries = [{"user_id": answer["user_id"], "item_id": item["id"], "type": "impression", "ts": ts,
+                    "experiment": arm.experiment, "variant": arm.variant, "request_id": answer["request_id"],
+                    "rank": str(item["rank"])} for item in answer["items"]]
+        try:
+            self.online.log_impressions(entries)
+        except RedisUnavailable:
+            self.metrics.redis_errors.inc()
+            return answer
+        answer["impressions_logged"] = True
         return answer
 
     def _online_history(self, user_id: str) -> tuple[np.ndarray | None, int, bool]:
@@ -153,6 +189,29 @@ def load_pipeline(settings: Settings, artifact_dir: Path) -> Pipeline:
                 spec = spec.model_copy(update={"enabled": False})
         pairs.append((spec, stage))
     return Pipeline(pairs, request_budget_ms=built.request_budget_ms)
+
+
+def variant_pipelines(
+    pipeline: Pipeline, experiment: ExperimentsConfig | None, settings: Settings
+) -> dict[str, Pipeline]:
+    """Per variant with ``fusion_weights``: the pipeline with its fusion stages re-weighted.
+
+    The other stages are the same loaded objects (no second copy of any model), so a rules
+    or prompt hot swap reaches every variant.
+    """
+    if experiment is None:
+        return {}
+    from recsys.fusion import FusionStage
+
+    out = {}
+    for variant in experiment.variants:
+        weights = variant.overrides.fusion_weights
+        if weights is None:
+            continue
+        pairs = [(spec, FusionStage(spec.model_copy(update={"params": {**spec.params, "weights": weights}}), settings)
+                  if spec.kind == "fusion" else stage) for spec, stage in pipeline.stages]
+        out[variant.name] = Pipeline(pairs, request_budget_ms=pipeline.request_budget_ms)
+    return out
 
 
 def answer_path(traces: list[StageTrace], llm_stages: frozenset[str]) -> str:

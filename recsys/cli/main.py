@@ -14,10 +14,12 @@ import typer
 from recsys.cli import common as c
 from recsys.cli.ab import ab_app
 from recsys.cli.bench import bench_app
+from recsys.cli.tag import tag_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Hybrid recommender with LLM re-ranking.")
 app.add_typer(bench_app, name="bench")
 app.add_typer(ab_app, name="ab")
+app.add_typer(tag_app, name="tag")
 
 STAGES_HELP = "Stages to train, comma-separated, from recall,coarse,fusion,llm ('all' = recall,coarse,fusion)."
 

@@ -3,7 +3,8 @@
 The event goes to the Redis stream and, for history event types (``serving.history_event_types``:
 clicks, ratings, purchases...; not impressions), onto the user's online history at once, so
 the user's next recommendation reflects it (its history version changes, which also retires
-its cached answers). An unknown ``item_id`` is a 422 naming the field; Redis down is a 503
+its cached answers). With an active experiment the entry records it and the user's variant
+(derived from the user id when the client does not send one). An unknown ``item_id`` is a 422 naming the field; Redis down is a 503
 (the event is not recorded, the client may retry with the same ``event_id``).
 """
 
@@ -15,6 +16,7 @@ from fastapi import APIRouter, HTTPException
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 
+from recsys.experiments import assign
 from serving.deps import MetricsDep, RecommenderDep, SettingsDep
 from serving.redis_state import RedisUnavailable
 from serving.schemas import EventRequest, EventResponse
@@ -39,7 +41,11 @@ async def post_event(body: EventRequest, recommender: RecommenderDep, settings: 
               "ts": f"{body.ts if body.ts is not None else time.time():.3f}"}
     if body.value is not None:
         fields["value"] = repr(body.value)
-    if body.variant is not None:
+    experiment = recommender.experiment
+    if experiment is not None:  # the variant is a pure function of the user: derive it when not sent
+        fields["experiment"] = experiment.name
+        fields["variant"] = body.variant or assign(experiment, body.user_id).variant
+    elif body.variant is not None:
         fields["variant"] = body.variant
     user_idx = recommender.catalog.user_index.get(body.user_id)
     try:
