@@ -28,6 +28,12 @@ class CoarseConfig(BaseModel):
         default=30, ge=1, le=10_000, description="LambdaRank pairs are formed only with the top-N of each query."
     )
     num_threads: int = Field(default=2, ge=1, le=256, description="LightGBM threads for training and scoring.")
+    train_positions: int = Field(
+        default=3, ge=1, le=20,
+        description="Train queries per user: each of the last N training items as a label, given the items "
+        "before it. Candidates must come from a recall model trained without those N items "
+        "(artifacts recall_holdout/), so no label was seen in training.",
+    )
     max_train_users: int | None = Field(
         default=None, ge=1, description="Cap on training query groups (users sampled with the seed); None uses all."
     )

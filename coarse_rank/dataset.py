@@ -2,9 +2,11 @@
 
 Two phases, both leak-free with respect to ``split.test`` (never read here):
 
-- ``"train"``: history = the user's training sequence minus its last item, label = that last
-  item (the next interaction, held out of the history); users with < 2 training items have
-  no such example.
+- ``"train"``: for each of the last ``positions`` training items j (1 = last), history = the
+  training sequence before it, label = that item (the next interaction, held out of the
+  history); a user contributes the positions their sequence is long enough for (at least
+  one item must remain as history). More positions give LambdaRank more query groups; the
+  recall model producing their candidates must not have trained on those items.
 - ``"valid"``: history = ``split.history(u, "valid")`` (the whole training sequence), label =
   ``split.valid[u]``.
 
@@ -68,13 +70,21 @@ def user_attributes(split: Split, user_idx: int) -> dict[str, Any]:
     return {k: row[k] for k in USER_ATTRIBUTES if k in row.index and not pd.isna(row[k])}
 
 
-def query_inputs(split: Split, phase: QueryPhase, users: Sequence[int] | np.ndarray | None = None) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
-    """(user indices, histories, label items) of ``phase`` for ``users`` (default: all eligible)."""
+def query_inputs(
+    split: Split, phase: QueryPhase, users: Sequence[int] | np.ndarray | None = None, positions: int = 1
+) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
+    """(user indices, histories, label items) of ``phase`` for ``users`` (default: all eligible).
+
+    A train-phase user appears once per usable position (latest label first).
+    """
     seqs = split.train_sequences
     pool = np.arange(split.n_users) if users is None else np.asarray(users, dtype=np.int64)
     if phase == "train":
-        pool = pool[[len(seqs[u]) >= 2 for u in pool]] if len(pool) else pool
-        return pool, [seqs[u][:-1] for u in pool], np.array([seqs[u][-1] for u in pool], dtype=np.int64)
+        if positions < 1:
+            raise ValueError(f"positions must be >= 1, got {positions}")
+        rows = [(int(u), j) for u in pool for j in range(1, positions + 1) if len(seqs[u]) >= j + 1]
+        owners = np.array([u for u, _ in rows], dtype=np.int64)
+        return owners, [seqs[u][:-j] for u, j in rows], np.array([seqs[u][-j] for u, j in rows], dtype=np.int64)
     if phase == "valid":
         return pool, [split.history(int(u), "valid") for u in pool], split.valid[pool].astype(np.int64)
     raise ValueError(f"query phase must be 'train' or 'valid', got {phase!r}")
@@ -88,9 +98,10 @@ def build_groups(
     users: Sequence[int] | np.ndarray | None = None,
     k: int = 10,
     progress: bool = True,
+    positions: int = 1,
 ) -> QueryGroups:
-    """Run ``candidate_stage`` once per user of ``phase`` and collect the query groups."""
-    pool, histories, labels = query_inputs(split, phase, users)
+    """Run ``candidate_stage`` once per query of ``phase`` and collect the query groups."""
+    pool, histories, labels = query_inputs(split, phase, users, positions)
     requests, cands = [], []
     for u, hist in tqdm(list(zip(pool, histories, strict=True)), desc=f"coarse {phase} candidates",
                         disable=not progress, unit="user"):
@@ -112,14 +123,16 @@ def channel_columns(groups: Sequence[QueryGroups]) -> tuple[list[str], list[str]
     return sorted(scores), sorted(flags)
 
 
-def training_prefix(split: Split) -> pd.DataFrame:
-    """``split.train`` without each user's last row: what a model may see before the train labels.
+def training_prefix(split: Split, positions: int = 1) -> pd.DataFrame:
+    """``split.train`` without each user's last ``positions`` rows: what a model may see before the train labels.
 
     Features of the train-phase groups are fitted on this table, so a label's own interaction
     never feeds its features (otherwise ``follow_last`` would be >= 1 for every train label
     but not for valid ones, and the ranker would learn to trust a leak).
     """
     users = split.train["user_idx"].to_numpy()
-    last = np.ones(len(users), dtype=bool)
-    last[:-1] = users[1:] != users[:-1]
-    return split.train.loc[~last].reset_index(drop=True)
+    # rank of each row from the end of its user's block (0 = last): rows are sorted by user, time
+    ends = np.flatnonzero(np.r_[users[1:] != users[:-1], True])
+    block_end = np.repeat(ends, np.diff(np.r_[-1, ends]))
+    from_end = block_end - np.arange(len(users))
+    return split.train.loc[from_end >= positions].reset_index(drop=True)

@@ -2,9 +2,9 @@
 
 LambdaRank (Burges, "From RankNet to LambdaRank to LambdaMART: An Overview", MSR-TR-2010-82)
 weights each pairwise gradient by the NDCG change of swapping the pair, so the booster
-optimises the top of each user's list directly. One query group per user (see
-``coarse_rank.dataset``): train groups label each user's last training item given the rest
-of the sequence; early stopping watches NDCG@``eval_at`` on the valid phase. ``split.test``
+optimises the top of each user's list directly. Query groups (see
+``coarse_rank.dataset``): train groups label each of a user's last ``train_positions``
+training items given the items before it; early stopping watches NDCG@``eval_at`` on the valid phase. ``split.test``
 is never read.
 
 Artifacts written to ``out_dir``: ``model.txt`` (the booster cut at its best iteration),
@@ -62,10 +62,12 @@ def train_coarse(
 
     started = time.perf_counter()
     train_users = _train_users(split, config, seed)
-    tr_all = build_groups(split, candidate_stage, "train", users=train_users, progress=progress)
+    tr_all = build_groups(split, candidate_stage, "train", users=train_users, progress=progress,
+                          positions=config.train_positions)
     va_all = build_groups(split, candidate_stage, "valid", progress=progress)
     scores, flags = channel_columns([tr_all, va_all])
-    prefix_fb = FeatureBuilder(config).fit(split, training_prefix(split), score_columns=scores, flag_columns=flags)
+    prefix = training_prefix(split, config.train_positions)
+    prefix_fb = FeatureBuilder(config).fit(split, prefix, score_columns=scores, flag_columns=flags)
     builder = FeatureBuilder(config).fit(split, score_columns=scores, flag_columns=flags)
     tr, va = tr_all.subset(tr_all.has_positive), va_all.subset(va_all.has_positive)
     for name, g, g_all in (("train", tr, tr_all), ("valid", va, va_all)):

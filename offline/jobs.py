@@ -2,13 +2,13 @@
 
 Artifacts of one dataset live under one directory (see ``recsys.contract``):
 ``split/`` (the leave-one-out split), ``recall/``, ``recall_holdout/`` (a second recall
-model for coarse-ranker training data), ``coarse/``, ``fusion/``, ``llm/``.
+model for coarse-ranker training data), ``coarse/``, ``llm/``, ``fusion/<stages>/``.
 
-Why a second recall model: the coarse ranker learns from recall candidates for "train
-sequence minus its last item -> last item". Candidates from a recall model that trained on
-that very last item would carry an inflated recall score for the label, and LightGBM would
-learn to over-trust it. ``recall_holdout`` is trained without each user's last training item,
-so the coarse ranker's training features look like serving-time features.
+Why a second recall model: the coarse ranker learns from recall candidates for "training
+sequence before item j -> item j" for each user's last ``coarse.train_positions`` items.
+Candidates from a recall model that trained on those items would carry inflated recall
+scores for the labels, and LightGBM would learn to over-trust them. ``recall_holdout`` is
+trained without them, so the coarse ranker's training features look like serving-time ones.
 
 Deliberately left out: evaluation (``offline.evaluate``), the LLM job (``llm_rerank.train``).
 """
@@ -27,7 +27,8 @@ from offline.split import Split
 
 log = logging.getLogger(__name__)
 
-STAGE_ORDER = ("recall", "coarse", "llm", "fusion")
+STAGE_ORDER = ("recall", "recall_holdout", "coarse", "llm", "fusion")
+DEFAULT_STAGES = ("recall", "recall_holdout", "coarse", "fusion")
 
 
 def dataset_name(data: Path | None) -> str:
@@ -65,21 +66,22 @@ def prepare(
     return split
 
 
-def holdout_sequences(split: Split) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
-    """Train sequences minus each user's last item, those last items, and the users kept.
+def holdout_sequences(split: Split, positions: int = 1) -> tuple[list[np.ndarray], np.ndarray]:
+    """Train sequences without their last ``positions`` items, and early-stopping targets.
 
-    Users whose training sequence has fewer than 2 items have no label and are left out
-    (their sequence stays whole so the model still sees their data).
+    The target of user u is the first held-out item (what follows the shortened sequence),
+    -1 for users too short to hold anything out (their sequence stays whole so the model
+    still learns from it, and they are left out of early stopping).
     """
-    seqs, labels, users = [], [], []
+    seqs, targets = [], np.full(split.n_users, -1, dtype=np.int64)
     for u, seq in enumerate(split.train_sequences):
-        if len(seq) >= 2:
-            seqs.append(seq[:-1])
-            labels.append(seq[-1])
-            users.append(u)
+        cut = min(positions, len(seq) - 1)
+        if cut >= 1:
+            seqs.append(seq[:-cut])
+            targets[u] = seq[-cut]
         else:
             seqs.append(seq)
-    return seqs, np.asarray(labels, dtype=np.int64), np.asarray(users, dtype=np.int64)
+    return seqs, targets
 
 
 def train_stages(
@@ -149,15 +151,17 @@ def _json_default(o: Any) -> Any:
 def _train_recall(settings: Any, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
     from recall.train import train_two_tower
 
-    main = train_two_tower(split, artifact_dir / "recall", settings.recall, progress=progress, seed=settings.seed)
-    seqs, labels, users = holdout_sequences(split)
-    targets = np.full(split.n_users, -1, dtype=np.int64)
-    targets[users] = labels
-    holdout = train_two_tower(
+    return train_two_tower(split, artifact_dir / "recall", settings.recall, progress=progress, seed=settings.seed)
+
+
+def _train_recall_holdout(settings: Any, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
+    from recall.train import train_two_tower
+
+    seqs, targets = holdout_sequences(split, settings.coarse.train_positions)
+    return train_two_tower(
         split, artifact_dir / "recall_holdout", settings.recall,
         sequences=seqs, early_stop_targets=targets, progress=progress, seed=settings.seed,
     )
-    return {"main": main, "holdout": holdout}
 
 
 def _train_coarse(settings: Any, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
@@ -184,4 +188,5 @@ def _train_llm(settings: Any, artifact_dir: Path, split: Split, progress: bool) 
     return train_llm(split, cascade, settings, artifact_dir, progress=progress)
 
 
-_TRAINERS = {"recall": _train_recall, "coarse": _train_coarse, "fusion": _train_fusion, "llm": _train_llm}
+_TRAINERS = {"recall": _train_recall, "recall_holdout": _train_recall_holdout, "coarse": _train_coarse,
+             "fusion": _train_fusion, "llm": _train_llm}

@@ -28,7 +28,7 @@ from recsys.pipeline import Pipeline, PipelineError
 from recsys.settings import Settings
 from serving.backend import OnlineBackend
 from serving.metrics import ServingMetrics
-from serving.middleware import BodySizeLimit, RequestContext
+from serving.middleware import BodySizeLimit, JsonBodyCheck, RequestContext
 from serving.routes import admin, events, health, recommend
 from serving.service import Recommender, ServiceSlot
 
@@ -71,6 +71,7 @@ def create_app(settings: Settings, artifact_dir: Path, *, pipeline: Pipeline | N
     for module in (health, recommend, events, admin):
         app.include_router(module.router)
     app.add_exception_handler(PipelineError, _pipeline_error)  # type: ignore[arg-type]
+    app.add_middleware(JsonBodyCheck, max_depth=settings.serving.max_json_depth)  # inside the size limit
     app.add_middleware(BodySizeLimit, max_bytes=settings.serving.max_body_bytes)
     app.add_middleware(RequestContext)  # outermost: even a 413 carries a request id
     return app

@@ -3,7 +3,7 @@
 ``OnlineBackend.open`` connects to ``settings.redis_url`` / ``$REDIS_URL``, or starts an
 ``EmbeddedRedis`` owned by this app when neither is set (a lone app: the CLI demo, tests);
 ``recsys serve --workers N`` starts one embedded server in the parent instead and passes
-its URL, so all workers share one state. ``attach`` wires a loaded ``Recommender`` to it:
+its URL, so all workers share one state. ``attach`` wires a loaded ``Recommender`` to it (``replace`` re-wires a reloaded one):
 the ``OnlineState`` for histories/events/cache and a ``VersionWatcher`` that installs the
 active rules and prompt versions (once at once, so a new worker starts on the current
 rules, then every ``versions_poll_s``).
@@ -67,6 +67,13 @@ class OnlineBackend:
         except RedisUnavailable as exc:
             log.error("starting without the stored rules/prompt versions: %s", exc)
         self.watcher.start()
+
+    def replace(self, recommender: Recommender) -> None:
+        """``attach`` a reloaded ``recommender`` in place of the current one (``serving.reload``)."""
+        if self.watcher is not None:
+            self.watcher.stop()  # the old pipeline's watcher: the new one gets its own
+            self.watcher = None
+        self.attach(recommender)
 
     def close(self) -> None:
         if self.watcher is not None:

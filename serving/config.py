@@ -20,6 +20,9 @@ class ServingConfig(BaseModel):
     port: int = Field(8000, ge=1, le=65535, description="TCP port uvicorn binds to.")
     workers: int = Field(1, ge=1, le=64, description="uvicorn worker processes (each loads every artifact).")
     max_body_bytes: int = Field(64 * 1024, ge=1024, description="Requests with larger bodies get 413.")
+    max_json_depth: int = Field(
+        32, ge=2, le=1000, description="Deepest nesting of a JSON body; deeper bodies get 400 before parsing."
+    )
     max_context_keys: int = Field(32, ge=0, le=1024, description="Most keys a request's `context` may hold.")
     max_context_bytes: int = Field(
         4096, ge=2, description="Largest `context` a request may send, measured as compact JSON."

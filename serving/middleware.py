@@ -5,6 +5,12 @@ at once when ``Content-Length`` declares too much, and while reading when a chun
 grows past the limit (the app then sees a 413 ``HTTPException`` from ``receive``, which
 FastAPI re-raises instead of wrapping it as a 400 parse error).
 
+``JsonBodyCheck`` refuses a JSON API call whose body is not plain JSON before FastAPI parses
+it, with a 4xx naming the problem (FastAPI would say only "error parsing the body", or 500
+on an unpaired surrogate): wrong ``Content-Type`` (415), bytes that are not UTF-8, nesting
+deeper than ``max_depth``, ``\\ud800``-style unpaired surrogates (400). Syntax errors are left
+to FastAPI, whose 422 ``json_invalid`` already names the position.
+
 ``RequestContext`` gives every request an id (see its docstring).
 
 Deliberately left out: rate limiting and client authentication (a gateway's job here).
@@ -61,10 +67,7 @@ class BodySizeLimit:
         await self.app(scope, limited_receive, send)
 
     async def _reject(self, send: Send) -> None:
-        body = json.dumps({"detail": BodyTooLarge(self.max_bytes).detail}).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await _reply(send, 413, BodyTooLarge(self.max_bytes).detail)
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -75,6 +78,102 @@ def _content_length(scope: Scope) -> int | None:
             except ValueError:
                 return None
     return None
+
+
+class JsonBodyCheck:
+    """Checks the bodies of ``POST`` calls under ``prefixes`` (the JSON routes) and replays them.
+
+    ``PUT /admin/{kind}`` is not covered: it takes YAML as well as JSON. The body is at most
+    ``serving.max_body_bytes`` (``BodySizeLimit`` runs first), so buffering it here is cheap.
+    """
+
+    def __init__(self, app: ASGIApp, max_depth: int, prefixes: tuple[str, ...] = ("/v1/", "/admin/")):
+        self.app, self.max_depth, self.prefixes = app, max_depth, prefixes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") != "POST" or not scope["path"].startswith(self.prefixes):
+            await self.app(scope, receive, send)
+            return
+        chunks = []
+        try:
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    break
+                chunks.append(message.get("body", b""))
+                if not message.get("more_body", False):
+                    break
+        except BodyTooLarge as exc:
+            await _reply(send, exc.status_code, exc.detail)
+            return
+        body = b"".join(chunks)
+        problem = json_body_problem(_header(scope, b"content-type"), body, self.max_depth)
+        if problem is not None:
+            await _reply(send, *problem)
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: wait for the disconnect
+
+        await self.app(scope, replay, send)
+
+
+def json_body_problem(content_type: str | None, body: bytes, max_depth: int) -> tuple[int, str] | None:
+    """(status, message) when ``body`` is not acceptable JSON, else None.
+
+    >>> json_body_problem("application/json", b'{"a": [1]}', 2) is None
+    True
+    >>> json_body_problem("text/plain", b"{}", 2)
+    (415, "Content-Type must be application/json, got 'text/plain'")
+    >>> json_body_problem("application/json", b'{"a": [[1]]}', 2)[1]
+    'JSON nested deeper than 2 levels'
+    """
+    if not body:
+        return None  # a body-less POST (/admin/reload); a route that needs one answers 422
+    media = (content_type or "").split(";")[0].strip().lower()
+    if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
+        return 415, f"Content-Type must be application/json, got {content_type!r}"
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return 400, f"body is not valid UTF-8: byte {body[exc.start]:#04x} at offset {exc.start}"
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return None  # FastAPI's own 422 "json_invalid" names the position
+    except RecursionError:
+        return 400, f"JSON nested deeper than {max_depth} levels"
+    if _deeper_than(data, max_depth):
+        return 400, f"JSON nested deeper than {max_depth} levels"
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return 400, f"body holds an unpaired UTF-16 surrogate escape ({exc.object[exc.start:exc.end]!a})"
+    return None
+
+
+def _deeper_than(data: object, limit: int) -> bool:
+    """Whether containers nest more than ``limit`` levels (iterative: no recursion to exhaust)."""
+    stack = [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return False
+
+
+async def _reply(send: Send, status: int, detail: str) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 class RequestContext:

@@ -66,3 +66,4 @@ def bench_serve(
 
 
 import recsys.cli.soak  # noqa: E402, F401  (registers `bench soak` on bench_app)
+import recsys.cli.bench_llm  # noqa: E402, F401  (registers `bench llm` on bench_app)

@@ -25,7 +25,7 @@ def run_demo(settings: Any, artifact_dir: Path, config: Path | None, users: int,
     typer.secho(f"[1/3] preparing synthetic data in {artifact_dir}", bold=True)
     split = prepare(None, artifact_dir, n_users=users, n_items=items, seed=settings.seed)
     typer.echo(f"      {split.n_users} users, {split.n_items} items, {len(split.train)} training interactions")
-    typer.secho("[2/3] training recall -> coarse -> fusion (reused when present)", bold=True)
+    typer.secho("[2/3] training recall -> coarse ranker -> fusion (reused when present)", bold=True)
     report = train_stages(settings, artifact_dir, split)
     for stage, rep in report.items():
         typer.echo(f"      {stage}: " + ("reused" if rep.get("reused") else f"{rep.get('seconds')} s"))

@@ -21,7 +21,8 @@ app.add_typer(bench_app, name="bench")
 app.add_typer(ab_app, name="ab")
 app.add_typer(tag_app, name="tag")
 
-STAGES_HELP = "Stages to train, comma-separated, from recall,coarse,fusion,llm ('all' = recall,coarse,fusion)."
+STAGES_HELP = ("Stages to train, comma-separated, from recall,recall_holdout,coarse,llm,fusion "
+               "('all' = recall,recall_holdout,coarse,fusion).")
 
 
 def _prepare(data, fmt, artifacts, k_core, users, items, settings, force=False):
@@ -59,10 +60,10 @@ def train(
     out: c.OutOpt = None,
 ) -> None:
     """Train the cascade's stages in order (artifacts reused unless --force)."""
-    from offline.jobs import STAGE_ORDER, train_stages
+    from offline.jobs import DEFAULT_STAGES, STAGE_ORDER, train_stages
 
     settings = c.load_settings(config)
-    names = ("recall", "coarse", "fusion") if stages == "all" else tuple(s.strip() for s in stages.split(","))
+    names = DEFAULT_STAGES if stages == "all" else tuple(s.strip() for s in stages.split(","))
     bad = [s for s in names if s not in STAGE_ORDER]
     if bad:
         c.fail(f"unknown stage(s) {bad}; choose from {list(STAGE_ORDER)}")
@@ -81,14 +82,14 @@ def evaluate(
 ) -> None:
     """Train (or reuse) every stage, then measure each stage and the fused result."""
     from offline.evaluate import evaluate_pipeline
-    from offline.jobs import train_stages
+    from offline.jobs import DEFAULT_STAGES, train_stages
 
     if phase not in ("valid", "test"):
         c.fail(f"--phase must be 'valid' or 'test', got {phase!r}")
     settings = c.load_settings(config)
     art = c.artifact_dir(settings, data, artifacts)
     split = _prepare(data, fmt, art, k_core, synthetic_users, synthetic_items, settings)
-    wanted = ("recall", "coarse", "fusion") + (("llm",) if _llm_enabled(settings) else ())
+    wanted = DEFAULT_STAGES + (("llm",) if _llm_enabled(settings) else ())
     train_report = train_stages(settings, art, split, stages=wanted, force=retrain)
     report = evaluate_pipeline(settings, art, split, phase=phase)  # type: ignore[arg-type]
     report["timings"]["train_s"] = {k: v.get("seconds") for k, v in train_report.items()}

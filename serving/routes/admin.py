@@ -6,7 +6,11 @@ owner's parser (``rules.schema.parse_ruleset``; for prompts a mapping with an op
 active and installs it in this worker at once; the other workers follow within
 ``serving.versions_poll_s`` (``serving.hot_reload``). An invalid document is a 422 and the
 current version keeps serving. ``POST /admin/{kind}/rollback {"version"}`` re-activates any
-published version. Every route needs ``X-API-Key`` (``serving.deps.admin_key``).
+published version. ``POST /admin/reload`` loads the artifact directory again off the
+request path and swaps the new pipeline in only if it loads and passes a smoke request
+(``serving.reload``); refused artifacts are a 422 naming the reason and the old pipeline
+keeps serving; a reload already running is a 409. Every route needs ``X-API-Key``
+(``serving.deps.admin_key``).
 
 Status codes: 401 missing/wrong key, 503 admin disabled or Redis down, 404 unknown version,
 409 version reused for a different document (or no rules stage to install into), 422 invalid.
@@ -16,13 +20,15 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import anyio
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 
 from serving.backend import OnlineBackend
-from serving.deps import AdminDep, BackendDep, MetricsDep, RecommenderDep
+from serving.deps import AdminDep, BackendDep, MetricsDep, RecommenderDep, SettingsDep, SlotDep
 from serving.hot_reload import canonical, parse_document
 from serving.redis_state import RedisUnavailable
+from serving.reload import ReloadRefused, load_checked, swap
 from serving.schemas import RollbackRequest, VersionEntry, VersionsResponse
 from serving.versioned import UnknownVersion, VersionConflict
 
@@ -107,3 +113,26 @@ async def rollback(kind: Kind, body: RollbackRequest, backend: BackendDep, metri
     out = await _redis(_rollback, backend, kind, body.version)
     metrics.reloads.labels(kind).inc()
     return out
+
+
+@router.post("/reload", responses={**_ERRORS, 409: {"description": "A reload is already running."},
+                                   422: {"description": "The artifacts were refused; the old ones keep serving."}})
+async def reload_artifacts(request: Request, backend: BackendDep, metrics: MetricsDep, settings: SettingsDep,
+                           slot: SlotDep, current: RecommenderDep) -> dict[str, Any]:
+    lock = getattr(request.app.state, "reload_lock", None)
+    if lock is None:
+        lock = request.app.state.reload_lock = anyio.Lock()
+    if lock.locked():
+        raise HTTPException(status_code=409, detail="a reload is already running")
+    async with lock:
+        artifact_dir = request.app.state.artifact_dir
+        try:
+            new = await run_in_threadpool(load_checked, settings, artifact_dir, metrics)
+        except ReloadRefused as exc:
+            metrics.errors.labels("reload_refused").inc()
+            raise HTTPException(status_code=422, detail=f"reload refused, still serving the previous "
+                                                        f"artifacts: {exc}") from None
+        await run_in_threadpool(swap, slot, backend, new)
+    metrics.reloads.labels("artifacts").inc()
+    return {"status": "reloaded", "artifact_dir": str(artifact_dir), "previous": current.versions(),
+            "versions": new.versions()}

@@ -12,7 +12,7 @@ from coarse_rank.train import train_coarse
 from offline.split import Split
 from tests.coarse_rank.toy import PopularityStage, chain_split
 
-TOY_CONFIG = CoarseConfig(n_estimators=60, min_child_samples=10, early_stopping_rounds=15)
+TOY_CONFIG = CoarseConfig(n_estimators=60, min_child_samples=10, early_stopping_rounds=15, train_positions=1)
 
 
 @pytest.fixture(scope="session")

@@ -143,3 +143,18 @@ def test_bad_inputs_raise_with_the_bad_value(split):
     with pytest.raises(RuntimeError, match="not fitted"):
         FeatureBuilder().transform(Request(user_id="x"), Candidates.empty())
     assert features(fb, history=[0], items=[])["recall"].shape == (0,)
+
+
+def test_training_prefix_and_train_queries_with_several_positions(split):
+    from coarse_rank.dataset import query_inputs
+
+    seqs = split.train_sequences
+    prefix = training_prefix(split, 2)
+    for u, seq in enumerate(seqs):
+        kept = prefix.loc[prefix["user_idx"] == u, "item_idx"].tolist()
+        assert kept == seq[:-2].tolist()
+    owners, histories, labels = query_inputs(split, "train", positions=2)
+    for u, seq in enumerate(seqs):
+        rows = [i for i, o in enumerate(owners) if o == u]
+        expected = [(seq[:-j].tolist(), int(seq[-j])) for j in (1, 2) if len(seq) >= j + 1]
+        assert [(histories[i].tolist(), int(labels[i])) for i in rows] == expected

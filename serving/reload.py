@@ -1,0 +1,94 @@
+"""Swapping in new artifacts while serving: build, check, then replace the ``Recommender`` at once.
+
+``POST /admin/reload`` (``serving.routes.admin``) calls ``load_checked`` on a worker thread,
+off the request path, while the current ``Recommender`` keeps answering. The new one is
+accepted only when
+
+- the catalog (``split/``) reads back,
+- every *enabled* stage loads (unlike start-up, where an LLM stage that fails to load is
+  disabled: a reload that would silently lose a stage is refused instead), and
+- a smoke request (the first known user, served from the split's histories, no Redis)
+  runs without a fail-closed stage failing and without any stage falling back on an
+  error (a fallback on its time budget is fine: the machine may be busy).
+
+``swap`` then hands the new one its online state (``OnlineBackend.replace``: the active
+rules/prompt versions are installed before it serves) and replaces the slot's reference in
+one assignment, so requests in flight finish on the old pipeline and the next ones use the
+new. Anything refused raises ``ReloadRefused`` naming what was wrong; nothing is swapped.
+
+Deliberately left out: watching the artifact directory (an operator or the training job
+calls the route), reloading every worker of a multi-worker server (call each, or restart).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from recsys.pipeline import Pipeline, PipelineError
+from recsys.settings import Settings
+from serving.backend import OnlineBackend
+from serving.metrics import ServingMetrics
+from serving.schemas import RecommendRequest
+from serving.service import Recommender, ServiceSlot
+from serving.state import CatalogState
+
+log = logging.getLogger(__name__)
+_BUDGET_REASONS = ("budget overrun", "deadline")
+
+
+class ReloadRefused(ValueError):
+    """The new artifacts cannot serve; the message says which part and why."""
+
+
+def load_checked(settings: Settings, artifact_dir: Path, metrics: ServingMetrics | None = None) -> Recommender:
+    """A new, fully loaded and smoke-tested ``Recommender`` for ``artifact_dir``, else ``ReloadRefused``."""
+    from recsys.registry import build_pipeline
+
+    artifact_dir = Path(artifact_dir)
+    try:
+        catalog = CatalogState.load(artifact_dir)
+    except Exception as exc:
+        raise ReloadRefused(f"{artifact_dir / 'split'}: catalog unreadable: {type(exc).__name__}: {exc}") from exc
+    try:
+        built = build_pipeline(settings, artifact_dir, load=False)
+    except Exception as exc:
+        raise ReloadRefused(f"pipeline cannot be built: {type(exc).__name__}: {exc}") from exc
+    for spec, stage in built.stages:
+        if not spec.enabled:
+            continue
+        try:
+            stage.load(artifact_dir)
+        except Exception as exc:
+            raise ReloadRefused(f"stage {spec.name!r} failed to load from {artifact_dir}: "
+                                f"{type(exc).__name__}: {exc}") from exc
+    recommender = Recommender(settings, catalog, Pipeline(built.stages, built.request_budget_ms), metrics)
+    smoke_test(recommender)
+    return recommender
+
+
+def smoke_test(recommender: Recommender) -> dict[str, Any]:
+    """One answer for the first known user (else a cold start); ``ReloadRefused`` if it is unsafe."""
+    user = next(iter(recommender.catalog.user_index), "reload-smoke-cold-user")
+    body = RecommendRequest(user_id=user, k=min(10, recommender.settings.pipeline.max_k))
+    try:
+        answer = recommender.recommend(body, request_id="reload-smoke")
+    except PipelineError as exc:
+        raise ReloadRefused(f"smoke request for user {user!r} failed: {exc}") from exc
+    except Exception as exc:
+        raise ReloadRefused(f"smoke request for user {user!r} raised {type(exc).__name__}: {exc}") from exc
+    broken = [f"{s['name']}: {s['reason']}" for s in answer["stages"]
+              if s["status"] == "fallback" and not any(r in s["reason"] for r in _BUDGET_REASONS)]
+    if broken:
+        raise ReloadRefused(f"smoke request for user {user!r}: stage(s) fell back on errors: {'; '.join(broken)}")
+    return answer
+
+
+def swap(slot: ServiceSlot, backend: OnlineBackend, new: Recommender) -> Recommender | None:
+    """Give ``new`` the online state, then make it the served one; returns the one it replaced."""
+    old = slot.recommender
+    backend.replace(new)
+    slot.recommender = new  # one reference assignment: in-flight requests keep the old object
+    log.info("artifacts reloaded: now serving %s", new.versions())
+    return old

