@@ -10,6 +10,9 @@ number of channel lists into one de-duplicated ``Candidates`` set:
   ``(slots_filled + 0.5) / weight`` (ties to the earlier channel). Without quotas this is a
   plain round-robin; with quotas ``{"popularity": 20}`` at depth 200 the popularity channel
   fills about every 10th slot, its first one at position 5 rather than at the top;
+- ``order="priority"`` deals the same slots channel by channel instead (the primary channel's
+  quota first): the merged order then *is* the primary channel's order at the top, which is
+  what a warm user's recall ranking should be; popularity only backs it up further down;
 - a quota caps how many slots a channel may fill; a channel whose next item is already taken
   skips it; once every channel is capped or exhausted, the remaining slots go to the first
   channel (the primary one), past its own quota;
@@ -70,8 +73,14 @@ def _clean(
     return ids[first], scores[first]
 
 
-def _deal_slots(lists: list[np.ndarray], weights: list[float], caps: list[int], depth: int) -> list[int]:
-    """Sainte-Lague interleave of ``lists`` into at most ``depth`` distinct items."""
+def _deal_slots(
+    lists: list[np.ndarray], weights: list[float], caps: list[int], depth: int, priority: bool = False
+) -> list[int]:
+    """Sainte-Lague interleave of ``lists`` into at most ``depth`` distinct items.
+
+    With ``priority`` the channels fill their quotas one after another in list order instead
+    (the primary channel's best items first, then the next channel's), same items, other order.
+    """
     taken: set[int] = set()
     merged: list[int] = []
     pos = [0] * len(lists)
@@ -87,7 +96,7 @@ def _deal_slots(lists: list[np.ndarray], weights: list[float], caps: list[int], 
         open_ = {c: item for c, item in heads.items() if item is not None}
         if not open_:
             break
-        c = min(open_, key=lambda c: ((filled[c] + 0.5) / weights[c], c))
+        c = min(open_) if priority else min(open_, key=lambda c: ((filled[c] + 0.5) / weights[c], c))
         item = open_[c]
         merged.append(item)
         taken.add(item)
@@ -99,7 +108,8 @@ def _deal_slots(lists: list[np.ndarray], weights: list[float], caps: list[int], 
 
 
 def merge_channels(
-    channels: list[Channel], depth: int, exclude: np.ndarray, quotas: dict[str, int] | None = None
+    channels: list[Channel], depth: int, exclude: np.ndarray, quotas: dict[str, int] | None = None,
+    order: str = "interleave",
 ) -> Candidates:
     """Merge channel lists into at most ``depth`` candidates sorted by ``recall`` (see module doc).
 
@@ -108,6 +118,8 @@ def merge_channels(
     """
     if depth < 0:
         raise ValueError(f"depth must be >= 0, got {depth}")
+    if order not in ("interleave", "priority"):
+        raise ValueError(f"order must be 'interleave' or 'priority', got {order!r}")
     names = [name for name, _, _ in channels]
     if len(set(names)) != len(names):
         raise ValueError(f"channel names must be unique, got {names}")
@@ -120,7 +132,8 @@ def merge_channels(
     cleaned = [_clean(ids, scores, excluded, name) for name, ids, scores in channels]
     caps = [quotas.get(name, depth) for name in names]
     weights = [max(cap, 1e-9) for cap in caps]  # a quota of 0 never wins a slot
-    items = np.asarray(_deal_slots([ids for ids, _ in cleaned], weights, caps, depth), dtype=np.int64)
+    lists = [ids for ids, _ in cleaned]
+    items = np.asarray(_deal_slots(lists, weights, caps, depth, order == "priority"), dtype=np.int64)
 
     scores: dict[str, np.ndarray] = {"recall": (1.0 / (1.0 + np.arange(len(items)))).astype(np.float32)}
     flags: dict[str, np.ndarray] = {}

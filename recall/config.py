@@ -46,6 +46,11 @@ class RecallConfig(BaseModel):
     n_negatives: int = Field(1024, ge=1, le=1_000_000, description="Shared negatives per step (sampled loss).")
     # -- serving ------------------------------------------------------------------------
     index: Literal["flat", "ivf", "hnsw"] = Field("flat", description="faiss index kind; flat is exact.")
+    merge_order: Literal["interleave", "priority"] = Field(
+        "priority",
+        description="How channel lists merge: 'priority' keeps the two-tower order on top and appends the "
+        "popularity quota after it; 'interleave' deals slots Sainte-Lague style (popularity every ~10th slot).",
+    )
     popularity_share: float = Field(
         0.1, ge=0.0, le=1.0, description="Share of the recall depth filled from the popularity channel."
     )

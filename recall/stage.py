@@ -3,10 +3,11 @@
 At request time the user tower encodes the request's most recent history (and attributes)
 into one vector (the tower is inductive: a user unknown at training time, or one with no
 history at all, still gets a vector); the faiss index returns the nearest items; excluded
-items are dropped; ``recall.channels.merge_channels`` interleaves them with the most popular
+items are dropped; ``recall.channels.merge_channels`` merges them with the most popular
 items, the popularity channel getting ``popularity_share`` of the depth
 (``cold_popularity_share`` for an empty history, where the two-tower vector rests on the
-attributes alone).
+attributes alone). By default (``merge_order: priority``) the two-tower order stays on top
+and popularity fills the tail; for a cold user popularity leads.
 
 Artifacts: ``<artifact_dir>/recall`` as written by ``recall.train`` and the popularity
 counts of ``<artifact_dir>/split`` (every interaction visible at test time). Architecture
@@ -131,9 +132,12 @@ class RecallStage:
         k = min(self.depth + len(exclude), self.n_items)
         scores, ids = self._index.search(vector, k)
         pop_ids, pop_scores = self._popularity.candidates(exclude, self.depth)
+        channels = [(TWO_TOWER, ids[0], scores[0]), (PopularityChannel.name, pop_ids, pop_scores)]
+        if not len(history):
+            channels.reverse()  # a cold user's vector rests on attributes alone: popularity leads
         return merge_channels(
-            [(TWO_TOWER, ids[0], scores[0]), (PopularityChannel.name, pop_ids, pop_scores)],
-            self.depth, exclude, quotas={TWO_TOWER: self.depth - n_pop, PopularityChannel.name: n_pop},
+            channels, self.depth, exclude, quotas={TWO_TOWER: self.depth - n_pop, PopularityChannel.name: n_pop},
+            order=self.config.merge_order,
         )
 
     def _known(self, history: np.ndarray) -> np.ndarray:

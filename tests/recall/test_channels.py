@@ -138,3 +138,16 @@ def test_bad_channels_raise_naming_the_channel() -> None:
         merge_channels([("ann", ids(1), desc(1)), ("ann", ids(2), desc(1))], 3, ids())
     with pytest.raises(ValueError, match="'ann' has 2 ids but 1 scores"):
         merge_channels([("ann", ids(1, 2), desc(1))], 3, ids())
+
+
+def test_priority_order_keeps_the_primary_channel_on_top():
+    from recall.channels import merge_channels
+
+    ann = ("ann", np.array([4, 7, 2, 8]), np.array([0.9, 0.8, 0.7, 0.6], dtype=np.float32))
+    pop = ("popularity", np.array([7, 9, 1]), np.array([30, 20, 10], dtype=np.float32))
+    quotas = {"ann": 3, "popularity": 2}
+    prio = merge_channels([ann, pop], 5, np.array([], dtype=np.int64), quotas=quotas, order="priority")
+    assert prio.items.tolist() == [4, 7, 2, 9, 1]
+    assert prio.flags["src_popularity"].tolist() == [False, True, False, True, True]
+    with pytest.raises(ValueError, match="order must be 'interleave' or 'priority'"):
+        merge_channels([ann], 2, np.array([], dtype=np.int64), order="best")

