@@ -22,6 +22,8 @@ STAGE_KINDS: dict[str, str] = {
     "llm": "llm_rerank.stage:LLMRerankStage",
     "rules": "rules.stage:RulesStage",
     "fusion": "recsys.fusion:FusionStage",
+    "recall_llm": "recall.llm_channel:LLMChannelRecallStage",
+    "rules_tagged": "rules.tagged:TaggedRulesStage",
 }
 
 

@@ -34,7 +34,7 @@ class TaggerSettings:
 
     domain: str = "movie"
     precision: str = "bf16"
-    max_new_tokens: int = 96
+    max_new_tokens: int = 80
     title_chars: int = 60
     embed_max_tokens: int = 64
     threads: int | None = None

@@ -1,0 +1,135 @@
+"""``recsys tag``: LLM tagging of the catalog, its adaptation, the embedding job and the ablation.
+
+    recsys tag --data DIR --out FILE.json [--engine local|ray] [--ray-address ADDR]
+    recsys tag adapt --data DIR [--holdout 0.5] [--epochs 2]
+    recsys tag embed-train --data DIR [--epochs 30]
+    recsys tag merge-items --data DIR
+    recsys tag ablation --data DIR --out FILE.json
+
+Outputs live in ``<artifact_dir>/tags/`` (see ``offline.tagging.run``). ``recsys tag`` uses the
+adapted model in ``tags/model`` when ``recsys tag adapt`` has made one, else the base LLM.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from recsys.cli import common as c
+
+tag_app = typer.Typer(help="LLM tags and embeddings for the item catalog (issue 6).", invoke_without_command=True,
+                      no_args_is_help=False)
+
+ModelOpt = Annotated[Path | None, typer.Option("--model", help="HF model directory (default: tags/model, else base).")]
+ThreadsOpt = Annotated[int | None, typer.Option("--threads", min=1, help="torch threads per worker.")]
+
+
+def _split(settings: Any, data: Path | None, artifacts: Path | None) -> tuple[Any, Path]:
+    from offline.split import Split
+
+    root = c.artifact_dir(settings, data, artifacts)
+    if not (root / "split").exists():
+        c.fail(f"{root / 'split'} not found: run `recsys prepare` for this dataset first")
+    return Split.load(root / "split"), root
+
+
+def _model_dir(settings: Any, root: Path, explicit: Path | None, base: bool = False) -> str:
+    from llm_rerank.backbone import resolve_model
+
+    if explicit is not None:
+        return str(explicit)
+    adapted = root / "tags" / "model"
+    if not base and (adapted / "config.json").exists():
+        return str(adapted)
+    return resolve_model(settings.llm, Path(settings.artifacts_dir))
+
+
+@tag_app.callback()
+def tag(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
+        out: c.OutOpt = None, model: ModelOpt = None, threads: ThreadsOpt = None,
+        engine: Annotated[str, typer.Option("--engine", help="local | ray")] = "local",
+        ray_address: Annotated[str | None, typer.Option("--ray-address", help="Existing Ray cluster.")] = None,
+        ray_concurrency: Annotated[int, typer.Option("--ray-actors", min=1)] = 1,
+        precision: Annotated[str, typer.Option("--precision", help="fp32 | bf16")] = "fp32",
+        batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 16,
+        chunk_size: Annotated[int, typer.Option("--chunk-size", min=1)] = 64,
+        max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=8)] = 80,
+        limit: Annotated[int | None, typer.Option("--limit", min=1, help="Tag only the first N items.")] = None,
+        fresh: Annotated[bool, typer.Option("--fresh", help="Discard parts from an earlier version.")] = False,
+        ) -> None:
+    """Tag every item of the dataset's split (resumable; rerun after a kill to continue)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from offline.tagging.generate import TaggerSettings
+    from offline.tagging.run import tag_catalog
+
+    if engine not in ("local", "ray"):
+        c.fail(f"--engine must be local or ray, got {engine!r}")
+    settings = c.load_settings(config)
+    split, root = _split(settings, data, artifacts)
+    tagger = TaggerSettings(domain=settings.llm.domain,
+                            precision=precision, max_new_tokens=max_new_tokens, threads=threads)
+    try:
+        summary = tag_catalog(split, _model_dir(settings, root, model), root, tagger, engine=engine,  # type: ignore[arg-type]
+                              chunk_size=chunk_size, batch_size=batch_size, limit=limit, ray_address=ray_address,
+                              ray_concurrency=ray_concurrency, fresh=fresh)
+    except ValueError as exc:
+        c.fail(str(exc))
+    c.write_report(summary, out)
+
+
+@tag_app.command("adapt")
+def adapt(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
+          out: c.OutOpt = None, threads: ThreadsOpt = None,
+          holdout: Annotated[float, typer.Option("--holdout", help="Share of items never trained on.")] = 0.5,
+          epochs: Annotated[int, typer.Option("--epochs", min=1)] = 2,
+          max_items: Annotated[int | None, typer.Option("--max-items", min=1)] = None,
+          lr: Annotated[float, typer.Option("--lr")] = 1e-3) -> None:
+    """LoRA-adapt the tagger on the catalog's known genres (held-out items excluded)."""
+    from offline.tagging.adapt import AdaptSettings
+    from offline.tagging.run import adapt_tagger_for
+
+    settings = c.load_settings(config)
+    split, root = _split(settings, data, artifacts)
+    cfg = AdaptSettings(epochs=epochs, lr=lr, max_items=max_items, seed=settings.seed, threads=threads)
+    report = adapt_tagger_for(split, _model_dir(settings, root, None, base=True), root, cfg, holdout_fraction=holdout)
+    c.write_report(report, out)
+
+
+@tag_app.command("embed-train")
+def embed_train(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
+                out: c.OutOpt = None,
+                epochs: Annotated[int, typer.Option("--epochs", min=1)] = 30,
+                dim: Annotated[int, typer.Option("--dim", min=8)] = 256) -> None:
+    """Train the 256-d projection of the cached pooled states (InfoNCE) and build its faiss index."""
+    from offline.tagging.embed import EmbedSettings, train_embeddings
+
+    settings = c.load_settings(config)
+    split, root = _split(settings, data, artifacts)
+    report = train_embeddings(split, root / "tags", EmbedSettings(epochs=epochs, dim=dim, seed=settings.seed))
+    c.write_report(report, out)
+
+
+@tag_app.command("merge-items")
+def merge_items(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
+                out: c.OutOpt = None) -> None:
+    """Write tags/items.parquet: the split's items with tags merged (for rules and coarse)."""
+    from offline.tagging.wiring import write_tagged_items
+
+    settings = c.load_settings(config)
+    split, root = _split(settings, data, artifacts)
+    c.write_report(write_tagged_items(split, root / "tags"), out)
+
+
+@tag_app.command("ablation")
+def ablation(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
+             out: c.OutOpt = None,
+             llm_share: Annotated[float, typer.Option("--llm-share", min=0.0, max=1.0)] = 0.2) -> None:
+    """NDCG@10 and candidate recall with/without the embedding channel and tag features."""
+    from offline.tagging.ablation import run_ablation
+
+    settings = c.load_settings(config)
+    split, root = _split(settings, data, artifacts)
+    c.write_report(run_ablation(settings, root, split, llm_share=llm_share), out)
