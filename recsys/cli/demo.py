@@ -15,6 +15,9 @@ from typing import Any
 import typer
 
 
+DEMO_RECALL_MAX_S = 90.0  # bound each two-tower fit so `make demo` stays within minutes on 2 cores
+
+
 def run_demo(settings: Any, artifact_dir: Path, config: Path | None, users: int, items: int) -> None:
     import httpx
 
@@ -26,7 +29,8 @@ def run_demo(settings: Any, artifact_dir: Path, config: Path | None, users: int,
     split = prepare(None, artifact_dir, n_users=users, n_items=items, seed=settings.seed)
     typer.echo(f"      {split.n_users} users, {split.n_items} items, {len(split.train)} training interactions")
     typer.secho("[2/3] training recall -> coarse ranker -> fusion (reused when present)", bold=True)
-    report = train_stages(settings, artifact_dir, split)
+    recall = settings.recall.model_copy(update={"max_train_s": min(settings.recall.max_train_s, DEMO_RECALL_MAX_S)})
+    report = train_stages(settings.model_copy(update={"recall": recall}), artifact_dir, split)
     for stage, rep in report.items():
         typer.echo(f"      {stage}: " + ("reused" if rep.get("reused") else f"{rep.get('seconds')} s"))
     typer.secho("[3/3] serving over HTTP and asking for recommendations", bold=True)
