@@ -85,7 +85,7 @@ def holdout_sequences(split: Split, positions: int = 1) -> tuple[list[np.ndarray
 
 
 def train_stages(
-    settings: Any, artifact_dir: Path, split: Split, *, stages: tuple[str, ...] = ("recall", "coarse", "fusion"),
+    settings: Any, artifact_dir: Path, split: Split, *, stages: tuple[str, ...] = DEFAULT_STAGES,
     force: bool = False, progress: bool = True,
 ) -> dict[str, Any]:
     """Train ``stages`` in cascade order; a stage whose artifacts exist is reused unless ``force``."""

@@ -1,0 +1,50 @@
+"""The whole cascade at toy size: prepare -> train every stage -> evaluate, and reuse on rerun."""
+
+from pathlib import Path
+
+import pytest
+
+from offline.evaluate import evaluate_pipeline
+from offline.jobs import DEFAULT_STAGES, holdout_sequences, prepare, train_stages
+from recsys.settings import Settings
+
+TINY = {
+    "recall": {"dim": 16, "max_len": 10, "n_blocks": 1, "n_heads": 1, "max_epochs": 4, "eval_every": 2,
+               "use_text": False},
+    "coarse": {"n_estimators": 20, "min_child_samples": 5, "early_stopping_rounds": 5, "train_positions": 2},
+}
+
+
+@pytest.mark.slow
+def test_tiny_cascade_trains_evaluates_and_is_reused(tmp_path: Path):
+    settings = Settings.build(TINY)
+    art = tmp_path / "synthetic"
+    split = prepare(None, art, n_users=60, n_items=120, seed=3)
+    report = train_stages(settings, art, split)
+    assert list(report) == list(DEFAULT_STAGES)
+    assert all(not r.get("reused") for r in report.values())
+    again = train_stages(settings, art, split)
+    assert all(r.get("reused") for r in again.values())
+    # retraining an upstream stage retrains everything downstream of it
+    forced = train_stages(settings, art, split, stages=("recall_holdout", "coarse"), force=True)
+    assert not forced["coarse"].get("reused")
+
+    ev = evaluate_pipeline(settings, art, split, phase="test", progress=False, n_boot=200)
+    assert ev["n_users"] == split.n_users and ev["dataset"] == "synthetic"
+    assert set(ev["stages"]) == {"popularity", "recall", "coarse", "final"}
+    assert set(ev["candidate_recall"]) == {"recall@200", "coarse@50"}
+    assert set(ev["deltas"]) == {"coarse_vs_recall", "final_vs_coarse"}
+    lo, hi = ev["deltas"]["coarse_vs_recall"]["ndcg@10"]["ci95"]
+    assert lo <= ev["deltas"]["coarse_vs_recall"]["ndcg@10"]["mean"] <= hi
+    assert ev["stage_status"]["llm"] == {"skipped": split.n_users}
+    assert 0 <= ev["stages"]["final"]["ndcg@10"] <= 1
+
+
+def test_holdout_sequences_hold_out_the_last_items(tmp_path: Path):
+    split = prepare(None, tmp_path / "s", n_users=20, n_items=60, seed=1)
+    seqs, targets = holdout_sequences(split, positions=2)
+    for u, full in enumerate(split.train_sequences):
+        if len(full) >= 3:
+            assert seqs[u].tolist() == full[:-2].tolist() and targets[u] == full[-2]
+        else:
+            assert seqs[u].tolist() == full[: len(full) - min(2, len(full) - 1)].tolist()
