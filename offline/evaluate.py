@@ -116,7 +116,11 @@ def evaluate_pipeline(
     depths = {s.name: s.depth for s in settings.pipeline.stages}
     cand_recall = {f"{name}@{depths.get(name) or len(max(run['candidates'][name], key=len))}":
                    round(candidate_recall(run["candidates"][name], targets), 5) for name in SCORED if name in ran}
+    report_extra: dict[str, Any] = {}
+    if "llm" in ran:
+        report_extra["llm_cost"] = llm_cost(pipeline, split, phase, run, depths.get("llm"))
     return {
+        **report_extra,
         "dataset": split.name,
         "protocol": {**split.protocol, "phase": phase, "k": K},
         "n_users": split.n_users,
@@ -132,6 +136,23 @@ def evaluate_pipeline(
                     "request_ms": _pct(run["total_ms"]),
                     "stage_ms": {name: _pct(v) for name, v in run["stage_ms"].items()}},
     }
+
+
+def llm_cost(pipeline: Any, split: Split, phase: Phase, run: dict, depth: int | None,
+             sample: int = 200) -> dict[str, Any]:
+    """Candidates per LLM call, prompt tokens per request (shared prefix counted once, as served
+    with prefix reuse; measured on the first ``sample`` users) and the stage's latency."""
+    stage = pipeline.stage("llm")
+    tokens = []
+    for req in requests_for(split, phase)[:sample]:
+        items = run["kept"]["llm"][req.user_idx].items
+        if len(items) and hasattr(stage, "build_prompt"):
+            parts = stage.build_prompt(req, items)
+            tokens.append(len(parts.prefix) + sum(len(s) for s in parts.suffixes))
+    ms = run["stage_ms"].get("llm", [])
+    return {"candidates": depth, "calls": len(ms),
+            "prompt_tokens_mean": round(float(np.mean(tokens)), 1) if tokens else None,
+            "stage_ms_p50": _pct(ms).get("p50"), "stage_ms_p99": _pct(ms).get("p99")}
 
 
 def tune_fusion(settings: Any, artifact_dir: Path, split: Split, *, progress: bool = True) -> dict[str, Any]:
