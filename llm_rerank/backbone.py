@@ -84,15 +84,23 @@ def resolve_model(cfg: LLMConfig, artifacts_root: Path) -> str:
 
 
 def load_model(location: str, precision: str = "fp32", threads: int | None = None) -> tuple[Any, Any]:
-    """(model in eval mode, tokenizer) from an HF directory or hub id, cast to ``precision``."""
+    """(model in eval mode, tokenizer) from an HF directory or hub id, cast to ``precision``.
+
+    ``int8`` loads a SmoothQuant-calibrated directory (``llm_rerank.quant``) as W8A8.
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if threads is not None:
         torch.set_num_threads(threads)
+    if precision == "int8":  # SmoothQuant W8A8: ``location`` must hold a calibrated model
+        from llm_rerank.quant import load_w8a8
+
+        model, tokenizer, _ = load_w8a8(location)
+        return model, tokenizer
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}.get(precision)
     if dtype is None:
-        raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
+        raise ValueError(f"precision must be 'fp32', 'bf16' or 'int8', got {precision!r}")
     model = AutoModelForCausalLM.from_pretrained(location, dtype=dtype)
     model.eval()
     tokenizer = AutoTokenizer.from_pretrained(location)

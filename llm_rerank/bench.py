@@ -64,6 +64,8 @@ def bench_llm_stage(artifact_dir: Path | str, split: Any, n_requests: int = 20, 
         items = by_pop[~np.isin(by_pop, history)][:candidates]
         request = user_request(split, int(u), history, 10)
         stage.scorer.cache.clear()
+        if getattr(stage, "blocks", None) is not None:
+            stage.blocks.cache.clear_tier1()
         parts = stage.build_prompt(request, items)
         t0 = time.perf_counter()
         stage.run(request, Candidates(items=items, scores={"coarse": -np.arange(len(items), dtype=np.float32)}))

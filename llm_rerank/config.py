@@ -41,6 +41,34 @@ class AdaptConfig(BaseModel):
     autocast_bf16: bool = Field(True, description="bf16 autocast on CPU (AMX): ~2x faster steps.")
 
 
+class KVCacheConfig(BaseModel):
+    """Two-tier block prefix KV cache (``llm_rerank.kvcache``): tier 1 in process, tier 2 in Redis."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(False, description="Use the block cache instead of the whole-prefix LRU.")
+    block_tokens: int = Field(16, ge=1, le=1024, description="Tokens per cached block (vLLM uses 16).")
+    tier1_bytes: int = Field(256 << 20, ge=0, description="In-process LRU bound in bytes; 0 disables tier 1.")
+    tier2: bool = Field(False, description="Share blocks through Redis (serving.redis_state.connect).")
+    tier2_url: str | None = Field(None, description="Redis URL for tier 2; None: settings.redis_url / $REDIS_URL.")
+    tier2_prefix: str = Field("llmkv:", min_length=1, description="Dedicated key prefix of tier 2.")
+    tier2_ttl_s: int = Field(3600, ge=1, description="Expiry of a tier-2 block after its last write/hit.")
+    tier2_max_entries: int = Field(50_000, ge=1, description="Blocks kept in tier 2 (oldest use evicted).")
+    kv_dtype: Literal["model", "bf16", "fp16"] = Field(
+        "model", description="Serialised block dtype in tier 2; 'model' keeps the model's (exact).")
+
+
+class BatchingConfig(BaseModel):
+    """Dynamic batching of concurrent requests' LLM work (``llm_rerank.batching``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(False, description="Merge concurrent requests into shared forward passes.")
+    window_ms: float = Field(10.0, ge=0, le=10.0, description="Collection window after the first queued job.")
+    max_batch: int = Field(8, ge=1, le=256, description="Requests per forward pass.")
+    length_bucket: int = Field(64, ge=1, description="Prompts whose lengths differ by less share a batch.")
+
+
 class LLMConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -58,7 +86,20 @@ class LLMConfig(BaseModel):
         description="Logit scoring mode: listwise = one forward pass, letter verbalizer (LlamaRec); "
         "pointwise = P(Yes) per candidate over a shared prefix cache (TALLRec).",
     )
-    precision: Literal["fp32", "bf16"] = Field("bf16", description="Serving weights dtype.")
+    precision: Literal["fp32", "bf16", "int8"] = Field(
+        "bf16", description="Serving weights: fp32, bf16, or int8 = SmoothQuant W8A8 (needs a calibrated model, "
+        "see llm_rerank.quant; rest of the model in bf16).")
+    int8_dir: Path | None = Field(
+        None, description="The SmoothQuant-calibrated model for precision int8; default <artifact_dir>/llm_w8a8.")
+    smooth_alpha: float = Field(0.5, ge=0.0, le=1.0, description="SmoothQuant migration strength (Xiao et al.).")
+    backend: Literal["local", "http"] = Field(
+        "local", description="local = run the model in process; http = an OpenAI-compatible server "
+        "(vLLM on GPU or llm_rerank.server on CPU) at base_url.")
+    base_url: str = Field("http://127.0.0.1:8100/v1", description="OpenAI-compatible API root for backend http.")
+    served_model: str | None = Field(None, description="'model' field sent to the server; None: the server's first.")
+    http_timeout_s: float = Field(5.0, gt=0, le=120)
+    kv: KVCacheConfig = Field(default_factory=lambda: KVCacheConfig())
+    batching: BatchingConfig = Field(default_factory=lambda: BatchingConfig())
     candidates: int = Field(20, ge=1, le=100, description="How many coarse candidates reach the LLM.")
     history_items: int = Field(10, ge=0, le=100, description="Most recent history titles in the prompt.")
     title_chars: int = Field(40, ge=8, le=400, description="Titles are cut to this many characters.")

@@ -5,6 +5,11 @@ prompt from the request's recent history titles and user attributes, scores them
 logits (listwise by default, pointwise selectable) and returns those rows sorted by the new
 ``"llm"`` column; rows beyond that count are dropped (the pipeline's LLM depth is 20 too).
 
+Serving options (``settings.llm``): ``precision`` fp32/bf16/int8 (SmoothQuant W8A8 from the
+calibrated ``int8_dir``), ``kv.enabled`` (two-tier block prefix cache, ``llm_rerank.prefix_kv``),
+``batching.enabled`` (concurrent requests share forward passes, ``llm_rerank.batching``) and
+``backend: http`` (an OpenAI-compatible server: vLLM or ``llm_rerank.server``; ``llm_rerank.remote``).
+
 It never hangs a request: ``request.remaining_s()`` is checked before the prefix and
 between batches and a ``StageError`` is raised once it runs out; the pipeline then serves
 the previous (coarse) order as a fallback.
@@ -15,6 +20,7 @@ Deliberately left out: fusing the LLM score with the coarse score (``recsys.fusi
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +44,10 @@ class LLMRerankStage:
         params = dict(spec.params) if spec is not None else {}
         self.cfg: LLMConfig = settings.llm.with_overrides(params)
         self.artifacts_root = Path(settings.artifacts_dir)
+        self.settings = settings
+        self.blocks: Any = None
+        self.batcher: Any = None
+        self.remote: Any = None
         self.model: Any = None
         self.prompts: PromptBuilder | None = None
         self.scorer: Any = None
@@ -53,15 +63,26 @@ class LLMRerankStage:
 
         artifact_dir = Path(artifact_dir)
         adapted = artifact_dir / "llm"
-        if self.cfg.use_adapted and (adapted / "config.json").exists():
+        if self.cfg.precision == "int8":
+            location = str(self.cfg.int8_dir or artifact_dir / "llm_w8a8")
+        elif self.cfg.use_adapted and (adapted / "config.json").exists():
             location = str(adapted)
         else:
             location = resolve_model(self.cfg, self.artifacts_root)
-        model, tokenizer = load_model(location, self.cfg.precision, self.cfg.threads)
         split = Split.load(artifact_dir / "split")
-        self.attach(model, tokenizer, split.items["title"].to_numpy(dtype=object))
-        self.model_location = location
+        titles = split.items["title"].to_numpy(dtype=object)
         self._version = f"{weights_digest(location)}-{PROMPT_VERSION}-{self.cfg.scoring}"
+        if self.cfg.backend == "http":  # the server holds the model; only the tokenizer is needed here
+            from transformers import AutoTokenizer
+
+            from llm_rerank.remote import RemoteLLM
+
+            self.remote = RemoteLLM(self.cfg.base_url, self.cfg.served_model, self.cfg.http_timeout_s)
+            self.attach(None, AutoTokenizer.from_pretrained(location), titles)
+        else:
+            model, tokenizer = load_model(location, self.cfg.precision, self.cfg.threads)
+            self.attach(model, tokenizer, titles)
+        self.model_location = location
 
     def attach(self, model: Any, tokenizer: Any, titles: np.ndarray) -> None:
         """Use an already loaded model/tokenizer and item titles (the training job and tests)."""
@@ -75,6 +96,59 @@ class LLMRerankStage:
         self.titles = np.asarray(titles, dtype=object)
         if not self._version:
             self._version = f"unversioned-{PROMPT_VERSION}-{self.cfg.scoring}"
+        if model is not None and self.cfg.kv.enabled:
+            self.blocks = self._block_cache(model)
+            self.scorer.blocks = self.blocks
+            self.scorer.cache = PrefixCache(0)  # the block cache replaces the whole-prefix LRU
+        if model is not None and self.cfg.batching.enabled:
+            from llm_rerank.batching import DynamicBatcher
+
+            b = self.cfg.batching
+            self.batcher = DynamicBatcher(self._run_batch, window_ms=b.window_ms, max_batch=b.max_batch,
+                                          length_bucket=b.length_bucket)
+
+    def _block_cache(self, model: Any) -> Any:
+        from llm_rerank.prefix_kv import BlockPrefixCache
+
+        kv = self.cfg.kv
+        client = None
+        if kv.tier2:
+            from serving.redis_state import connect
+
+            try:
+                client = connect(self.settings, kv.tier2_url)
+            except ValueError as exc:
+                log.warning("LLM KV tier 2 off: %s", exc)
+        return BlockPrefixCache.build(model, block_tokens=kv.block_tokens, tier1_bytes=kv.tier1_bytes,
+                                      namespace=f"{self._version}|{self.cfg.precision}", redis_client=client,
+                                      kv_dtype=kv.kv_dtype, prefix=kv.tier2_prefix, ttl_s=kv.tier2_ttl_s,
+                                      max_entries=kv.tier2_max_entries)
+
+    def _run_batch(self, jobs: Sequence[Any]) -> list[Any]:
+        """Batcher callback: every job's full rows in one padded forward pass, split back per job."""
+        import torch
+
+        from llm_rerank.scoring import row_logits
+
+        rows = [r for job in jobs for r in job]
+        with torch.inference_mode():
+            logits = row_logits(self.model, rows, self.scorer.pad_id)
+        bounds = np.cumsum([0] + [len(j) for j in jobs])
+        return [logits[bounds[i] : bounds[i + 1]] for i in range(len(jobs))]
+
+    def cache_stats(self) -> dict[str, float]:
+        """Prefix cache and batching counters for serving metrics (empty when both are off)."""
+        out: dict[str, float] = {}
+        if self.blocks is not None:
+            out.update({f"kv_{k}": v for k, v in self.blocks.stats().items()})
+        if self.batcher is not None:
+            out.update({f"batch_{k}": v for k, v in self.batcher.stats().items()})
+        return out
+
+    def close(self) -> None:
+        if self.batcher is not None:
+            self.batcher.close()
+            self.batcher = None
 
     def version(self) -> str:
         return self._version or "not-loaded"
@@ -102,10 +176,39 @@ class LLMRerankStage:
             if left <= 0:
                 raise StageError(f"stage {self.name!r}: request deadline reached ({left * 1000:.0f} ms left)")
 
-        logits = self.scorer.logits(parts, check=check)
+        if self.remote is not None:
+            return self._score_remote(parts, len(item_idx), request)
+        if self.batcher is not None:
+            logits = self._batched_logits(parts, request)
+        else:
+            logits = self.scorer.logits(parts, check=check)
         if self.cfg.scoring == "listwise":
             return listwise_from_logits(logits, self._prompts().letter_ids, len(item_idx))
         return pointwise_from_logits(logits, *self._prompts().yes_no)
+
+    def _batched_logits(self, parts: PromptParts, request: Request) -> Any:
+        import concurrent.futures
+
+        rows = [parts.prefix + s for s in parts.suffixes]
+        left = request.remaining_s()
+        deadline = None if left == float("inf") else request.deadline
+        future = self.batcher.submit(rows, length=max(len(r) for r in rows), deadline=deadline,
+                                     priority=bool(request.context.get("priority", False)))
+        try:
+            return future.result(timeout=None if deadline is None else max(left, 0.0))
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise StageError(f"stage {self.name!r}: request deadline reached while batched") from None
+
+    def _score_remote(self, parts: PromptParts, n: int, request: Request) -> np.ndarray:
+        left = request.remaining_s()
+        if left <= 0:
+            raise StageError(f"stage {self.name!r}: request deadline reached before the LLM call")
+        timeout = min(self.cfg.http_timeout_s, left)
+        rows = [parts.prefix + s for s in parts.suffixes]
+        if self.cfg.scoring == "listwise":
+            return self.remote.listwise_scores(rows[0], self._prompts().letter_ids, n, timeout)
+        return self.remote.pointwise_scores(rows, *self._prompts().yes_no, timeout)
 
     def run(self, request: Request, candidates: Candidates) -> Candidates:
         top = candidates.head(self.cfg.candidates)

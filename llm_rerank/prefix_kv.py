@@ -1,0 +1,102 @@
+"""The model side of the block prefix cache: KV blocks as tensors and bytes, prefix assembly.
+
+``BlockPrefixCache.state(prefix)`` looks up the chained block keys of the prefix
+(``llm_rerank.kvcache``), concatenates the cached blocks' keys/values, runs the model only
+on the tokens after them (positions continue from the cached length), and stores the newly
+completed blocks. The result is a ``PrefixState`` that ``llm_rerank.scoring`` continues
+exactly as if the whole prefix had run at once.
+
+A block value is one tensor ``[layers, 2, kv_heads, block_tokens, head_dim]`` (keys and
+values of every layer). Tier 2 holds it as a 16-byte header + raw little-endian data in the
+model's dtype by default (bf16 stays bf16, fp32 stays fp32 and exact) or cast to bf16/fp16.
+
+Deliberately left out: sharing blocks between models (the namespace includes the model version).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from llm_rerank.kvcache import RedisTier, Tier1, TwoTierCache, block_keys
+from llm_rerank.scoring import PrefixState
+
+_DTYPES = {0: torch.float32, 1: torch.bfloat16, 2: torch.float16}
+_CODES = {v: k for k, v in _DTYPES.items()}
+_HEADER = struct.Struct("<B5H5x")  # dtype code + 5 dims, padded to 16 bytes
+
+
+def encode_block(block: torch.Tensor, dtype: torch.dtype | None = None) -> bytes:
+    """Header + raw bytes of ``block`` (5-d), cast to ``dtype`` when given."""
+    t = block if dtype is None else block.to(dtype)
+    if t.dim() != 5 or t.dtype not in _CODES:
+        raise ValueError(f"encode_block: need a 5-d fp32/bf16/fp16 tensor, got {tuple(t.shape)} {t.dtype}")
+    raw = t.contiguous().view(torch.uint8).numpy().tobytes()  # view(uint8): bf16 has no numpy dtype
+    return _HEADER.pack(_CODES[t.dtype], *t.shape) + raw
+
+
+def decode_block(data: bytes, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Inverse of ``encode_block``; cast to ``dtype`` (the model's) when given."""
+    if len(data) < _HEADER.size:
+        raise ValueError(f"decode_block: {len(data)} bytes is shorter than the header")
+    code, *shape = _HEADER.unpack_from(data)
+    if code not in _DTYPES:
+        raise ValueError(f"decode_block: unknown dtype code {code}")
+    flat = torch.from_numpy(np.frombuffer(data, dtype=np.uint8, offset=_HEADER.size).copy())
+    t = flat.view(_DTYPES[code]).reshape(shape)
+    return t if dtype is None else t.to(dtype)
+
+
+def block_nbytes(block: torch.Tensor) -> int:
+    return block.numel() * block.element_size()
+
+
+class BlockPrefixCache:
+    """Prefix KV states assembled from cached blocks; see the module docstring."""
+
+    def __init__(self, model: Any, cache: TwoTierCache, block_tokens: int, namespace: str):
+        self.model, self.cache = model, cache
+        self.block_tokens, self.namespace = block_tokens, namespace
+
+    @classmethod
+    def build(cls, model: Any, *, block_tokens: int = 16, tier1_bytes: int = 256 << 20, namespace: str = "",
+              redis_client: Any = None, kv_dtype: str = "model", **tier2: Any) -> BlockPrefixCache:
+        model_dtype = next(model.parameters()).dtype
+        wire = {"model": None, "bf16": torch.bfloat16, "fp16": torch.float16}[kv_dtype]
+        tier2_store = RedisTier(redis_client, **tier2) if redis_client is not None else None
+        cache = TwoTierCache(Tier1(tier1_bytes), tier2_store, encode=lambda b: encode_block(b, wire),
+                             decode=lambda raw: decode_block(raw, model_dtype), size=block_nbytes)
+        return cls(model, cache, block_tokens, f"{namespace}|{model_dtype}|{block_tokens}")
+
+    def state(self, prefix: Sequence[int]) -> PrefixState:
+        from transformers import DynamicCache
+
+        keys = block_keys(prefix, self.block_tokens, self.namespace)
+        blocks = self.cache.lookup(keys)
+        n_cached = len(blocks) * self.block_tokens
+        kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if blocks:
+            stacked = torch.cat(blocks, dim=3)  # [L, 2, H, n_cached, D]
+            kv = [(stacked[i, 0].unsqueeze(0), stacked[i, 1].unsqueeze(0)) for i in range(stacked.shape[0])]
+        rest = list(prefix[n_cached:])
+        if rest:
+            cache = DynamicCache(ddp_cache_data=kv) if kv else DynamicCache()
+            ids = torch.tensor([rest], dtype=torch.long)
+            positions = torch.arange(n_cached, len(prefix)).unsqueeze(0)
+            with torch.inference_mode():
+                self.model(input_ids=ids, cache=cache, position_ids=positions, use_cache=True)
+            kv = [(getattr(layer, "keys"), getattr(layer, "values")) for layer in cache.layers]  # noqa: B009
+        new = []
+        for b in range(len(blocks), len(keys)):
+            lo, hi = b * self.block_tokens, (b + 1) * self.block_tokens
+            block = torch.stack([torch.stack([k[0, :, lo:hi], v[0, :, lo:hi]]) for k, v in kv]).contiguous()
+            new.append((keys[b], block))
+        self.cache.store(new)
+        return PrefixState(kv=kv, length=len(prefix))
+
+    def stats(self) -> dict[str, float]:
+        return self.cache.stats()

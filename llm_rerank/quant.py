@@ -1,0 +1,209 @@
+"""W8A8 int8 serving after SmoothQuant (Xiao et al. 2023), calibrated offline on real prompts.
+
+Activations of an LLM have a few outlier channels that make per-token int8 lossy; weights
+are easy to quantise. SmoothQuant moves the difficulty: per input channel j,
+``s_j = max|X_j|^alpha / max|W_j|^(1-alpha)``, X is divided by s and W multiplied by s, which
+leaves the product unchanged. The division is folded into the op that produced X, so the
+calibrated model is an ordinary checkpoint with different numbers:
+
+- q/k/v_proj: into ``input_layernorm.weight``; gate/up_proj: into ``post_attention_layernorm``;
+- down_proj: into the rows of ``up_proj`` (silu(gate) * up is linear in up's output).
+``o_proj`` is left unsmoothed (its input mixes grouped heads; folding would need per-head
+care) and is quantised plainly.
+
+``calibrate`` -> ``save_calibrated`` writes the folded model + ``calibration.json``;
+``load_w8a8`` loads it, replaces every decoder ``nn.Linear`` by ``W8A8Linear`` (int8 weights per
+output channel, activations quantised per token at run time, int8 x int8 -> int32 through
+``torch._int_mm``, i.e. oneDNN VNNI on x86) and keeps the rest (embeddings, norms, attention,
+lm_head) in bf16.
+
+Deliberately left out: static activation scales, int8 KV cache, the torchao/pt2e compiled paths
+(compile time on 2 shared cores is minutes; see ``recsys bench llm`` for measured speeds).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch  # this module is imported only for precision 'int8'
+
+CALIBRATION_FILE = "calibration.json"
+METHOD = "smoothquant-w8a8-int8"
+
+
+class SharedActQuant:
+    """Per-token int8 quantisation of one activation, reused by the projections that read it.
+
+    q/k/v_proj (and gate/up_proj) receive the very same tensor object; quantising it once
+    instead of three (two) times removes most of the eager-mode W8A8 overhead. Identity is the
+    key: HF modules never modify a layer input in place between the projections that read it.
+    """
+
+    def __init__(self) -> None:
+        self._x: torch.Tensor | None = None  # held, so its id cannot be reused while cached
+        self._value: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def __call__(self, x: torch.Tensor, in_features: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(int8 [tokens, in_features], fp32 per-token scales [tokens, 1]) of ``x``."""
+        if x is not self._x or self._value is None:
+            xf = x.reshape(-1, in_features).float()
+            xscale = xf.abs().amax(dim=1, keepdim=True).clamp_(min=1e-8) / 127.0  # per token, dynamic
+            self._value = (torch.round(xf / xscale).clamp_(-127, 127).to(torch.int8), xscale)
+            self._x = x
+        return self._value
+
+    def clear(self) -> None:
+        self._x, self._value = None, None
+
+
+class W8A8Linear(torch.nn.Module):
+    """y = (q(x) @ Wq) * scale_x * scale_w (+ b), q = symmetric int8; weight per out channel."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, quant: SharedActQuant | None = None,
+                 release: bool = True):
+        super().__init__()
+        w = weight.detach().float()
+        self.out_features, self.in_features = w.shape
+        scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0
+        q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+        # [N, K] contiguous seen as [K, N]: the layout oneDNN's int8 GEMM prefers
+        self.qweight_t = q.t()
+        self.wscale = scale  # plain attributes, so model.to(bf16) leaves them in fp32 / int8
+        self.bias_f = None if bias is None else bias.detach().float()
+        self.quant = quant or SharedActQuant()
+        self.release = release  # the last reader of a shared input drops it (no activations held)
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear, quant: SharedActQuant | None = None,
+                    release: bool = True) -> W8A8Linear:
+        return cls(linear.weight, linear.bias, quant, release)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        xq, xscale = self.quant(x, self.in_features)
+        if self.release:
+            self.quant.clear()
+        y = torch._int_mm(xq, self.qweight_t).float().mul_(xscale).mul_(self.wscale)
+        if self.bias_f is not None:
+            y = y.add_(self.bias_f)
+        return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
+
+
+def _layers(model: Any) -> list[Any]:
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: expected a Llama-style model.model.layers")
+    return list(layers)
+
+
+def activation_maxima(model: Any, prompts: Sequence[Sequence[int]]) -> dict[str, Any]:
+    """Per linear module name, max |input| per input channel over all calibration tokens."""
+    stats: dict[str, Any] = {}
+    hooks = []
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and ".layers." in f".{name}":
+            def hook(m: Any, args: tuple[Any, ...], _out: Any, key: str = name) -> None:
+                cur = args[0].detach().reshape(-1, args[0].shape[-1]).abs().amax(0).float()
+                stats[key] = cur if key not in stats else torch.maximum(stats[key], cur)
+            hooks.append(mod.register_forward_hook(hook))
+    try:
+        with torch.inference_mode():
+            for ids in prompts:
+                model(input_ids=torch.tensor([list(ids)], dtype=torch.long), use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    if not stats:
+        raise ValueError("activation_maxima: no decoder linear layer saw any input (empty prompts?)")
+    return stats
+
+
+def _smooth(act_max: Any, linears: Sequence[Any], alpha: float) -> Any:
+    w_max = torch.cat([lin.weight.detach().abs().float() for lin in linears], dim=0).amax(dim=0)
+    s = act_max.clamp(min=1e-5).pow(alpha) / w_max.clamp(min=1e-5).pow(1 - alpha)
+    s = s.clamp(min=1e-5)
+    with torch.no_grad():
+        for lin in linears:
+            lin.weight.mul_(s.to(lin.weight.dtype)[None, :])
+    return s
+
+
+def calibrate(model: Any, prompts: Sequence[Sequence[int]], alpha: float = 0.5) -> dict[str, Any]:
+    """Fold SmoothQuant factors into ``model`` (fp32, in place); return the calibration record."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"calibrate: alpha must be in [0, 1], got {alpha}")
+    if not prompts:
+        raise ValueError("calibrate: need at least one calibration prompt")
+    t0 = time.perf_counter()
+    stats = activation_maxima(model, prompts)
+    prefix = "model.layers"
+    with torch.no_grad():
+        for i, layer in enumerate(_layers(model)):
+            attn, mlp = layer.self_attn, layer.mlp
+            s = _smooth(stats[f"{prefix}.{i}.self_attn.q_proj"], [attn.q_proj, attn.k_proj, attn.v_proj], alpha)
+            layer.input_layernorm.weight.div_(s.to(layer.input_layernorm.weight.dtype))
+            s = _smooth(stats[f"{prefix}.{i}.mlp.gate_proj"], [mlp.gate_proj, mlp.up_proj], alpha)
+            layer.post_attention_layernorm.weight.div_(s.to(layer.post_attention_layernorm.weight.dtype))
+            s = _smooth(stats[f"{prefix}.{i}.mlp.down_proj"], [mlp.down_proj], alpha)
+            mlp.up_proj.weight.div_(s.to(mlp.up_proj.weight.dtype)[:, None])
+            if mlp.up_proj.bias is not None:
+                mlp.up_proj.bias.div_(s.to(mlp.up_proj.bias.dtype))
+    return {"method": METHOD, "alpha": alpha, "prompts": len(prompts),
+            "tokens": int(sum(len(p) for p in prompts)), "layers": len(_layers(model)),
+            "smoothed": ["q_proj,k_proj,v_proj", "gate_proj,up_proj", "down_proj"],
+            "seconds": time.perf_counter() - t0}
+
+
+def save_calibrated(model: Any, tokenizer: Any, record: dict[str, Any], out_dir: Path | str,
+                    source: str = "") -> Path:
+    """Write the smoothed model, its tokenizer and ``calibration.json`` to ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / CALIBRATION_FILE).write_text(json.dumps({**record, "source": source}, indent=2))
+    return out
+
+
+def read_calibration(location: Path | str) -> dict[str, Any]:
+    path = Path(location) / CALIBRATION_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{location}: no {CALIBRATION_FILE}; precision 'int8' needs a SmoothQuant-"
+                                "calibrated model (llm_rerank.quant.calibrate + save_calibrated, or "
+                                "`recsys bench llm`, which writes one)")
+    record = json.loads(path.read_text())
+    if record.get("method") != METHOD:
+        raise ValueError(f"{path}: method {record.get('method')!r}, expected {METHOD!r}")
+    return record
+
+
+def quantize_w8a8(model: Any) -> int:
+    """Replace every decoder-layer ``nn.Linear`` with ``W8A8Linear`` (in place); return how many."""
+    count = 0
+    groups = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # projections sharing one input
+    for layer in _layers(model):
+        for parent in (layer.self_attn, layer.mlp):
+            shared = {name: SharedActQuant() for name in ("qkv", "gate_up")}
+            for name, child in list(parent.named_children()):
+                if isinstance(child, torch.nn.Linear):
+                    group = "qkv" if name in groups[0] else "gate_up" if name in groups[1] else None
+                    quant = shared[group] if group else None
+                    last = name in ("v_proj", "up_proj") or group is None  # HF calls q, k, v and gate, up in order
+                    setattr(parent, name, W8A8Linear.from_linear(child, quant, release=last))
+                    count += 1
+    return count
+
+
+def load_w8a8(location: str) -> tuple[Any, Any, dict[str, Any]]:
+    """(W8A8 model with bf16 remainder in eval mode, tokenizer, calibration record)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    record = read_calibration(location)
+    model = AutoModelForCausalLM.from_pretrained(location, dtype=torch.float32)
+    record["quantized_linears"] = quantize_w8a8(model)
+    model = model.to(dtype=torch.bfloat16).eval()  # type: ignore[call-arg]  # transformers types .to oddly
+    return model, AutoTokenizer.from_pretrained(location), record

@@ -1,0 +1,56 @@
+"""``recsys bench llm``: LLM stage precision (fp32/bf16/int8), prefix KV cache, dynamic batching."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from recsys.cli import common as c
+
+
+def bench_llm(
+    data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
+    requests: Annotated[int, typer.Option(min=2, help="Requests per precision / cache phase.")] = 30,
+    calib_requests: Annotated[int, typer.Option(min=1, help="Other users' prompts for int8 calibration.")] = 32,
+    concurrency: Annotated[int, typer.Option(min=1, help="Client threads in the batching comparison.")] = 8,
+    batch_requests: Annotated[int, typer.Option(min=2, help="Requests per batching run.")] = 32,
+    alpha: Annotated[float, typer.Option(min=0.0, max=1.0, help="SmoothQuant migration strength.")] = 0.5,
+    sections: Annotated[str, typer.Option(help="Comma-separated: precision,prefix_cache,batching.")]
+    = "precision,prefix_cache,batching",
+    work_dir: Annotated[Path | None, typer.Option(help="Where the int8 calibration goes (default: next to --out, "
+                                                       "else /tmp/recsys-bench-llm).")] = None,
+    threads: Annotated[int | None, typer.Option(min=1, help="torch intra-op threads.")] = None,
+    out: c.OutOpt = None,
+) -> None:
+    """Each comparison side by side in one run, on the dataset's validation users (see llm_rerank.perf)."""
+    from llm_rerank.perf import bench_llm as run
+
+    chosen = [s.strip() for s in sections.split(",") if s.strip()]
+    unknown = set(chosen) - {"precision", "prefix_cache", "batching"}
+    if unknown or not chosen:
+        c.fail(f"--sections takes precision, prefix_cache, batching; got {sections!r}")
+    settings = c.load_settings(config)
+    art = c.artifact_dir(settings, data, artifacts)
+    if not (art / "split").exists():
+        c.fail(f"{art}: no trained artifacts here; run `recsys train --data ...` first")
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+    work = work_dir or (out.parent / f"{out.stem}-work" if out is not None else Path("/tmp/recsys-bench-llm"))
+    def partial(report: dict) -> None:  # a long run killed later still leaves its finished sections
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.with_name(f"{out.stem}.partial.json").write_text(json.dumps(report, indent=2, default=str))
+
+    c.write_report(run(settings, art, work, requests=requests, calib_requests=calib_requests,
+                       concurrency=concurrency, batch_requests=batch_requests, alpha=alpha, sections=chosen,
+                       on_section=partial), out)
+
+
+from recsys.cli.bench import bench_app  # noqa: E402  (bench.py imports this module at its end)
+
+bench_app.command("llm")(bench_llm)

@@ -1,0 +1,112 @@
+"""Dynamic batching bookkeeping (no model), then the stage's batched path on a tiny model."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llm_rerank.batching import DynamicBatcher
+from llm_rerank.stage import LLMRerankStage
+from recsys.config import StageSpec
+from recsys.contract import Request, StageError
+from recsys.settings import Settings
+from tests.llm_rerank.factories import save_tiny_llm, tiny_split
+
+
+class Recorder:
+    """run_batch that doubles each payload and records the batches it saw."""
+
+    def __init__(self, hold: threading.Event | None = None):
+        self.batches: list[list[int]] = []
+        self.hold = hold
+
+    def __call__(self, payloads: list[int]) -> list[int]:
+        if self.hold is not None:
+            self.hold.wait(5)
+        self.batches.append(list(payloads))
+        return [2 * p for p in payloads]
+
+
+def test_concurrent_jobs_share_batches_and_keep_their_own_results() -> None:
+    rec = Recorder()
+    batcher = DynamicBatcher(rec, window_ms=10, max_batch=8)
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(lambda p: batcher.submit(p, length=10).result(timeout=5), range(32)))
+    finally:
+        batcher.close()
+    assert results == [2 * p for p in range(32)]
+    assert sorted(p for b in rec.batches for p in b) == list(range(32))
+    assert max(len(b) for b in rec.batches) > 1 and all(len(b) <= 8 for b in rec.batches)
+
+
+def test_length_groups_priority_lane_and_expired_deadlines() -> None:
+    gate = threading.Event()
+    rec = Recorder(hold=gate)
+    batcher = DynamicBatcher(rec, window_ms=0, max_batch=8, length_bucket=16)
+    try:
+        blocker = batcher.submit(0, length=1)  # occupies the worker until the gate opens
+        time.sleep(0.05)
+        short = [batcher.submit(p, length=20) for p in (1, 2)]
+        long = batcher.submit(3, length=400)
+        urgent = batcher.submit(4, length=400, priority=True)
+        expired = batcher.submit(5, length=20, deadline=time.monotonic() - 0.001)
+        gate.set()
+        assert [f.result(timeout=5) for f in short] == [2, 4] and long.result(5) == 6 and urgent.result(5) == 8
+        assert blocker.result(5) == 0
+        with pytest.raises(StageError, match="deadline passed while queued"):
+            expired.result(timeout=5)
+    finally:
+        batcher.close()
+    assert rec.batches[0] == [0]
+    assert rec.batches[1] == [4, 3]  # the priority lane goes first, with its length group only
+    assert rec.batches[2] == [1, 2]  # the 20-token jobs never share a pass with the 400-token ones
+    assert batcher.stats()["expired"] == 1
+
+
+def test_failing_batch_answers_every_job_with_stage_error() -> None:
+    def broken(payloads: list[int]) -> list[int]:
+        raise RuntimeError("out of memory")
+
+    batcher = DynamicBatcher(broken, window_ms=1)
+    try:
+        with pytest.raises(StageError, match="out of memory"):
+            batcher.submit(1, length=1).result(timeout=5)
+    finally:
+        batcher.close()
+    with pytest.raises(StageError, match="closed"):
+        batcher.submit(1, length=1)
+
+
+def test_batched_stage_matches_unbatched_and_honours_deadlines(tmp_path: Path) -> None:
+    save_tiny_llm(tmp_path / "m")
+    tiny_split().save(tmp_path / "toy" / "split")
+
+    def stage(batching: bool) -> LLMRerankStage:
+        settings = Settings.build({"artifacts_dir": str(tmp_path), "llm": {
+            "model": str(tmp_path / "m"), "precision": "fp32", "candidates": 5,
+            "batching": {"enabled": batching, "window_ms": 10, "max_batch": 4}}})
+        s = LLMRerankStage(StageSpec(name="llm", kind="llm"), settings)
+        s.load(tmp_path / "toy")
+        return s
+
+    batched, plain = stage(True), stage(False)
+    requests = [Request(user_id=f"u{u}", history=np.array(h)) for u, h in
+                enumerate([[0, 1], [6, 7, 8, 9], [2], [10, 11, 3, 4, 5]])]
+    items = np.array([0, 3, 6, 9, 11])
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(lambda r: batched.score(r, items), requests))
+        for request, scores in zip(requests, got, strict=True):
+            np.testing.assert_allclose(scores, plain.score(request, items), atol=1e-4)
+        assert batched.cache_stats()["batch_max_batch_seen"] > 1
+        late = Request(user_id="u9", history=np.array([0]), deadline=time.monotonic() - 0.01)
+        with pytest.raises(StageError, match="deadline"):
+            batched.score(late, items)
+    finally:
+        batched.close()

@@ -1,0 +1,115 @@
+"""Two-tier block prefix cache on a tiny random Llama: cached == uncached, tiers, serialisation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+import torch
+
+from llm_rerank.prefix_kv import BlockPrefixCache, decode_block, encode_block
+from llm_rerank.prompt import PromptBuilder
+from llm_rerank.scoring import LogitScorer, pointwise_from_logits
+from llm_rerank.stage import LLMRerankStage
+from recsys.config import StageSpec
+from recsys.contract import Request
+from recsys.settings import Settings
+from serving.redis_state import EmbeddedRedis
+from tests.llm_rerank.factories import ANIMATION, HORROR, save_tiny_llm, tiny_llm, tiny_split
+
+ATTRS = {"age": 30, "gender": "F"}
+
+
+@pytest.fixture(scope="module")
+def embedded() -> Iterator[EmbeddedRedis]:
+    server = EmbeddedRedis()
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_block_codec_round_trips_exactly() -> None:
+    block = torch.randn(2, 2, 3, 4, 5)
+    assert torch.equal(decode_block(encode_block(block)), block)
+    bf = block.bfloat16()
+    raw = encode_block(bf)
+    assert len(raw) == 16 + bf.numel() * 2  # header + 2 bytes per value
+    assert torch.equal(decode_block(raw), bf)
+    assert decode_block(encode_block(block, torch.float16), torch.float32).dtype == torch.float32
+    with pytest.raises(ValueError, match="5-d"):
+        encode_block(torch.zeros(3))
+
+
+def test_cold_warm_and_tier2_scores_equal_uncached(embedded: EmbeddedRedis) -> None:
+    model, tok = tiny_llm()
+    builder = PromptBuilder(tok)
+    client = redis.Redis.from_url(embedded.url)
+    blocks = BlockPrefixCache.build(model, block_tokens=16, namespace="t1", redis_client=client, prefix="pk:")
+    cached = LogitScorer(model, tok.pad_token_id, batch_size=3, blocks=blocks)
+    plain = LogitScorer(model, tok.pad_token_id, batch_size=3)
+    parts = builder.pointwise(HORROR[:4], ATTRS, ANIMATION[:5])
+    reference = plain.logits(parts, use_cache=False)
+    cold = cached.logits(parts)
+    n_blocks = len(parts.prefix) // 16
+    assert blocks.stats()["stored"] == n_blocks > 3
+    warm = cached.logits(parts)
+    assert blocks.stats()["tier1_hits"] == n_blocks
+    blocks.cache.clear_tier1()  # a restarted / other worker: only Redis has the blocks
+    tier2 = cached.logits(parts)
+    assert blocks.stats()["tier2_hits"] == n_blocks
+    yes, no = builder.yes_no
+    ref_p = pointwise_from_logits(reference, yes, no)
+    for got in (cold, warm, tier2):
+        assert torch.allclose(got, reference, atol=1e-4)
+        np.testing.assert_allclose(pointwise_from_logits(got, yes, no), ref_p, atol=1e-5)
+    # another user: the instruction blocks are shared, the history blocks are not
+    other = builder.pointwise(ANIMATION[:4], ATTRS, ANIMATION[:2])
+    before = blocks.stats()["tier1_hits"]
+    assert torch.allclose(cached.logits(other), plain.logits(other, use_cache=False), atol=1e-4)
+    shared = blocks.stats()["tier1_hits"] - before
+    assert 1 <= shared < n_blocks
+
+
+def test_stage_with_block_cache_survives_redis_loss(tmp_path: Path) -> None:
+    save_tiny_llm(tmp_path / "m")
+    tiny_split().save(tmp_path / "toy" / "split")
+    server = EmbeddedRedis(tmp_path / "redis")
+    url = server.start()
+    try:
+        def stage(kv: bool) -> LLMRerankStage:
+            settings = Settings.build({"artifacts_dir": str(tmp_path), "llm": {
+                "model": str(tmp_path / "m"), "precision": "fp32", "scoring": "pointwise", "candidates": 4,
+                "kv": {"enabled": kv, "tier2": kv, "tier2_url": url, "block_tokens": 8}}})
+            s = LLMRerankStage(StageSpec(name="llm", kind="llm"), settings)
+            s.load(tmp_path / "toy")
+            return s
+
+        cached, plain = stage(True), stage(False)
+        request = Request(user_id="u0", history=np.array([6, 7, 8]), user_attrs=ATTRS)
+        items = np.array([0, 1, 2, 3])
+        expected = plain.score(request, items)
+        np.testing.assert_allclose(cached.score(request, items), expected, atol=1e-5)
+        restarted = stage(True)  # a new process: empty tier 1, same Redis
+        np.testing.assert_allclose(restarted.score(request, items), expected, atol=1e-5)
+        assert restarted.cache_stats()["kv_tier2_hits"] > 0
+        server.stop()
+        np.testing.assert_allclose(stage(True).score(request, items), expected, atol=1e-5)  # recomputed
+    finally:
+        server.stop()
+
+
+def test_listwise_row_is_block_cached_whole_and_a_repeat_recomputes_only_its_tail() -> None:
+    model, tok = tiny_llm()
+    builder = PromptBuilder(tok)
+    blocks = BlockPrefixCache.build(model, block_tokens=8, namespace="lw")
+    cached = LogitScorer(model, tok.pad_token_id, blocks=blocks)
+    parts = builder.listwise(HORROR[:3], ATTRS, ANIMATION)
+    reference = LogitScorer(model, tok.pad_token_id).logits(parts, use_cache=False)
+    row = len(parts.prefix) + len(parts.suffixes[0])
+    assert torch.allclose(cached.logits(parts), reference, atol=1e-4)
+    assert blocks.stats()["stored"] == (row - 1) // 8  # candidates included, not only the prefix
+    assert torch.allclose(cached.logits(parts), reference, atol=1e-4)
+    assert blocks.stats()["tier1_hits"] == (row - 1) // 8 and blocks.stats()["stored"] == (row - 1) // 8

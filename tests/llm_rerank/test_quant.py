@@ -1,0 +1,90 @@
+"""SmoothQuant W8A8 on a tiny random Llama: folding is exact, the int8 model loads from its calibration."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from llm_rerank.backbone import load_model
+from llm_rerank.prompt import PromptBuilder
+from llm_rerank.quant import METHOD, W8A8Linear, calibrate, save_calibrated
+from llm_rerank.stage import LLMRerankStage
+from recsys.config import StageSpec
+from recsys.contract import Request
+from recsys.settings import Settings
+from tests.llm_rerank.factories import ANIMATION, HORROR, tiny_llm, tiny_split
+
+
+def test_w8a8_linear_matches_float_within_int8_error() -> None:
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 32)
+    x = torch.randn(5, 64)
+    q = W8A8Linear.from_linear(lin)
+    assert q.qweight_t.dtype == torch.int8 and q.qweight_t.shape == (64, 32)
+    ref = lin(x)
+    err = (q(x) - ref).abs().max() / ref.abs().max()
+    assert 0 < err < 0.02  # really quantised, and within int8 rounding
+    assert q(x.bfloat16()).dtype == torch.bfloat16
+
+
+def test_calibrated_model_is_equivalent_in_fp32_and_loads_as_int8(tmp_path: Path) -> None:
+    model, tok = tiny_llm()
+    builder = PromptBuilder(tok)
+    prompts = [builder.listwise(HORROR[:3], {"age": 30}, ANIMATION).prefix,
+               builder.listwise(ANIMATION[:2], {}, HORROR[:4]).prefix]
+    ids = torch.tensor([prompts[0]])
+    with torch.inference_mode():
+        before = model(input_ids=ids).logits
+    norm_before = model.model.layers[0].input_layernorm.weight.clone()
+    record = calibrate(model, prompts, alpha=0.5)
+    with torch.inference_mode():
+        after = model(input_ids=ids).logits
+    assert not torch.equal(norm_before, model.model.layers[0].input_layernorm.weight)  # factors were folded
+    assert torch.allclose(before, after, atol=1e-3 * before.abs().max())  # ... without changing the function
+    out = save_calibrated(model, tok, record, tmp_path / "w8a8", source="tiny")
+    saved = json.loads((out / "calibration.json").read_text())
+    assert saved["method"] == METHOD and saved["alpha"] == 0.5 and saved["prompts"] == 2
+
+    qmodel, _ = load_model(str(out), "int8")
+    linears = [m for m in qmodel.modules() if isinstance(m, W8A8Linear)]
+    assert len(linears) == 2 * 7  # q k v o gate up down in each of the 2 layers
+    assert qmodel.model.embed_tokens.weight.dtype == torch.bfloat16
+    with torch.inference_mode():
+        qlogits = qmodel(input_ids=ids).logits.float()[0, -1]
+    ref = before[0, -1]
+    assert torch.corrcoef(torch.stack([qlogits, ref]))[0, 1] > 0.95
+
+    with pytest.raises(FileNotFoundError, match="calibration.json"):
+        load_model(str(tmp_path / "nowhere"), "int8")
+
+
+def test_stage_serves_int8_from_the_calibrated_directory(tmp_path: Path) -> None:
+    model, tok = tiny_llm()
+    builder = PromptBuilder(tok)
+    save_calibrated(model, tok, calibrate(model, [builder.prefix(HORROR[:3], {})]), tmp_path / "q")
+    tiny_split().save(tmp_path / "toy" / "split")
+    settings = Settings.build({"llm": {"precision": "int8", "int8_dir": str(tmp_path / "q"), "candidates": 4}})
+    stage = LLMRerankStage(StageSpec(name="llm", kind="llm"), settings)
+    stage.load(tmp_path / "toy")
+    assert stage.model_location == str(tmp_path / "q")
+    scores = stage.score(Request(user_id="u0", history=np.array([6, 7])), np.array([0, 1, 6, 7]))
+    assert scores.shape == (4,) and np.isfinite(scores).all()
+    assert np.exp(scores).sum() == pytest.approx(1.0, abs=1e-4)
+
+
+def test_projections_reading_one_input_share_its_quantisation() -> None:
+    from llm_rerank.quant import quantize_w8a8
+
+    model, _ = tiny_llm()
+    assert quantize_w8a8(model) == 14
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    assert attn.q_proj.quant is attn.k_proj.quant is attn.v_proj.quant
+    assert mlp.gate_proj.quant is mlp.up_proj.quant and mlp.down_proj.quant is not mlp.up_proj.quant
+    assert attn.v_proj.release and not attn.q_proj.release  # the last reader frees the cached activation
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([[1, 2, 3]]))
+    assert attn.q_proj.quant._value is None and mlp.gate_proj.quant._value is None  # nothing held afterwards

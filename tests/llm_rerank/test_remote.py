@@ -1,0 +1,106 @@
+"""The HTTP backend against the project's own OpenAI-compatible LLM worker (subprocess, tiny model)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from llm_rerank.remote import RemoteLLM
+from llm_rerank.stage import LLMRerankStage
+from recsys.config import StageSpec
+from recsys.contract import Request, StageError
+from recsys.settings import Settings
+from tests.llm_rerank.factories import save_tiny_llm, tiny_split
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    root = tmp_path_factory.mktemp("remote")
+    save_tiny_llm(root / "m")
+    tiny_split().save(root / "toy" / "split")
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "llm_rerank.server", "--model", str(root / "m"), "--precision",
+                             "fp32", "--port", str(port), "--name", "tiny", "--threads", "1"],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"LLM server exited: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        yield url, root
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        if proc.stderr:
+            proc.stderr.close()
+
+
+def _stage(root: Path, **llm: object) -> LLMRerankStage:
+    settings = Settings.build({"artifacts_dir": str(root), "llm": {
+        "model": str(root / "m"), "precision": "fp32", "candidates": 5, **llm}})
+    stage = LLMRerankStage(StageSpec(name="llm", kind="llm"), settings)
+    stage.load(root / "toy")
+    return stage
+
+
+@pytest.mark.parametrize("scoring", ["listwise", "pointwise"])
+def test_http_backend_scores_equal_local_scores(served: tuple[str, Path], scoring: str) -> None:
+    url, root = served
+    local = _stage(root, scoring=scoring)
+    remote = _stage(root, scoring=scoring, backend="http", base_url=url)
+    assert remote.model is None and remote.remote.model == "tiny"
+    request = Request(user_id="u1", history=np.array([6, 7, 8]), user_attrs={"age": 30})
+    items = np.array([0, 6, 2, 9, 4])
+    np.testing.assert_allclose(remote.score(request, items), local.score(request, items), atol=1e-4)
+
+
+def test_json_schema_output_and_embeddings(served: tuple[str, Path]) -> None:
+    url, _ = served
+    client = RemoteLLM(url, timeout_s=30)
+    schema = {"type": "object", "properties": {"liked": {"type": "boolean"}, "stars": {"enum": [1, 2, 3]}},
+              "required": ["liked", "stars"], "additionalProperties": False}
+    reply = client.chat_json([{"role": "user", "content": "Rate Toy Story."}], schema, max_tokens=40)
+    assert set(reply) == {"liked", "stars"} and isinstance(reply["liked"], bool) and reply["stars"] in (1, 2, 3)
+    vecs = client.embed(["Toy Story", "Alien", "Toy Story"])
+    assert vecs.shape == (3, 32)
+    np.testing.assert_allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(vecs[0], vecs[2], atol=1e-6)
+    text = httpx.post(f"{url}/completions", json={"prompt": "Hello", "max_tokens": 3, "logprobs": 2},
+                      timeout=30).json()["choices"][0]
+    assert len(text["logprobs"]["tokens"]) == 3 and len(text["logprobs"]["top_logprobs"][0]) == 2
+    assert json.dumps(text)  # plain JSON, as an OpenAI client expects
+
+
+def test_dead_server_raises_stage_error(served: tuple[str, Path]) -> None:
+    _, root = served
+    stage = _stage(root, backend="http", base_url=f"http://127.0.0.1:{_free_port()}/v1", served_model="tiny",
+                   http_timeout_s=1.0)
+    with pytest.raises(StageError, match="LLM server"):
+        stage.score(Request(user_id="u0", history=np.array([1])), np.array([0, 1]))
