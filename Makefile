@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARTIFACTS ?= artifacts
 
-.PHONY: venv test test-fast demo lint eval-ml100k clean
+.PHONY: venv test test-heavy test-fast demo lint eval-ml100k clean
 
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,9 @@ venv: $(STAMP)
 
 test: venv
 	$(PY) -m pytest -q -p no:cacheprovider
+
+test-heavy: venv
+	RECSYS_HEAVY_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider tests/llm_rerank/test_adapt.py
 
 test-fast: venv
 	$(PY) -m pytest -q -m "not slow"
