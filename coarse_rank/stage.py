@@ -32,7 +32,9 @@ class CoarseStage:
         self.spec = spec
         self.name = spec.name
         self.writes: tuple[str, ...] = (spec.name,)
-        self.num_threads = int(settings.coarse.num_threads)
+        # one request scores at most a few hundred rows: extra threads only add hand-off cost
+        # and oversubscribe the cores under concurrent requests (batch scoring keeps the config)
+        self.num_threads = 1
         self._booster: Any = None
         self._builder: FeatureBuilder | None = None
         self._version = "unloaded"
