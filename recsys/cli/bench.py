@@ -65,5 +65,5 @@ def bench_serve(
     c.write_report(report, out)
 
 
-import recsys.cli.soak  # noqa: E402, F401  (registers `bench soak` on bench_app)
 import recsys.cli.bench_llm  # noqa: E402, F401  (registers `bench llm` on bench_app)
+import recsys.cli.soak  # noqa: E402, F401  (registers `bench soak` on bench_app)

@@ -14,7 +14,6 @@ from typing import Any
 
 import typer
 
-
 DEMO_RECALL_MAX_S = 90.0  # bound each two-tower fit so `make demo` stays within minutes on 2 cores
 
 

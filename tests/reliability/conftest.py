@@ -15,28 +15,21 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from recsys.config import STAGE_KINDS, StageSpec
+from recsys.config import StageSpec
 from serving.app import create_app
-from tests.serving.conftest import redis_env, redis_server, toy_pipeline  # noqa: F401  (fixtures)
-from tests.serving.toy import TOY_KINDS, AudienceRules, PopularityRecall, save_toy_split, toy_settings
+from tests.serving.conftest import (  # noqa: F401  (fixtures shared with the serving tests)
+    redis_env,
+    redis_server,
+    toy_dir,
+    toy_kinds,
+    toy_pipeline,
+)
+from tests.serving.toy import AudienceRules, PopularityRecall, toy_settings
 
 RECALL = StageSpec(name="recall", kind="recall", on_error="fail")
 RULES = StageSpec(name="rules", kind="rules", on_error="fail")
 TOY_PAIRS = [(RECALL, PopularityRecall), (RULES, AudienceRules)]
 ADMIN_KEY = "s3cret-admin-key-do-not-log-7f3a"
-
-
-@pytest.fixture
-def toy_dir(tmp_path: Path) -> Path:
-    save_toy_split(tmp_path)
-    return tmp_path
-
-
-@pytest.fixture
-def toy_kinds(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Let ``build_pipeline`` (used by /admin/reload) build the toy stages."""
-    for kind, path in TOY_KINDS.items():
-        monkeypatch.setitem(STAGE_KINDS, kind, path)
 
 
 def toy_client(artifact_dir: Path, pairs: list[tuple[StageSpec, type]] = TOY_PAIRS, **serving: Any) -> TestClient:
