@@ -35,7 +35,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import numpy as np
@@ -76,16 +76,43 @@ def bench_run(
     if concurrency < 1 or seconds <= 0 or max_requests < 1:
         raise ValueError(f"bench_run: need concurrency >= 1, seconds > 0, max_requests >= 1; "
                          f"got {concurrency}, {seconds}, {max_requests}")
+    t_start = time.perf_counter()
+    traffic = drive(base_url, user_ids, item_ids, seconds=seconds, concurrency=concurrency,
+                    max_requests=max_requests, k=k, event_share=event_share, zipf_s=zipf_s, seed=seed,
+                    run_tag=run_tag, timeout_s=timeout_s)
+    latencies = [ms for _, ms in traffic.records if ms is not None]
+    report = summarise(latencies, traffic.errors, traffic.paths, concurrency, time.perf_counter() - t_start)
+    report["events"] = dict(traffic.events)
+    return report
+
+
+class Traffic(NamedTuple):
+    """What ``drive`` saw: per recommendation (seconds since start, latency ms or None on error),
+    error kinds, event statuses and serving paths (cache/light/llm/fallback)."""
+
+    records: list[tuple[float, float | None]]
+    errors: Counter[str]
+    events: Counter[str]
+    paths: Counter[str]
+
+
+def drive(
+    base_url: str, user_ids: Sequence[str], item_ids: Sequence[str], *, seconds: float, concurrency: int,
+    max_requests: int, k: int = 10, event_share: float = 0.05, zipf_s: float = 1.1, seed: int = 0,
+    run_tag: str = "run", timeout_s: float = 30.0,
+) -> Traffic:
+    """``concurrency`` closed-loop clients for ``seconds`` (at most ``max_requests`` calls in all).
+
+    The one traffic loop shared by ``bench_run`` and the soak (``serving.soak``).
+    """
     order = np.random.default_rng(seed).permutation(len(user_ids))
     users = [user_ids[i] for i in order]
     probs = zipf_weights(len(users), zipf_s)
-    latencies: list[float] = []
-    paths: Counter[str] = Counter()
-    errors: Counter[str] = Counter()
-    events: Counter[str] = Counter()
+    traffic = Traffic([], Counter(), Counter(), Counter())
     lock = threading.Lock()
     budget = [max_requests]
-    stop_at = time.monotonic() + seconds
+    t_start = time.monotonic()
+    stop_at = t_start + seconds
 
     def client_loop(worker: int) -> None:
         rng = np.random.default_rng([seed, worker])
@@ -97,37 +124,36 @@ def bench_run(
                     budget[0] -= 1
                 user = users[int(rng.choice(len(users), p=probs))]
                 if rng.random() < event_share:
-                    _send_event(client, user, item_ids[int(rng.integers(len(item_ids)))], rng, events, lock)
+                    _send_event(client, user, item_ids[int(rng.integers(len(item_ids)))], rng, traffic.events, lock)
                     continue
-                _send_recommend(client, user, k, run_tag, latencies, paths, errors, lock)
+                _send_recommend(client, user, k, run_tag, t_start, traffic, lock)
 
-    t_start = time.perf_counter()
     threads = [threading.Thread(target=client_loop, args=(w,)) for w in range(concurrency)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    report = summarise(latencies, errors, paths, concurrency, time.perf_counter() - t_start)
-    report["events"] = dict(events)
-    return report
+    return traffic
 
 
-def _send_recommend(client: httpx.Client, user: str, k: int, tag: str, latencies: list[float],
-                    paths: Counter[str], errors: Counter[str], lock: threading.Lock) -> None:
-    t0 = time.perf_counter()
+def _send_recommend(client: httpx.Client, user: str, k: int, tag: str, t_start: float, traffic: Traffic,
+                    lock: threading.Lock) -> None:
+    t0 = time.monotonic()
+    path = None
     try:
         resp = client.post("/v1/recommend", json={"user_id": user, "k": k, "context": {"bench_run": tag}})
+        kind = None if resp.status_code == 200 else f"http_{resp.status_code}"
+        if kind is None:
+            path = resp.json()["path"]
     except httpx.HTTPError as exc:
-        with lock:
-            errors[type(exc).__name__] += 1
-        return
-    ms = (time.perf_counter() - t0) * 1000
+        kind = type(exc).__name__
+    t1 = time.monotonic()
     with lock:
-        if resp.status_code == 200:
-            latencies.append(ms)
-            paths[resp.json()["path"]] += 1
+        traffic.records.append((t0 - t_start, (t1 - t0) * 1000 if kind is None else None))
+        if kind is None:
+            traffic.paths[path] += 1
         else:
-            errors[f"http_{resp.status_code}"] += 1
+            traffic.errors[kind] += 1
 
 
 def _send_event(client: httpx.Client, user: str, item: str, rng: np.random.Generator,

@@ -15,9 +15,7 @@ errors against its targets) and open-loop arrival processes.
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,7 +24,7 @@ import httpx
 import numpy as np
 
 from recsys.settings import Settings
-from serving.bench import APP_FACTORY, _send_event, start_server_subprocess, zipf_weights
+from serving.bench import APP_FACTORY, drive, start_server_subprocess
 
 
 def process_rss_mb(pid: int) -> float:
@@ -73,55 +71,6 @@ def windows(records: list[tuple[float, float | None]], seconds: float, window_s:
     return out
 
 
-def drive(
-    base_url: str, user_ids: Sequence[str], item_ids: Sequence[str], *, seconds: float, concurrency: int,
-    max_requests: int, k: int = 10, event_share: float = 0.05, zipf_s: float = 1.1, seed: int = 0,
-    run_tag: str = "soak", timeout_s: float = 30.0,
-) -> tuple[list[tuple[float, float | None]], Counter[str], Counter[str]]:
-    """Closed-loop clients; (per recommendation (t, ms or None), error kinds, event statuses)."""
-    order = np.random.default_rng(seed).permutation(len(user_ids))
-    users = [user_ids[i] for i in order]
-    probs = zipf_weights(len(users), zipf_s)
-    records: list[tuple[float, float | None]] = []
-    errors: Counter[str] = Counter()
-    events: Counter[str] = Counter()
-    lock = threading.Lock()
-    budget = [max_requests]
-    t_start = time.monotonic()
-    stop_at = t_start + seconds
-
-    def client_loop(worker: int) -> None:
-        rng = np.random.default_rng([seed, worker])
-        with httpx.Client(base_url=base_url, timeout=timeout_s) as client:
-            while time.monotonic() < stop_at:
-                with lock:
-                    if budget[0] <= 0:
-                        return
-                    budget[0] -= 1
-                user = users[int(rng.choice(len(users), p=probs))]
-                if rng.random() < event_share:
-                    _send_event(client, user, item_ids[int(rng.integers(len(item_ids)))], rng, events, lock)
-                    continue
-                t0 = time.monotonic()
-                try:
-                    resp = client.post("/v1/recommend", json={"user_id": user, "k": k, "context": {"run": run_tag}})
-                    kind = None if resp.status_code == 200 else f"http_{resp.status_code}"
-                except httpx.HTTPError as exc:
-                    kind = type(exc).__name__
-                t1 = time.monotonic()
-                with lock:
-                    records.append((t0 - t_start, (t1 - t0) * 1000 if kind is None else None))
-                    if kind is not None:
-                        errors[kind] += 1
-
-    threads = [threading.Thread(target=client_loop, args=(w,)) for w in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return records, errors, events
-
-
 def soak(
     settings: Settings, artifact_dir: Path, user_ids: Sequence[str], item_ids: Sequence[str], *,
     concurrency: int = 8, seconds: float = 60.0, max_requests: int = 1_000_000, window_s: float = 10.0,
@@ -147,8 +96,8 @@ def soak(
                       max_requests=max_requests, run_tag="warmup", **mix)
             rss_start = process_rss_mb(pid)
             t0 = time.perf_counter()
-            records, errors, events = drive(url, user_ids, item_ids, seconds=seconds, concurrency=concurrency,
-                                            max_requests=max_requests, run_tag=f"soak-{time.time():.0f}", **mix)
+            records, errors, events, _ = drive(url, user_ids, item_ids, seconds=seconds, concurrency=concurrency,
+                                               max_requests=max_requests, run_tag=f"soak-{time.time():.0f}", **mix)
             wall_s = time.perf_counter() - t0
             rss_end = process_rss_mb(pid)
             redis_mb = process_rss_mb(embedded.proc.pid) if embedded is not None and embedded.proc else None
