@@ -48,6 +48,12 @@ class CoarseConfig(BaseModel):
     attribute_prior: float = Field(
         default=20.0, ge=0, description="Pseudo-count shrinking per-segment item shares and mean ratings toward the global value."
     )
+    tag_features: bool = Field(
+        default=False,
+        description="Add the LLM tag features (coarse_rank.features.TAG_FEATURES: LLM genre/theme affinity with "
+        "the history, risk flags, LLM-embedding cosine with the recent history). Training then needs the "
+        "item tags (coarse_rank.with_tags.train_coarse_tags writes such a model to <artifact_dir>/coarse_tags).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> CoarseConfig:

@@ -3,9 +3,11 @@
 ``FeatureBuilder.fit`` computes lookup tables from training interactions only (see
 ``coarse_rank.statistics``); ``transform`` then builds one request's matrix with array
 lookups, no per-candidate Python loop. NaN marks a missing value (LightGBM routes it).
-Feature names are stable for a fitted builder: the ``FEATURES`` below, then the recall
-channel columns seen at fit time (``recall_<channel>`` scores, ``src_<channel>`` flags as
-0/1); a channel absent from a request reads NaN, an unknown one is ignored.
+Feature names are stable for a fitted builder: the ``FEATURES`` below, the ``TAG_FEATURES``
+when ``CoarseConfig.tag_features`` is on (looked up in ``coarse_rank.item_tags.ItemTags``,
+saved with the builder), then the recall channel columns seen at fit time
+(``recall_<channel>`` scores, ``src_<channel>`` flags as 0/1); a channel absent from a
+request reads NaN, an unknown one is ignored.
 
 Deliberately left out: candidate generation and labels (``coarse_rank.dataset``), the model
 (``coarse_rank.train``).
@@ -17,6 +19,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -24,6 +27,8 @@ from scipy import sparse
 
 from coarse_rank import statistics as st
 from coarse_rank.config import CoarseConfig
+from coarse_rank.item_tags import PREFIX as TAG_PREFIX
+from coarse_rank.item_tags import ItemTags
 from offline.schema import AUDIENCES
 from offline.split import Split
 from recsys.contract import Candidates, Request
@@ -52,6 +57,19 @@ FEATURES: dict[str, str] = {
     "age_item_lift": "item's share among users of the user's age bracket / its overall share",
     "gender_item_lift": "same for the user's gender",
     "occupation_item_lift": "same for the user's occupation",
+}
+
+# Only with CoarseConfig.tag_features. "Known history" = history items whose tags are not a
+# fallback; NaN = unknown (fallback candidate, or no known history item).
+TAG_FEATURES: dict[str, str] = {
+    "tag_genre_affinity_max": "max over the item's LLM genres of the share of known history items with that genre",
+    "tag_genre_affinity_mean": "mean of the same shares over the item's LLM genres",
+    "tag_theme_affinity_max": "same as tag_genre_affinity_max for the LLM themes",
+    "tag_theme_affinity_mean": "same as tag_genre_affinity_mean for the LLM themes",
+    "tag_n_risk_flags": "number of LLM risk flags of the item",
+    "tag_risk_excess": "tag_n_risk_flags minus the mean number of risk flags of the known history items",
+    "llm_cos_last": "cosine of the item's LLM embedding with the last history item's (NaN without history)",
+    "llm_cos_recent": "cosine with the normalised mean embedding of the last last_n history items",
 }
 
 # codes without an order: LightGBM splits them as categories, not thresholds
@@ -91,10 +109,12 @@ class FeatureBuilder:
         self.genders: list[str] = []
         self.occupations: list[str] = []
         self._t: _Tables | None = None
+        self._tags: ItemTags | None = None
 
     @property
     def feature_names(self) -> list[str]:
-        return [*FEATURES, *self.score_columns, *self.flag_columns]
+        tag_names = TAG_FEATURES if self.config.tag_features else {}
+        return [*FEATURES, *tag_names, *self.score_columns, *self.flag_columns]
 
     @property
     def n_items(self) -> int:
@@ -107,12 +127,16 @@ class FeatureBuilder:
         *,
         score_columns: Sequence[str] = (),
         flag_columns: Sequence[str] = (),
+        tags: ItemTags | None = None,
     ) -> FeatureBuilder:
         """Fit on ``interactions`` (default ``split.train``; same layout, sorted by user then time).
 
         Only the item/user attribute tables of ``split`` are read besides ``interactions``.
+        ``tags`` (required exactly when ``config.tag_features``) is kept as given: its
+        embeddings must not have been trained on what the labels of ``interactions`` hold.
         """
         cfg, n = self.config, split.n_items
+        self._tags = check_tags(cfg, tags, n)
         df = split.train if interactions is None else interactions
         users, items = df["user_idx"].to_numpy(np.int64), df["item_idx"].to_numpy(np.int64)
         if len(items) and (items.min() < 0 or items.max() >= n):
@@ -154,6 +178,7 @@ class FeatureBuilder:
             *_category_affinity(t.item_cat, hist, items),
             *self._follow_columns(hist, items),
             *self._user_columns(request, items),
+            *(self._tag_columns(hist, items) if self.config.tag_features else []),
             *(candidates.score(c) for c in self.score_columns),
             *(candidates.flags[f].astype(np.float32) if f in candidates.flags
               else np.full(len(items), np.nan, np.float32) for f in self.flag_columns),
@@ -179,6 +204,26 @@ class FeatureBuilder:
         precede = t.follow_t[last[:1]][:, items].toarray()[0]  # follow[item, last]
         return [sub[0], sub[0] / out_deg, sub.sum(axis=0), sub.max(axis=0), precede]
 
+    def _tag_columns(self, hist: np.ndarray, items: np.ndarray) -> list[np.ndarray]:
+        tags, n = self._item_tags, len(items)
+        known_hist = hist[tags.known[hist]]
+        nan = np.full(n, np.nan, np.float32)
+        if len(known_hist):  # fallback candidates have no genre/theme: _category_affinity gives NaN
+            affinity = [*_category_affinity(tags.genres, known_hist, items),
+                        *_category_affinity(tags.themes, known_hist, items)]
+            risk_excess = tags.n_risk[items] - np.float32(tags.n_risk[known_hist].mean())
+        else:
+            affinity, risk_excess = [nan] * 4, nan
+        if len(hist) and n:
+            emb = tags.embeddings
+            recent = emb[hist[-self.config.last_n:]].mean(axis=0)
+            norm = float(np.linalg.norm(recent))
+            cos_recent = emb[items] @ (recent / norm) if norm > 1e-6 else nan
+            cosines = [emb[items] @ emb[hist[-1]], cos_recent]
+        else:
+            cosines = [nan, nan]
+        return [*affinity, tags.n_risk[items], risk_excess, *cosines]
+
     def _user_columns(self, request: Request, items: np.ndarray) -> list[np.ndarray]:
         t, n, attrs = self._tables, len(items), request.user_attrs
         age = _scalar(attrs.get("age"))
@@ -201,12 +246,14 @@ class FeatureBuilder:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         t = self._tables
-        arrays = {f.name: getattr(t, f.name) for f in fields(t) if f.init and f.name != "follow"}
+        arrays: dict[str, Any] = {f.name: getattr(t, f.name) for f in fields(t) if f.init and f.name != "follow"}
+        arrays.update(self._tags.arrays() if self._tags is not None else {})
         np.savez(directory / "features.npz", **arrays, follow_data=t.follow.data,
                  follow_indices=t.follow.indices, follow_indptr=t.follow.indptr)
         meta = {"config": self.config.model_dump(), "feature_names": self.feature_names,
                 "score_columns": list(self.score_columns), "flag_columns": list(self.flag_columns),
-                "categories": self.categories, "genders": self.genders, "occupations": self.occupations}
+                "categories": self.categories, "genders": self.genders, "occupations": self.occupations,
+                **({"tags": self._tags.vocabularies()} if self._tags is not None else {})}
         (directory / "features.json").write_text(json.dumps(meta, indent=2))
 
     @classmethod
@@ -224,6 +271,9 @@ class FeatureBuilder:
         n = len(arrays["log_pop"])
         follow = sparse.csr_matrix(
             (arrays.pop("follow_data"), arrays.pop("follow_indices"), arrays.pop("follow_indptr")), shape=(n, n))
+        tag_arrays = {k: arrays.pop(k) for k in [k for k in arrays if k.startswith(TAG_PREFIX)]}
+        if fb.config.tag_features:
+            fb._tags = check_tags(fb.config, ItemTags.from_arrays(tag_arrays, meta.get("tags", {})), n)
         fb._t = _Tables(follow=follow, **arrays)
         if fb.feature_names != meta["feature_names"]:
             raise ValueError(f"{directory / 'features.json'}: feature names differ from this code's FEATURES")
@@ -234,6 +284,26 @@ class FeatureBuilder:
         if self._t is None:
             raise RuntimeError("FeatureBuilder is not fitted: call fit(split) or FeatureBuilder.load(dir)")
         return self._t
+
+    @property
+    def _item_tags(self) -> ItemTags:
+        if self._tags is None:
+            raise RuntimeError("FeatureBuilder has no item tags: fit(..., tags=ItemTags) with tag_features on")
+        return self._tags
+
+
+def check_tags(config: CoarseConfig, tags: ItemTags | None, n_items: int) -> ItemTags | None:
+    """``tags`` if they fit ``config`` and a catalog of ``n_items``; a ValueError naming the mismatch."""
+    if not config.tag_features:
+        if tags is not None:
+            raise ValueError("item tags given but coarse.tag_features is false: enable it or drop the tags")
+        return None
+    if tags is None:
+        raise ValueError("coarse.tag_features is true but no item tags were given: train this model with "
+                         "coarse_rank.with_tags.train_coarse_tags (it passes ItemTags to train_coarse)")
+    if tags.n_items != n_items:
+        raise ValueError(f"item tags cover {tags.n_items} items, the catalog has {n_items}: tag the whole catalog")
+    return tags
 
 
 def _recall_columns(recall: np.ndarray) -> list[np.ndarray]:

@@ -22,9 +22,15 @@ from coarse_rank.features import FeatureBuilder
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request, StageError
 
+DEFAULT_SUBDIR = "coarse"
+
 
 class CoarseStage:
-    """Built cheaply as ``CoarseStage(spec, settings)``; ``load`` reads ``<artifact_dir>/coarse``."""
+    """Built cheaply as ``CoarseStage(spec, settings)``; ``load`` reads ``<artifact_dir>/<subdir>``.
+
+    ``spec.params``: ``subdir`` (default ``"coarse"``) selects another trained copy beside the
+    default one, e.g. ``coarse_tags`` (the tag-feature model of ``coarse_rank.with_tags``).
+    """
 
     reads: tuple[str, ...] = ("recall",)
 
@@ -35,19 +41,25 @@ class CoarseStage:
         # one request scores at most a few hundred rows: extra threads only add hand-off cost
         # and oversubscribe the cores under concurrent requests (batch scoring keeps the config)
         self.num_threads = 1
+        unknown = set(spec.params) - {"subdir"}
+        subdir = spec.params.get("subdir", DEFAULT_SUBDIR)
+        if unknown or not isinstance(subdir, str) or not subdir or Path(subdir).name != subdir:
+            raise ValueError(f"stage {spec.name!r}: params must be at most {{subdir: <directory name>}}, "
+                             f"got {spec.params}")
+        self.subdir = subdir
         self._booster: Any = None
         self._builder: FeatureBuilder | None = None
         self._version = "unloaded"
 
     def load(self, artifact_dir: Any) -> None:
-        """Load the booster and the fitted feature builder from ``artifact_dir/coarse``.
+        """Load the booster and the fitted feature builder from ``artifact_dir/<subdir>``.
 
         The builder carries every item and segment table the features need, so the split is
         not read here.
         """
         import lightgbm as lgb
 
-        directory = Path(artifact_dir) / "coarse"
+        directory = Path(artifact_dir) / self.subdir
         if not (directory / "meta.json").exists():
             raise FileNotFoundError(f"{directory / 'meta.json'}: no trained coarse ranker (run training first)")
         builder = FeatureBuilder.load(directory)

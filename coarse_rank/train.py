@@ -27,7 +27,8 @@ from tqdm.auto import tqdm
 
 from coarse_rank.config import CoarseConfig
 from coarse_rank.dataset import QueryGroups, build_groups, channel_columns, training_prefix
-from coarse_rank.features import CATEGORICAL_FEATURES, FeatureBuilder
+from coarse_rank.features import CATEGORICAL_FEATURES, FeatureBuilder, check_tags
+from coarse_rank.item_tags import ItemTags
 from offline.metrics import per_user_metrics
 from offline.split import Split
 from recsys.contract import Stage
@@ -55,11 +56,17 @@ def lgbm_params(config: CoarseConfig, seed: int) -> dict[str, Any]:
 
 
 def train_coarse(
-    split: Split, candidate_stage: Stage, out_dir: Path, config: CoarseConfig, *, seed: int = 42, progress: bool = True
+    split: Split, candidate_stage: Stage, out_dir: Path, config: CoarseConfig, *, seed: int = 42,
+    progress: bool = True, tags: ItemTags | None = None,
 ) -> dict[str, Any]:
-    """Fit the ranker on ``candidate_stage``'s candidates, save it under ``out_dir``, return a report."""
+    """Fit the ranker on ``candidate_stage``'s candidates, save it under ``out_dir``, return a report.
+
+    ``tags``: the item tag tables, required exactly when ``config.tag_features`` (both feature
+    builders use them; see ``coarse_rank.with_tags`` for leak-free ones).
+    """
     import lightgbm as lgb
 
+    check_tags(config, tags, split.n_items)  # fail before the slow candidate pass
     started = time.perf_counter()
     train_users = _train_users(split, config, seed)
     tr_all = build_groups(split, candidate_stage, "train", users=train_users, progress=progress,
@@ -67,8 +74,8 @@ def train_coarse(
     va_all = build_groups(split, candidate_stage, "valid", progress=progress)
     scores, flags = channel_columns([tr_all, va_all])
     prefix = training_prefix(split, config.train_positions)
-    prefix_fb = FeatureBuilder(config).fit(split, prefix, score_columns=scores, flag_columns=flags)
-    builder = FeatureBuilder(config).fit(split, score_columns=scores, flag_columns=flags)
+    prefix_fb = FeatureBuilder(config).fit(split, prefix, score_columns=scores, flag_columns=flags, tags=tags)
+    builder = FeatureBuilder(config).fit(split, score_columns=scores, flag_columns=flags, tags=tags)
     tr, va = tr_all.subset(tr_all.has_positive), va_all.subset(va_all.has_positive)
     for name, g, g_all in (("train", tr, tr_all), ("valid", va, va_all)):
         if len(g) == 0:

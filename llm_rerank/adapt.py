@@ -4,8 +4,16 @@ Examples come from the project's own candidates, so the model learns to fix the 
 ranker's mistakes (as in LlamaRec's retrieve-then-rank training): for each sampled training
 user, history = train sequence minus its last item, positive = that last item, negatives =
 the top candidates of ``candidate_stage`` (a pipeline cut after coarse) other than the
-positive. Listwise: the positive sits at its candidate rank when the stage found it, else at
-a random slot; loss = cross-entropy over the candidate letters at the answer position.
+positive. Listwise: the candidates are shuffled, the positive at a random slot; loss =
+cross-entropy over the candidate letters at the answer position.
+
+Why shuffled: the candidate stage has seen every training positive (recall trains on the whole
+train sequence, the coarse ranker uses its last items as labels), so on training examples it
+ranks the positive first far more often than it does at serving time. A model trained on that
+order learns "answer A" and serves a blurred copy of the coarse order (measured on ML-100K:
+valid NDCG@10 0.1036 against coarse 0.1153, fusion weight tuned to 0). Shuffled, the letters
+carry no rank, so the LLM must judge the titles and its score complements the coarse score in
+fusion. ``keep_order=True`` restores the old behaviour (the positive at its candidate rank).
 Pointwise: loss = BCE on logit(Yes) - logit(No) for the positive and each negative.
 
 Prompts are built by ``LLMRerankStage.build_prompt`` so training and serving match exactly.
@@ -50,7 +58,7 @@ def user_request(split: Any, user_idx: int, history: np.ndarray, k: int) -> Requ
 
 
 def build_examples(split: Any, candidate_stage: Stage, *, n_users: int, n_candidates: int,
-                   listwise: bool, seed: int) -> list[Example]:
+                   listwise: bool, seed: int, keep_order: bool = False) -> list[Example]:
     """Sample ``n_users`` users with >= 2 train items and build one example each (see module doc)."""
     rng = np.random.default_rng(seed)
     eligible = np.array([u for u, s in enumerate(split.train_sequences) if len(s) >= 2], dtype=np.int64)
@@ -67,12 +75,13 @@ def build_examples(split: Any, candidate_stage: Stage, *, n_users: int, n_candid
         if not negatives:
             continue
         ranked = [int(i) for i in found[:n_candidates]]
-        if listwise and positive in ranked:
+        if listwise and keep_order and positive in ranked:
             cands = [i for i in ranked if i == positive or i in negatives]
             target = cands.index(positive)
         elif listwise:
-            target = int(rng.integers(0, len(negatives) + 1))
-            cands = negatives[:target] + [positive] + negatives[target:]
+            cands = [negatives[i] for i in rng.permutation(len(negatives))] if not keep_order else negatives
+            target = int(rng.integers(0, len(cands) + 1))
+            cands = cands[:target] + [positive] + cands[target:]
         else:
             cands, target = [positive] + negatives, 0
         examples.append(Example(int(u), history, np.asarray(cands, dtype=np.int64), target))
@@ -128,7 +137,7 @@ def train_llm(split: Any, candidate_stage: Stage, settings: Any, artifact_dir: P
     stage.attach(model, tokenizer, split.items["title"].to_numpy(dtype=object))
     n_cands = min(cfg.candidates, llm_cfg.candidates) if listwise else cfg.negatives + 1
     examples = build_examples(split, candidate_stage, n_users=cfg.users, n_candidates=n_cands,
-                              listwise=listwise, seed=settings.seed)
+                              listwise=listwise, seed=settings.seed, keep_order=cfg.keep_candidate_order)
     schedule = _schedule(len(examples), cfg, settings.seed)
     lora = LoraConfig(task_type="CAUSAL_LM", r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
                       lora_dropout=cfg.lora_dropout, target_modules=list(cfg.target_modules))

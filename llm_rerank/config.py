@@ -28,6 +28,9 @@ class AdaptConfig(BaseModel):
         20, ge=2, le=26, description="Candidates per listwise example (positive + coarse negatives)."
     )
     negatives: int = Field(3, ge=1, le=50, description="Coarse negatives per pointwise example.")
+    keep_candidate_order: bool = Field(
+        False, description="Listwise: keep the candidate stage's order (positive at its rank) instead of "
+        "shuffling; that stage has seen the training positives, so its order teaches 'answer A'.")
     epochs: int = Field(1, ge=1, le=20)
     batch_size: int = Field(4, ge=1, le=64, description="Examples per optimizer step.")
     lr: float = Field(3e-4, gt=0, le=1e-1)

@@ -18,11 +18,13 @@ items are removed by the caller (``recall.channels.merge_channels``).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -61,16 +63,47 @@ PARALLEL_SEARCH_FROM = 16  # queries
 PARALLEL_BUILD_FROM = 50_000  # vectors
 
 
-def _faiss(rows: int = 0, parallel_from: int = 0) -> Any:
+@contextlib.contextmanager
+def _faiss(rows: int = 0, parallel_from: int = 0) -> Iterator[Any]:
     """The faiss module, with this thread's OpenMP width set for a job of ``rows`` rows.
 
     Jobs of at least ``parallel_from`` rows use one thread per core this process may run
-    on (faiss would otherwise start one per host core); smaller ones use one thread.
+    on (faiss would otherwise start one per host core); smaller ones use one thread. The
+    previous width is restored on exit: faiss and torch share libgomp, so leaving it at 1
+    would silently make every later torch op (the LLM stage's forward) single-threaded.
     """
     import faiss
 
+    before = faiss.omp_get_max_threads()
     faiss.omp_set_num_threads(len(os.sched_getaffinity(0)) if rows >= parallel_from else 1)
-    return faiss
+    try:
+        yield faiss
+    finally:
+        faiss.omp_set_num_threads(before)
+
+
+def _build(faiss: Any, x: np.ndarray, kind: str, p: dict[str, Any], seed: int) -> tuple[Any, dict[str, Any], float]:
+    """A filled ``kind`` index over ``x``, its final params and the build seconds."""
+    n, d = x.shape
+    t0 = time.perf_counter()
+    if kind == "flat":
+        index = faiss.IndexFlatIP(d)
+    elif kind == "hnsw":
+        index = faiss.IndexHNSWFlat(d, int(p["M"]), faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = int(p["efConstruction"])
+    else:
+        # Fewer cells than 39 points each makes k-means degenerate (faiss warns below that).
+        p["nlist"] = int(p["nlist"] or max(1, min(round(4 * math.sqrt(n)), n // 39)))
+        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, p["nlist"], faiss.METRIC_INNER_PRODUCT)
+        p["train_size"] = int(p["train_size"] or 40 * p["nlist"])
+        rng = np.random.default_rng(seed)
+        sample = x if n <= p["train_size"] else x[np.sort(rng.choice(n, p["train_size"], replace=False))]
+        index.cp.seed = seed
+        index.cp.spherical = True  # unit-norm centroids: cells by cosine, matching the metric
+        index.train(sample)
+    index.add(x)
+    _apply_search_params(index, kind, p)
+    return index, p, time.perf_counter() - t0
 
 
 def _as_matrix(x: np.ndarray, name: str, dim: int | None = None) -> np.ndarray:
@@ -131,26 +164,9 @@ class ItemIndex:
         if n == 0:
             raise ValueError("cannot build an index over 0 vectors")
         p = {**DEFAULT_PARAMS[kind], **params}
-        faiss = _faiss(n, PARALLEL_BUILD_FROM)
-        t0 = time.perf_counter()
-        if kind == "flat":
-            index = faiss.IndexFlatIP(d)
-        elif kind == "hnsw":
-            index = faiss.IndexHNSWFlat(d, int(p["M"]), faiss.METRIC_INNER_PRODUCT)
-            index.hnsw.efConstruction = int(p["efConstruction"])
-        else:
-            # Fewer cells than 39 points each makes k-means degenerate (faiss warns below that).
-            p["nlist"] = int(p["nlist"] or max(1, min(round(4 * math.sqrt(n)), n // 39)))
-            index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, p["nlist"], faiss.METRIC_INNER_PRODUCT)
-            p["train_size"] = int(p["train_size"] or 40 * p["nlist"])
-            rng = np.random.default_rng(seed)
-            sample = x if n <= p["train_size"] else x[np.sort(rng.choice(n, p["train_size"], replace=False))]
-            index.cp.seed = seed
-            index.cp.spherical = True  # unit-norm centroids: cells by cosine, matching the metric
-            index.train(sample)
-        index.add(x)
-        _apply_search_params(index, kind, p)
-        return cls(index, kind, p, build_s=time.perf_counter() - t0)
+        with _faiss(n, PARALLEL_BUILD_FROM) as faiss:
+            index, p, build_s = _build(faiss, x, kind, p, seed)
+        return cls(index, kind, p, build_s=build_s)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` (scores (m, k) float32, ids (m, k) int64) per query, best first.
@@ -160,15 +176,16 @@ class ItemIndex:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         q = _as_matrix(queries, "queries", self.dim)
-        _faiss(len(q), PARALLEL_SEARCH_FROM)
-        scores, ids = self._index.search(q, k)
+        with _faiss(len(q), PARALLEL_SEARCH_FROM):
+            scores, ids = self._index.search(q, k)
         ids = ids.astype(np.int64, copy=False)
         scores = np.where(ids < 0, -np.inf, scores).astype(np.float32, copy=False)
         return scores, ids
 
     def nbytes(self) -> int:
         """Size of the serialised index in bytes (vectors + graph / lists)."""
-        return int(_faiss().serialize_index(self._index).nbytes)
+        with _faiss() as faiss:
+            return int(faiss.serialize_index(self._index).nbytes)
 
     def save(self, directory: Path) -> None:
         """Write ``index.faiss`` and ``index.json`` into ``directory``.
@@ -181,7 +198,8 @@ class ItemIndex:
         tmp_index = directory / f".{INDEX_FILE}.tmp{os.getpid()}"
         tmp_meta = directory / f".{META_FILE}.tmp{os.getpid()}"
         try:
-            _faiss().write_index(self._index, str(tmp_index))
+            with _faiss() as faiss:
+                faiss.write_index(self._index, str(tmp_index))
             meta = {
                 "kind": self.kind,
                 "metric": "ip",
@@ -216,7 +234,8 @@ class ItemIndex:
         if meta.get("sha256") != _sha256(index_path):
             raise IndexArtifactError(f"index file {index_path} does not match the sha256 in {meta_path}")
         try:
-            index = _faiss().read_index(str(index_path))
+            with _faiss() as faiss:
+                index = faiss.read_index(str(index_path))
         except RuntimeError as e:
             raise IndexArtifactError(f"index file {index_path} is corrupt: {e}") from e
         found = (type(index).__name__, int(index.ntotal), int(index.d))

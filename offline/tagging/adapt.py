@@ -10,7 +10,9 @@ Held-out discipline: the items in ``exclude`` (``quality.holdout_items``) are ne
 on, so the F1 reported on them measures generalisation, not memorised labels. The merged
 model is saved to ``out_dir`` (a plain HF directory the tagger loads like the base model).
 
-Deliberately left out: checkpoint/resume (a run takes minutes), hyper-parameter search.
+Training runs under bf16 autocast by default (about 2x faster than fp32 on this CPU; the LoRA
+weights and the optimiser stay fp32). Deliberately left out: checkpoint/resume (a run takes
+minutes), hyper-parameter search.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class AdaptSettings:
     max_items: int | None = None
     seed: int = 0
     threads: int | None = None
+    autocast_bf16: bool = True
 
 
 def known_fields(row: pd.Series, max_genres: int) -> dict[str, Any]:
@@ -98,7 +101,8 @@ def adapt_tagger(base_dir: str, items: pd.DataFrame, categories: list[str], excl
     steps = [o[i : i + settings.batch_size] for o in order for i in range(0, len(o), settings.batch_size)]
     losses = []
     for step in (bar := tqdm(steps, desc="tag adapt", disable=not progress)):
-        loss = _batch_loss(model, [examples[i] for i in step], pad)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.autocast_bf16):
+            loss = _batch_loss(model, [examples[i] for i in step], pad)
         optim.zero_grad()
         loss.backward()
         optim.step()

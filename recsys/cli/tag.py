@@ -4,7 +4,7 @@
     recsys tag adapt --data DIR [--holdout 0.5] [--epochs 2]
     recsys tag embed-train --data DIR [--epochs 30]
     recsys tag merge-items --data DIR
-    recsys tag ablation --data DIR --out FILE.json
+    recsys tag ablation --data DIR --out FILE.json [--variants base,tag_features] [--retrain-coarse-tags]
 
 Outputs live in ``<artifact_dir>/tags/`` (see ``offline.tagging.run``). ``recsys tag`` uses the
 adapted model in ``tags/model`` when ``recsys tag adapt`` has made one, else the base LLM.
@@ -126,10 +126,25 @@ def merge_items(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c
 @tag_app.command("ablation")
 def ablation(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
              out: c.OutOpt = None,
-             llm_share: Annotated[float, typer.Option("--llm-share", min=0.0, max=1.0)] = 0.2) -> None:
-    """NDCG@10 and candidate recall with/without the embedding channel and tag features."""
+             llm_share: Annotated[float, typer.Option("--llm-share", min=0.0, max=1.0)] = 0.2,
+             variants: Annotated[str, typer.Option(
+                 "--variants", help="Comma-separated: base, llm_channel, tagged_rules, tag_features, all.")
+             ] = "base,llm_channel,tagged_rules,tag_features,all",
+             retrain_coarse_tags: Annotated[bool, typer.Option(
+                 "--retrain-coarse-tags", help="Retrain coarse_tags/ even when it is current.")] = False) -> None:
+    """NDCG@10 and candidate recall with/without the embedding channel, tagged rules and tag features.
+
+    The tag_features and all variants need coarse_tags/ (the coarse ranker with tag features);
+    it is trained first from split/, recall_holdout/ and tags/ when missing or stale.
+    """
     from offline.tagging.ablation import run_ablation
 
     settings = c.load_settings(config)
     split, root = _split(settings, data, artifacts)
-    c.write_report(run_ablation(settings, root, split, llm_share=llm_share), out)
+    chosen = tuple(v.strip() for v in variants.split(",") if v.strip())
+    try:
+        report = run_ablation(settings, root, split, variants=chosen, llm_share=llm_share,
+                              retrain_coarse_tags=retrain_coarse_tags)
+    except (ValueError, FileNotFoundError) as exc:
+        c.fail(str(exc))
+    c.write_report(report, out)

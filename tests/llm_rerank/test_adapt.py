@@ -30,6 +30,22 @@ def test_examples_hold_last_train_item_as_positive_and_candidates_as_negatives()
             assert listwise or ex.target == 0
 
 
+def test_listwise_examples_shuffle_candidates_unless_told_to_keep_the_stage_order() -> None:
+    """The stage saw the training positives; its order would teach 'answer A' (see adapt's doc)."""
+    split = tiny_split()
+    stage = PopularityStage(split)
+    shuffled = build_examples(split, stage, n_users=8, n_candidates=6, listwise=True, seed=0)
+    kept = build_examples(split, stage, n_users=8, n_candidates=6, listwise=True, seed=0, keep_order=True)
+    for ex, ref in zip(shuffled, kept, strict=True):
+        assert sorted(ex.candidates.tolist()) == sorted(ref.candidates.tolist())
+        ranked = stage.run(Request(user_id="u", k=6, history=ref.history), _empty()).items.tolist()
+        in_rank_order = [i for i in ranked if i in ref.candidates.tolist()]
+        if len(in_rank_order) == len(ref.candidates):  # the stage found the positive: its order is kept
+            assert ref.candidates.tolist() == in_rank_order
+    assert len({ex.target for ex in shuffled}) > 1
+    assert any(ex.candidates.tolist() != ref.candidates.tolist() for ex, ref in zip(shuffled, kept, strict=True))
+
+
 def _settings(root: Path, model: str, scoring: str, **adapt: object) -> Settings:
     return Settings.build({"artifacts_dir": str(root), "llm": {
         "model": model, "scoring": scoring, "precision": "fp32", "candidates": 4,

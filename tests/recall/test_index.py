@@ -129,3 +129,20 @@ def test_bad_inputs_raise_with_the_offending_value() -> None:
         index.search(np.ones((1, 3), dtype=np.float32), 2)
     with pytest.raises(ValueError, match="k must be >= 1, got 0"):
         index.search(items, 0)
+
+
+def test_index_calls_leave_torch_thread_count_alone(tmp_path):
+    """faiss and torch share libgomp: a one-thread search must not make torch single-threaded."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        x = np.random.default_rng(0).normal(size=(64, 8)).astype(np.float32)
+        index = ItemIndex.build(x, "flat")
+        index.search(x[:1], 5)
+        index.save(tmp_path)
+        ItemIndex.load(tmp_path)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
