@@ -1,24 +1,31 @@
 """Domain adaptation of the re-ranker's LLM with LoRA (Hu et al. 2021), merged for serving.
 
 Examples come from the project's own candidates, so the model learns to fix the coarse
-ranker's mistakes (as in LlamaRec's retrieve-then-rank training): for each sampled training
-user, history = train sequence minus its last item, positive = that last item, negatives =
-the top candidates of ``candidate_stage`` (a pipeline cut after coarse) other than the
-positive. Listwise: the candidates are shuffled, the positive at a random slot; loss =
-cross-entropy over the candidate letters at the answer position.
+ranker's mistakes (as in LlamaRec's retrieve-then-rank training): history -> one held
+positive, negatives = the top candidates of ``candidate_stage`` (a pipeline cut after coarse)
+other than the positive. Listwise loss = cross-entropy over the candidate letters at the
+answer position; pointwise loss = BCE on logit(Yes) - logit(No) for the positive and each
+negative. Where the positives come from (``AdaptConfig.positives``):
 
-Why shuffled: the candidate stage has seen every training positive (recall trains on the whole
-train sequence, the coarse ranker uses its last items as labels), so on training examples it
-ranks the positive first far more often than it does at serving time. A model trained on that
-order learns "answer A" and serves a blurred copy of the coarse order (measured on ML-100K:
-valid NDCG@10 0.1036 against coarse 0.1153, fusion weight tuned to 0). Shuffled, the letters
-carry no rank, so the LLM must judge the titles and its score complements the coarse score in
-fusion. ``keep_order=True`` restores the old behaviour (the positive at its candidate rank).
-Pointwise: loss = BCE on logit(Yes) - logit(No) for the positive and each negative.
+- ``"valid"`` (default): the valid item of a fixed share of users (``llm_valid_users``), given
+  their whole train sequence, the exact input the cascade serves. Recall and coarse never
+  trained on valid items, so their order on these examples is as good as at serving time, and
+  listwise candidates keep that order (the positive at its rank; inserted at a random slot
+  when the cascade missed it): the LLM learns how far to trust the coarse order and when the
+  titles say otherwise. Those users are then left out of fusion tuning
+  (``offline.evaluate.tune_fusion`` reads ``valid_users`` from ``train_meta.json``); the test
+  split is never read.
+- ``"train"``: the last train item, given the items before it. The cascade has seen these
+  positives (recall trains on the whole train sequence, coarse uses the last items as labels),
+  so on them it ranks the positive first far more often than at serving time; a model trained
+  on that order learns "answer A" and serves a blurred copy of the coarse order (measured on
+  ML-100K: valid NDCG@10 0.1036 against coarse 0.1153, fusion weight tuned to 0). Listwise
+  candidates are therefore shuffled for this source.
 
-Prompts are built by ``LLMRerankStage.build_prompt`` so training and serving match exactly.
-Checkpoints (adapter + optimizer + step) land in ``<artifact_dir>/llm/checkpoints`` and a
-rerun resumes from the last one; the merged model is written to ``<artifact_dir>/llm``.
+``keep_candidate_order`` overrides the per-source default. Prompts are built by
+``LLMRerankStage.build_prompt`` so training and serving match exactly. Checkpoints (adapter +
+optimizer + step) land in ``<artifact_dir>/llm/checkpoints`` and a rerun resumes from the last
+one; the merged model is written to ``<artifact_dir>/llm``.
 
 Deliberately left out: evaluation (the lead's ``recsys eval``), multi-process training.
 """
@@ -57,29 +64,47 @@ def user_request(split: Any, user_idx: int, history: np.ndarray, k: int) -> Requ
                    history=history, user_attrs=attrs)
 
 
+def llm_valid_users(n_users: int, share: float, seed: int) -> np.ndarray:
+    """The users whose valid item trains the LLM (sorted): a seeded ``share`` of all users."""
+    if not 0.0 < share < 1.0:
+        raise ValueError(f"llm.adapt.valid_share must be in (0, 1), got {share}")
+    rng = np.random.default_rng([seed, 0x11A])
+    return np.sort(rng.permutation(n_users)[: int(round(share * n_users))]).astype(np.int64)
+
+
 def build_examples(split: Any, candidate_stage: Stage, *, n_users: int, n_candidates: int,
-                   listwise: bool, seed: int, keep_order: bool = False) -> list[Example]:
-    """Sample ``n_users`` users with >= 2 train items and build one example each (see module doc)."""
+                   listwise: bool, seed: int, keep_order: bool | None = None, positives: str = "train",
+                   valid_share: float = 0.5) -> list[Example]:
+    """Up to ``n_users`` examples, one per sampled user (see the module doc for ``positives``)."""
     rng = np.random.default_rng(seed)
-    eligible = np.array([u for u, s in enumerate(split.train_sequences) if len(s) >= 2], dtype=np.int64)
-    if len(eligible) == 0:
-        raise ValueError("train_llm: no user has >= 2 training interactions")
-    users = rng.choice(eligible, size=min(n_users, len(eligible)), replace=False)
+    if positives == "valid":
+        pool = llm_valid_users(split.n_users, valid_share, seed)
+    elif positives == "train":
+        pool = np.array([u for u, s in enumerate(split.train_sequences) if len(s) >= 2], dtype=np.int64)
+    else:
+        raise ValueError(f"llm.adapt.positives must be 'train' or 'valid', got {positives!r}")
+    if len(pool) == 0:
+        raise ValueError("train_llm: no eligible user (positives='train' needs >= 2 training interactions)")
+    keep = positives == "valid" if keep_order is None else keep_order
+    users = rng.choice(pool, size=min(n_users, len(pool)), replace=False)
     examples = []
     for u in users:
-        seq = split.train_sequences[int(u)]
-        history, positive = seq[:-1], int(seq[-1])
+        if positives == "valid":
+            history, positive = split.history(int(u), "valid"), int(split.valid[int(u)])
+        else:
+            seq = split.train_sequences[int(u)]
+            history, positive = seq[:-1], int(seq[-1])
         request = user_request(split, int(u), history, k=n_candidates)
         found = candidate_stage.run(request, Candidates.empty()).items
         negatives = [int(i) for i in found if int(i) != positive][: n_candidates - 1]
         if not negatives:
             continue
         ranked = [int(i) for i in found[:n_candidates]]
-        if listwise and keep_order and positive in ranked:
+        if listwise and keep and positive in ranked:
             cands = [i for i in ranked if i == positive or i in negatives]
             target = cands.index(positive)
         elif listwise:
-            cands = [negatives[i] for i in rng.permutation(len(negatives))] if not keep_order else negatives
+            cands = [negatives[i] for i in rng.permutation(len(negatives))] if not keep else negatives
             target = int(rng.integers(0, len(cands) + 1))
             cands = cands[:target] + [positive] + cands[target:]
         else:
@@ -137,7 +162,8 @@ def train_llm(split: Any, candidate_stage: Stage, settings: Any, artifact_dir: P
     stage.attach(model, tokenizer, split.items["title"].to_numpy(dtype=object))
     n_cands = min(cfg.candidates, llm_cfg.candidates) if listwise else cfg.negatives + 1
     examples = build_examples(split, candidate_stage, n_users=cfg.users, n_candidates=n_cands,
-                              listwise=listwise, seed=settings.seed, keep_order=cfg.keep_candidate_order)
+                              listwise=listwise, seed=settings.seed, keep_order=cfg.keep_candidate_order,
+                              positives=cfg.positives, valid_share=cfg.valid_share)
     schedule = _schedule(len(examples), cfg, settings.seed)
     lora = LoraConfig(task_type="CAUSAL_LM", r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
                       lora_dropout=cfg.lora_dropout, target_modules=list(cfg.target_modules))
@@ -165,7 +191,9 @@ def train_llm(split: Any, candidate_stage: Stage, settings: Any, artifact_dir: P
     merged = model.merge_and_unload()
     report = {"base": base, "scoring": llm_cfg.scoring, "examples": len(examples), "steps": len(schedule),
               "resumed_from": start, "steps_run": len(schedule) - start, "losses": losses,
-              "wall_s": train_s, "adapt": cfg.model_dump(), "out_dir": str(out_dir)}
+              "wall_s": train_s, "adapt": cfg.model_dump(), "out_dir": str(out_dir),
+              "valid_users": (llm_valid_users(split.n_users, cfg.valid_share, settings.seed).tolist()
+                              if cfg.positives == "valid" else [])}
     _save_merged(merged, tokenizer, out_dir, report)
     return report
 

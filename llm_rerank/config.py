@@ -23,14 +23,19 @@ class AdaptConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    users: int = Field(400, ge=1, description="Training users sampled (one example each).")
+    users: int = Field(400, ge=1, description="Training users sampled from the eligible pool (one example each).")
     candidates: int = Field(
         20, ge=2, le=26, description="Candidates per listwise example (positive + coarse negatives)."
     )
     negatives: int = Field(3, ge=1, le=50, description="Coarse negatives per pointwise example.")
-    keep_candidate_order: bool = Field(
-        False, description="Listwise: keep the candidate stage's order (positive at its rank) instead of "
-        "shuffling; that stage has seen the training positives, so its order teaches 'answer A'.")
+    positives: Literal["valid", "train"] = Field(
+        "valid", description="Where training positives come from: 'valid' = the valid item of valid_share of the "
+        "users (the cascade never trained on it; those users are left out of fusion tuning), 'train' = the last "
+        "train item (the cascade has seen it; see llm_rerank.adapt).")
+    valid_share: float = Field(0.5, gt=0, lt=1, description="Share of users whose valid item trains the LLM.")
+    keep_candidate_order: bool | None = Field(
+        None, description="Listwise: keep the candidate stage's order (positive at its rank) or shuffle; None = "
+        "keep for positives 'valid', shuffle for 'train' (whose order would teach 'answer A').")
     epochs: int = Field(1, ge=1, le=20)
     batch_size: int = Field(4, ge=1, le=64, description="Examples per optimizer step.")
     lr: float = Field(3e-4, gt=0, le=1e-1)

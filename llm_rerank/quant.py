@@ -93,6 +93,62 @@ class W8A8Linear(torch.nn.Module):
         return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
 
 
+class FusedW8A8(torch.nn.Module):
+    """Projections that read one input (q/k/v, gate/up) as one int8 GEMM over their stacked weights.
+
+    vLLM merges them the same way (QKVParallelLinear, MergedColumnParallelLinear): one
+    quantisation of the input, one ``torch._int_mm`` and one dequantisation instead of three
+    (two), which is what eager W8A8 pays for at small token counts. Weight scales stay per
+    output channel, so the numbers equal those of separate ``W8A8Linear`` modules. The first
+    member to run computes the whole product for that input object; each member returns its
+    column slice, and the last one drops the cached product.
+    """
+
+    def __init__(self, linears: Sequence[torch.nn.Linear]):
+        super().__init__()
+        self.parts = [W8A8Linear.from_linear(lin) for lin in linears]
+        self.in_features = self.parts[0].in_features
+        self.qweight_t = torch.cat([p.qweight_t for p in self.parts], dim=1).contiguous()
+        self.wscale = torch.cat([p.wscale for p in self.parts])
+        biases = [p.bias_f if p.bias_f is not None else torch.zeros(p.out_features) for p in self.parts]
+        self.bias_f = None if all(p.bias_f is None for p in self.parts) else torch.cat(biases)
+        bounds = [0]
+        for p in self.parts:
+            bounds.append(bounds[-1] + p.out_features)
+        self.bounds = bounds
+        self.parts = []  # the stacked copy is the one kept
+        self._x: torch.Tensor | None = None
+        self._y: torch.Tensor | None = None
+
+    def output(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        if x is not self._x or self._y is None:
+            xf = x.reshape(-1, self.in_features).float()
+            xscale = xf.abs().amax(dim=1, keepdim=True).clamp_(min=1e-8) / 127.0
+            xq = torch.round(xf / xscale).clamp_(-127, 127).to(torch.int8)
+            y = torch._int_mm(xq, self.qweight_t).float().mul_(xscale).mul_(self.wscale)
+            if self.bias_f is not None:
+                y = y.add_(self.bias_f)
+            self._x, self._y = x, y.to(x.dtype)
+        lo, hi = self.bounds[index], self.bounds[index + 1]
+        out = self._y[:, lo:hi].reshape(*x.shape[:-1], hi - lo)  # a contiguous copy: HF calls .view on it
+        if index == len(self.bounds) - 2:
+            self._x, self._y = None, None
+        return out
+
+
+class FusedSlice(torch.nn.Module):
+    """One member of a ``FusedW8A8`` group, in the place of the original ``nn.Linear``."""
+
+    def __init__(self, group: FusedW8A8, index: int):
+        super().__init__()
+        self.group = [group]  # a list, so the shared group is not registered once per member
+        self.index = index
+        self.out_features = group.bounds[index + 1] - group.bounds[index]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.group[0].output(x, self.index)
+
+
 def _layers(model: Any) -> list[Any]:
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
@@ -181,18 +237,30 @@ def read_calibration(location: Path | str) -> dict[str, Any]:
     return record
 
 
-def quantize_w8a8(model: Any) -> int:
-    """Replace every decoder-layer ``nn.Linear`` with ``W8A8Linear`` (in place); return how many."""
+def quantize_w8a8(model: Any, fuse: bool = True) -> int:
+    """Replace every decoder-layer ``nn.Linear`` by an int8 one (in place); return how many.
+
+    ``fuse``: q/k/v and gate/up become ``FusedSlice`` members of one ``FusedW8A8`` GEMM each
+    (HF calls them in that order on the same input); otherwise each is a ``W8A8Linear`` and
+    the group only shares the activation quantisation.
+    """
     count = 0
     groups = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # projections sharing one input
     for layer in _layers(model):
         for parent in (layer.self_attn, layer.mlp):
+            children = dict(parent.named_children())
+            for group in groups:
+                if fuse and all(isinstance(children.get(n), torch.nn.Linear) for n in group):
+                    fused = FusedW8A8([children[n] for n in group])
+                    for i, n in enumerate(group):
+                        setattr(parent, n, FusedSlice(fused, i))
+                        count += 1
             shared = {name: SharedActQuant() for name in ("qkv", "gate_up")}
             for name, child in list(parent.named_children()):
                 if isinstance(child, torch.nn.Linear):
-                    group = "qkv" if name in groups[0] else "gate_up" if name in groups[1] else None
-                    quant = shared[group] if group else None
-                    last = name in ("v_proj", "up_proj") or group is None  # HF calls q, k, v and gate, up in order
+                    group_name = "qkv" if name in groups[0] else "gate_up" if name in groups[1] else None
+                    quant = shared[group_name] if group_name else None
+                    last = name in ("v_proj", "up_proj") or group_name is None  # HF calls q, k, v and gate, up in order
                     setattr(parent, name, W8A8Linear.from_linear(child, quant, release=last))
                     count += 1
     return count

@@ -176,18 +176,35 @@ def tune_fusion(settings: Any, artifact_dir: Path, split: Split, *, progress: bo
         if name == before_fusion:
             captured.append(c)
 
-    for req in tqdm(requests_for(split, "valid"), desc="fusion (valid)", disable=not progress, unit="user"):
+    held = llm_trained_users(pipeline)  # their valid item trained the LLM: tuning on them would flatter it
+    requests = [r for r in requests_for(split, "valid") if r.user_idx not in held]
+    for req in tqdm(requests, desc="fusion (valid)", disable=not progress, unit="user"):
         pipeline.run(req, until=before_fusion, observe=capture)
-    examples = [FusionExample.from_candidates(c, [t]) for c, t in zip(captured, split.valid, strict=True)]
+    targets = [int(split.valid[r.user_idx]) for r in requests if r.user_idx is not None]
+    examples = [FusionExample.from_candidates(c, [t]) for c, t in zip(captured, targets, strict=True)]
     grid_best = tune_fusion_weights(examples, k=K, step=settings.fusion.tune_step)
     single = {s: float(ndcg_at_k(examples, [{s: 1.0}], K)[0]) for s in grid_best}
     weights, check = _significant_mixture(examples, grid_best, single, settings.seed)
     best = float(ndcg_at_k(examples, [weights], K)[0])
     save_weights(Path(artifact_dir) / "fusion" / weights_key(settings), weights, valid_ndcg_at_10=best,
-                 single_stage_valid_ndcg=single, grid_best=grid_best, mixture_check=check)
+                 single_stage_valid_ndcg=single, grid_best=grid_best, mixture_check=check,
+                 valid_users=len(requests), excluded_llm_training_users=len(held))
     return {"weights": weights, "key": weights_key(settings), "valid_ndcg@10": round(best, 5),
+            "valid_users": len(requests), "excluded_llm_training_users": len(held),
             "grid_best": grid_best, "mixture_check": check,
             "single_stage_valid_ndcg@10": {s: round(v, 5) for s, v in single.items()}}
+
+
+def llm_trained_users(pipeline: Any) -> set[int]:
+    """Users whose valid item trained the served LLM (``valid_users`` in its ``train_meta.json``)."""
+    import json
+
+    held: set[int] = set()
+    for spec, stage in pipeline.stages:
+        meta = Path(getattr(stage, "model_location", "") or "/nonexistent") / "train_meta.json"
+        if spec.kind == "llm" and spec.enabled and meta.is_file():
+            held.update(int(u) for u in json.loads(meta.read_text()).get("valid_users", []))
+    return held
 
 
 def _significant_mixture(

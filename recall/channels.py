@@ -138,12 +138,12 @@ def merge_channels(
     scores: dict[str, np.ndarray] = {"recall": (1.0 / (1.0 + np.arange(len(items)))).astype(np.float32)}
     flags: dict[str, np.ndarray] = {}
     for name, (ids, raw) in zip(names, cleaned, strict=True):
-        order = np.argsort(ids)
-        where = np.searchsorted(ids[order], items)
+        by_id = np.argsort(ids)
+        where = np.searchsorted(ids[by_id], items)
         where = np.minimum(where, max(len(ids) - 1, 0))
-        found = (ids[order][where] == items) if len(ids) else np.zeros(len(items), dtype=bool)
+        found = (ids[by_id][where] == items) if len(ids) else np.zeros(len(items), dtype=bool)
         flags[f"src_{name}"] = found
         col = np.full(len(items), np.nan, dtype=np.float32)
-        col[found] = raw[order][where[found]]
+        col[found] = raw[by_id][where[found]]
         scores[f"recall_{name}"] = col
     return Candidates(items=items, scores=scores, flags=flags, order_by="recall")

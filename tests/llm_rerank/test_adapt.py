@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llm_rerank.adapt import build_examples, train_llm
+from llm_rerank.adapt import build_examples, llm_valid_users, train_llm
 from llm_rerank.stage import LLMRerankStage
 from recsys.contract import Request
 from recsys.settings import Settings
@@ -20,7 +20,8 @@ def test_examples_hold_last_train_item_as_positive_and_candidates_as_negatives()
     split = tiny_split()
     stage = PopularityStage(split)
     for listwise in (True, False):
-        examples = build_examples(split, stage, n_users=8, n_candidates=4, listwise=listwise, seed=0)
+        examples = build_examples(split, stage, n_users=8, n_candidates=4, listwise=listwise, seed=0,
+                                  positives="train")
         assert len(examples) == 8
         for ex in examples:
             seq = split.train_sequences[ex.user_idx]
@@ -46,11 +47,30 @@ def test_listwise_examples_shuffle_candidates_unless_told_to_keep_the_stage_orde
     assert any(ex.candidates.tolist() != ref.candidates.tolist() for ex, ref in zip(shuffled, kept, strict=True))
 
 
+def test_valid_positives_come_from_a_fixed_user_share_in_the_stage_order() -> None:
+    split = tiny_split()
+    stage = PopularityStage(split)
+    pool = llm_valid_users(split.n_users, 0.5, 0)
+    assert len(pool) == 4 and np.array_equal(pool, llm_valid_users(split.n_users, 0.5, 0))
+    examples = build_examples(split, stage, n_users=8, n_candidates=6, listwise=True, seed=0, positives="valid")
+    assert sorted(ex.user_idx for ex in examples) == pool.tolist()
+    for ex in examples:
+        assert ex.candidates[ex.target] == split.valid[ex.user_idx]
+        np.testing.assert_array_equal(ex.history, split.history(ex.user_idx, "valid"))
+        ranked = stage.run(Request(user_id="u", k=6, history=ex.history), _empty()).items.tolist()
+        if split.valid[ex.user_idx] in ranked:  # found by the stage: its order is kept
+            assert ex.candidates.tolist() == [i for i in ranked if i in ex.candidates.tolist()]
+    with pytest.raises(ValueError, match="positives"):
+        build_examples(split, stage, n_users=8, n_candidates=6, listwise=True, seed=0, positives="test")
+    with pytest.raises(ValueError, match="valid_share"):
+        llm_valid_users(8, 1.0, 0)
+
+
 def _settings(root: Path, model: str, scoring: str, **adapt: object) -> Settings:
     return Settings.build({"artifacts_dir": str(root), "llm": {
         "model": model, "scoring": scoring, "precision": "fp32", "candidates": 4,
         "adapt": {"users": 8, "candidates": 4, "negatives": 2, "batch_size": 2, "checkpoint_every": 1,
-                  "autocast_bf16": False, **adapt}}})
+                  "autocast_bf16": False, "positives": "train", **adapt}}})
 
 
 @pytest.mark.parametrize("scoring", ["listwise", "pointwise"])
@@ -96,7 +116,7 @@ def test_real_smollm2_learns_genre_preference(tmp_path: Path) -> None:
     settings = Settings.build({"artifacts_dir": str(Path(__file__).resolve().parents[2] / "artifacts"), "llm": {
         "scoring": "listwise", "candidates": 4, "precision": "fp32",
         "adapt": {"users": 8, "candidates": 4, "epochs": 6, "batch_size": 2, "lr": 1e-3,
-                  "checkpoint_every": 100}}})
+                  "checkpoint_every": 100, "positives": "train"}}})
     report = train_llm(split, PopularityStage(split), settings, tmp_path / "toy", progress=False)
     assert report["steps"] == 24
     stage = LLMRerankStage(None, settings)

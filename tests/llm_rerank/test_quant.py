@@ -50,7 +50,9 @@ def test_calibrated_model_is_equivalent_in_fp32_and_loads_as_int8(tmp_path: Path
     assert saved["method"] == METHOD and saved["alpha"] == 0.5 and saved["prompts"] == 2
 
     qmodel, _ = load_model(str(out), "int8")
-    linears = [m for m in qmodel.modules() if isinstance(m, W8A8Linear)]
+    from llm_rerank.quant import FusedSlice
+
+    linears = [m for m in qmodel.modules() if isinstance(m, W8A8Linear | FusedSlice)]
     assert len(linears) == 2 * 7  # q k v o gate up down in each of the 2 layers
     assert qmodel.model.embed_tokens.weight.dtype == torch.bfloat16
     with torch.inference_mode():
@@ -80,7 +82,7 @@ def test_projections_reading_one_input_share_its_quantisation() -> None:
     from llm_rerank.quant import quantize_w8a8
 
     model, _ = tiny_llm()
-    assert quantize_w8a8(model) == 14
+    assert quantize_w8a8(model, fuse=False) == 14
     attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
     assert attn.q_proj.quant is attn.k_proj.quant is attn.v_proj.quant
     assert mlp.gate_proj.quant is mlp.up_proj.quant and mlp.down_proj.quant is not mlp.up_proj.quant
@@ -88,3 +90,20 @@ def test_projections_reading_one_input_share_its_quantisation() -> None:
     with torch.inference_mode():
         model(input_ids=torch.tensor([[1, 2, 3]]))
     assert attn.q_proj.quant._value is None and mlp.gate_proj.quant._value is None  # nothing held afterwards
+
+
+def test_fused_projections_equal_separate_int8_ones_and_hold_nothing_after() -> None:
+    from llm_rerank.quant import FusedSlice, quantize_w8a8
+
+    model, _ = tiny_llm()
+    separate, _ = tiny_llm()
+    separate.load_state_dict(model.state_dict())
+    assert quantize_w8a8(model) == 14 and quantize_w8a8(separate, fuse=False) == 14
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    assert all(isinstance(m, FusedSlice) for m in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj))
+    assert attn.q_proj.group[0] is attn.v_proj.group[0] and isinstance(attn.o_proj, W8A8Linear)
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.inference_mode():
+        fused, ref = model(input_ids=ids).logits, separate(input_ids=ids).logits
+    torch.testing.assert_close(fused, ref, rtol=0, atol=1e-5)  # same int8 numbers, one GEMM
+    assert attn.q_proj.group[0]._y is None and mlp.up_proj.group[0]._y is None
