@@ -36,14 +36,28 @@ def dataset_name(data: Path | None) -> str:
 
 
 def _fingerprint(data: Path | None, fmt: str | None, k_core: int, synthetic: dict[str, Any]) -> dict[str, Any]:
+    """What the split depends on: file names, sizes and content digests (never paths or mtimes).
+
+    A dataset copied, restored or reached through another path keeps its fingerprint, so its
+    split and every stage trained on it are reused; any changed byte makes a new split.
+    """
     files = {}
     if data is not None:
         for f in sorted(Path(data).iterdir()):
             if f.is_file():
-                st = f.stat()
-                files[f.name] = [st.st_size, int(st.st_mtime)]
-    return {"data": str(data) if data else None, "format": fmt, "k_core": k_core,
+                files[f.name] = [f.stat().st_size, _sha256(f)]
+    return {"data": dataset_name(data), "format": fmt, "k_core": k_core,
             "synthetic": synthetic if data is None else {}, "files": files}
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:20]
 
 
 def prepare(

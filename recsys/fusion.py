@@ -57,6 +57,10 @@ class FusionConfig(BaseModel):
     normalisation: Normalisation = Field(default="linear", description="Rank normalisation: linear or rrf.")
     rrf_k: float = Field(default=60.0, gt=0, description="The c of reciprocal-rank normalisation (rrf only).")
     tune_step: float = Field(default=0.1, gt=0, le=0.5, description="Grid step on the weight simplex for tuning.")
+    tuned: Literal["checked", "grid_best"] = Field(
+        default="checked", description="Which tuned weights to serve from weights.json: 'checked' = the valid grid's "
+        "best mixture only if it beats the best single stage with a paired-bootstrap CI above zero (else that "
+        "stage alone); 'grid_best' = the grid's best mixture regardless (still chosen on valid, never on test).")
 
     @field_validator("weights")
     @classmethod
@@ -140,7 +144,7 @@ class FusionStage:
         enabled scored stages before fusion (``recall+coarse`` or ``recall+coarse+llm``), so
         pipelines with and without the LLM keep their own weights side by side.
         """
-        tuned = load_weights(Path(artifact_dir) / "fusion" / self.weights_key)
+        tuned = load_weights(Path(artifact_dir) / "fusion" / self.weights_key, self.config.tuned)
         if tuned is not None:
             self.config = self.config.model_copy(update={"weights": FusionConfig(weights=tuned).weights})
             self.reads = tuple(self.config.weights)
@@ -167,14 +171,16 @@ def save_weights(directory: Path, weights: Mapping[str, float], **meta: Any) -> 
     return tmp.replace(directory / WEIGHTS_FILE)
 
 
-def load_weights(directory: Path) -> dict[str, float] | None:
+def load_weights(directory: Path, which: str = "checked") -> dict[str, float] | None:
+    """The tuned weights in ``directory/weights.json`` (``which``: see ``FusionConfig.tuned``)."""
     path = Path(directory) / WEIGHTS_FILE
     if not path.exists():
         return None
     data = json.loads(path.read_text())
     if not isinstance(data, dict) or not isinstance(data.get("weights"), dict):
         raise ValueError(f"{path}: expected {{'weights': {{stage: weight}}}}")
-    return {str(k): float(v) for k, v in data["weights"].items()}
+    key = "grid_best" if which == "grid_best" and isinstance(data.get("grid_best"), dict) else "weights"
+    return {str(k): float(v) for k, v in data[key].items()}
 
 
 # -- tuning --------------------------------------------------------------------------------

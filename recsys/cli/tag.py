@@ -55,7 +55,7 @@ def tag(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, 
         precision: Annotated[str, typer.Option("--precision", help="fp32 | bf16")] = "fp32",
         batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 16,
         chunk_size: Annotated[int, typer.Option("--chunk-size", min=1)] = 64,
-        max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=8)] = 80,
+        max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=8)] = 128,
         limit: Annotated[int | None, typer.Option("--limit", min=1, help="Tag only the first N items.")] = None,
         fresh: Annotated[bool, typer.Option("--fresh", help="Discard parts from an earlier version.")] = False,
         ) -> None:

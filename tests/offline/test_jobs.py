@@ -48,3 +48,21 @@ def test_holdout_sequences_hold_out_the_last_items(tmp_path: Path):
             assert seqs[u].tolist() == full[:-2].tolist() and targets[u] == full[-2]
         else:
             assert seqs[u].tolist() == full[: len(full) - min(2, len(full) - 1)].tolist()
+
+
+def test_split_fingerprint_follows_content_not_mtime_or_path(tmp_path):
+    import os
+
+    from offline.jobs import _fingerprint
+
+    data = tmp_path / "a" / "ml-100k"
+    data.mkdir(parents=True)
+    (data / "u.data").write_text("1\t1\t5\t881250949\n")
+    first = _fingerprint(data, None, 5, {})
+    os.utime(data / "u.data", (1, 1))  # a restored copy: same bytes, new mtime
+    copy = tmp_path / "b" / "ml-100k"
+    copy.mkdir(parents=True)
+    (copy / "u.data").write_bytes((data / "u.data").read_bytes())
+    assert _fingerprint(data, None, 5, {}) == first == _fingerprint(copy, None, 5, {})
+    (data / "u.data").write_text("1\t1\t4\t881250949\n")  # one changed byte, same size
+    assert _fingerprint(data, None, 5, {}) != first

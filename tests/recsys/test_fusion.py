@@ -159,3 +159,18 @@ def test_example_from_candidates():
     ex = FusionExample.from_candidates(cands(recall=RECALL, llm=LLM), targets=[12])
     assert sorted(ex.columns) == ["llm", "recall"]
     assert ex.relevant.tolist() == [False, False, True, False]
+
+
+def test_stage_serves_the_checked_weights_unless_told_to_take_the_grid_best(tmp_path):
+    from recsys.config import StageSpec
+    from recsys.fusion import FusionStage, save_weights
+    from recsys.settings import Settings
+
+    save_weights(tmp_path / "fusion" / "recall+coarse", {"coarse": 1.0}, grid_best={"recall": 0.3, "coarse": 0.7})
+    spec = StageSpec(name="fusion", kind="fusion")
+    checked = FusionStage(spec, Settings())
+    checked.load(tmp_path)
+    assert checked.config.weights == {"coarse": 1.0}
+    grid = FusionStage(spec, Settings.build({"fusion": {"tuned": "grid_best"}}))
+    grid.load(tmp_path)
+    assert grid.config.weights == {"recall": 0.3, "coarse": 0.7}
