@@ -75,7 +75,8 @@ class EmbeddedRedis:
 
     def __init__(self, workdir: Path | None = None):
         self._own_dir = workdir is None
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="recsys-redis-"))
+        # absolute: redis-server chdirs into --dir, so a relative socket path would point elsewhere
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="recsys-redis-")).resolve()
         self.socket = self.workdir / "redis.sock"
         self.proc: subprocess.Popen | None = None
 
@@ -96,7 +97,7 @@ class EmbeddedRedis:
         self.workdir.mkdir(parents=True, exist_ok=True)
         cmd = [self.executable(), "--port", "0", "--unixsocket", str(self.socket), "--unixsocketperm", "700",
                "--save", "", "--appendonly", "no", "--dir", str(self.workdir), "--daemonize", "no",
-               "--loglevel", "warning"]
+               "--loglevel", "warning", "--logfile", str(self.workdir / "redis.log")]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         client = redis.Redis(unix_socket_path=str(self.socket), socket_timeout=1.0, socket_connect_timeout=1.0)
         deadline = time.monotonic() + timeout_s
@@ -104,6 +105,8 @@ class EmbeddedRedis:
             while True:
                 if self.proc.poll() is not None:
                     err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+                    logfile = self.workdir / "redis.log"
+                    err += logfile.read_text(errors="replace") if logfile.exists() else ""
                     raise RuntimeError(f"embedded redis-server exited with code {self.proc.returncode}: {err[-2000:]}")
                 try:
                     if client.ping():

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import redis
 
@@ -62,3 +64,14 @@ def test_guard_backs_off_exponentially_then_recovers() -> None:
     clock.now = 103.0
     assert guard.call(lambda: 7) == 7 and not guard.down
     assert calls == [100.0, 101.0]
+
+
+def test_embedded_redis_starts_from_a_relative_work_dir(tmp_path, monkeypatch):
+    """redis-server chdirs into its --dir: a relative socket path used to make it exit at once."""
+    monkeypatch.chdir(tmp_path)
+    server = EmbeddedRedis(Path("work") / "redis")
+    try:
+        url = server.start()
+        assert redis.Redis.from_url(url).ping()
+    finally:
+        server.stop()
