@@ -22,7 +22,7 @@ test: venv
 	$(PY) -m pytest -q -p no:cacheprovider
 
 test-heavy: venv
-	RECSYS_HEAVY_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider tests/llm_rerank/test_adapt.py
+	HEAVY_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider tests/llm_rerank/test_adapt.py
 
 test-fast: venv
 	$(PY) -m pytest -q -m "not slow"

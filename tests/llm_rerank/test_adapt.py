@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 
 from llm_rerank.adapt import build_examples, llm_valid_users, train_llm
 from llm_rerank.stage import LLMRerankStage
-from recsys.contract import Request
+from recsys.contract import Candidates, Request
 from recsys.settings import Settings
 from tests.llm_rerank.factories import ANIMATION, HORROR, PopularityStage, save_tiny_llm, tiny_split
 
@@ -96,6 +97,16 @@ def test_train_checkpoints_resumes_and_serves_merged_model(tmp_path: Path, scori
     assert len(out) == 4 and np.isfinite(out.scores["llm"]).all()
 
 
+class _OtherGenreStage(PopularityStage):
+    """Negatives of the other genre only: the user's unseen same-genre title is neither taught as
+    a negative nor shown, so the tiny task says one thing ("same genre as the history")."""
+
+    def run(self, request: Request, candidates: Candidates) -> Candidates:
+        out = super().run(dataclasses.replace(request, k=12), candidates)
+        horror_user = int(request.history[0]) >= 6  # items 0-5 are animation, 6-11 horror
+        return out.take(np.flatnonzero([(int(i) >= 6) != horror_user for i in out.items]))
+
+
 def _empty():  # noqa: ANN202
     from recsys.contract import Candidates
 
@@ -104,9 +115,9 @@ def _empty():  # noqa: ANN202
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    os.environ.get("RECSYS_HEAVY_TESTS") != "1",
-    reason="real SmolLM2 LoRA adaptation did not finish within 15 min on a loaded 2-core machine; "
-    "run it with RECSYS_HEAVY_TESTS=1 (make test-heavy)",
+    os.environ.get("HEAVY_TESTS") != "1",
+    reason="real SmolLM2 adaptation (~100 s) does not pass yet: measured 12/16 wins (needs 14) after 24 pointwise "
+    "steps, 10/16 after 40 at lr 2e-3, 8/16 listwise (issue 4); run it with HEAVY_TESTS=1 (make test-heavy)",
 )
 def test_real_smollm2_learns_genre_preference(tmp_path: Path) -> None:
     """After a few dozen LoRA steps on one-genre users, a same-genre title outranks the other genre."""
@@ -114,10 +125,10 @@ def test_real_smollm2_learns_genre_preference(tmp_path: Path) -> None:
     split = tiny_split()
     split.save(tmp_path / "toy" / "split")
     settings = Settings.build({"artifacts_dir": str(Path(__file__).resolve().parents[2] / "artifacts"), "llm": {
-        "scoring": "listwise", "candidates": 4, "precision": "fp32",
-        "adapt": {"users": 8, "candidates": 4, "epochs": 6, "batch_size": 2, "lr": 1e-3,
+        "scoring": "pointwise", "candidates": 4, "precision": "fp32",
+        "adapt": {"users": 8, "negatives": 2, "epochs": 6, "batch_size": 2, "lr": 1e-3,
                   "checkpoint_every": 100, "positives": "train"}}})
-    report = train_llm(split, PopularityStage(split), settings, tmp_path / "toy", progress=False)
+    report = train_llm(split, _OtherGenreStage(split), settings, tmp_path / "toy", progress=False)
     assert report["steps"] == 24
     stage = LLMRerankStage(None, settings)
     stage.load(tmp_path / "toy")
