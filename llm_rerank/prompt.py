@@ -115,7 +115,10 @@ class PromptBuilder:
 
     def prefix(self, history_titles: Sequence[str], user_attrs: Mapping[str, Any]) -> list[int]:
         """Instruction + profile + recent history: the part shared by all candidates."""
-        profile = ", ".join(f"{k} {user_attrs[k]}" for k in _PROFILE_KEYS if user_attrs.get(k) not in (None, ""))
+        # attribute values are data like titles: special tokens, delimiters and newlines removed
+        # (a benign value is unchanged, so its tokens are too)
+        profile = ", ".join(f"{k} {sanitise_title(str(user_attrs[k]), self.title_chars, self.special_tokens)}"
+                            for k in _PROFILE_KEYS if user_attrs.get(k) not in (None, ""))
         out = self.ids(self.head) + self.ids(f"User profile: {profile or 'unknown'}.\n")
         if history_titles:
             out += self.ids(f"Recently watched {self.domain}s, oldest first:\n")
