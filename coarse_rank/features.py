@@ -215,11 +215,11 @@ class FeatureBuilder:
         else:
             affinity, risk_excess = [nan] * 4, nan
         if len(hist) and n:
-            emb = tags.embeddings
+            emb, cand = tags.embeddings, tags.embeddings[items]
             recent = emb[hist[-self.config.last_n:]].mean(axis=0)
             norm = float(np.linalg.norm(recent))
-            cos_recent = emb[items] @ (recent / norm) if norm > 1e-6 else nan
-            cosines = [emb[items] @ emb[hist[-1]], cos_recent]
+            cos_recent = cand @ (recent / norm) if norm > 1e-6 else nan
+            cosines = [cand @ emb[hist[-1]], cos_recent]
         else:
             cosines = [nan, nan]
         return [*affinity, tags.n_risk[items], risk_excess, *cosines]

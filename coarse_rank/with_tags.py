@@ -21,7 +21,6 @@ Deliberately left out: the default coarse model (``offline.jobs``) and evaluatio
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ import numpy as np
 
 from coarse_rank.item_tags import ItemTags
 from offline.split import Split
+from recsys.digest import file_sha256
 
 SUBDIR = "coarse_tags"
 SOURCE_FILE = "tags_source.json"
@@ -74,28 +74,37 @@ def tags_source(settings: Any, artifact_dir: Path, embed: Any) -> dict[str, Any]
     for path in inputs:
         if not path.exists():
             raise FileNotFoundError(f"{path} missing: coarse_tags needs `recsys tag` and a trained recall_holdout")
-    return {"digests": {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()[:16] for p in inputs},
+    return {"digests": {str(p.relative_to(root)): file_sha256(p)[:16] for p in inputs},
             "coarse": _tag_config(settings).model_dump(), "embed": dataclasses.asdict(embed), "seed": settings.seed}
 
 
 def is_current(settings: Any, artifact_dir: Path, embed: Any) -> bool:
     """True when ``coarse_tags/`` is complete and was trained from the present inputs and settings."""
+    recorded = _recorded_source(artifact_dir)
+    return recorded is not None and recorded == tags_source(settings, artifact_dir, embed)
+
+
+def _recorded_source(artifact_dir: Path) -> dict[str, Any] | None:
+    """The ``tags_source`` a complete ``coarse_tags/`` was trained from; None when there is none."""
     out = Path(artifact_dir) / SUBDIR
     if not (out / "meta.json").exists() or not (out / SOURCE_FILE).exists():
-        return False
-    return json.loads((out / SOURCE_FILE).read_text())["source"] == tags_source(settings, artifact_dir, embed)
+        return None
+    return json.loads((out / SOURCE_FILE).read_text())["source"]
 
 
 def train_coarse_tags(settings: Any, artifact_dir: Path, split: Split, *, embed: Any = None,
-                      progress: bool = True) -> dict[str, Any]:
-    """Train ``<artifact_dir>/coarse_tags`` (``settings.coarse`` with ``tag_features`` on); its report."""
+                      progress: bool = True, source: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train ``<artifact_dir>/coarse_tags`` (``settings.coarse`` with ``tag_features`` on); its report.
+
+    ``source``: the ``tags_source`` of these inputs when the caller already has it.
+    """
     from coarse_rank.train import train_coarse
     from offline.tagging.embed import EmbedSettings
     from recall.stage import RecallStage
 
     root = Path(artifact_dir)
     embed = embed or EmbedSettings(seed=settings.seed)
-    source = tags_source(settings, root, embed)
+    source = source or tags_source(settings, root, embed)
     config = _tag_config(settings)
     tags, embed_report = load_item_tags(split, root / "tags", config.train_positions, embed)
     recall = RecallStage(settings.pipeline.stage("recall"), settings)
@@ -113,11 +122,13 @@ def ensure_coarse_tags(settings: Any, artifact_dir: Path, split: Split, *, retra
     from offline.tagging.embed import EmbedSettings
 
     embed = embed or EmbedSettings(seed=settings.seed)
-    if not retrain and is_current(settings, artifact_dir, embed):
+    recorded = None if retrain else _recorded_source(artifact_dir)
+    source = tags_source(settings, artifact_dir, embed)  # input digests, computed once
+    if recorded is not None and recorded == source:
         meta = json.loads((Path(artifact_dir) / SUBDIR / "meta.json").read_text())
         return {"trained": False, "report": meta["report"]}
     return {"trained": True, "report": train_coarse_tags(settings, artifact_dir, split, embed=embed,
-                                                          progress=progress)}
+                                                          progress=progress, source=source)}
 
 
 def _tag_config(settings: Any) -> Any:

@@ -35,6 +35,28 @@ CALIBRATION_FILE = "calibration.json"
 METHOD = "smoothquant-w8a8-int8"
 
 
+def quantise_tokens(x: torch.Tensor, in_features: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 [tokens, in_features], fp32 per-token scales [tokens, 1]): symmetric, dynamic per token."""
+    xf = x.reshape(-1, in_features).float()
+    xscale = xf.abs().amax(dim=1, keepdim=True).clamp_(min=1e-8) / 127.0
+    return torch.round(xf / xscale).clamp_(-127, 127).to(torch.int8), xscale
+
+
+def quantise_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 [in, out] view of the [out, in] weight, fp32 scale per output channel)."""
+    w = weight.detach().float()
+    scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q.t(), scale  # [N, K] contiguous seen as [K, N]: the layout oneDNN's int8 GEMM prefers
+
+
+def int8_product(xq: torch.Tensor, xscale: torch.Tensor, qweight_t: torch.Tensor, wscale: torch.Tensor,
+                 bias: torch.Tensor | None) -> torch.Tensor:
+    """fp32 ``(xq @ qweight_t) * xscale * wscale (+ bias)`` through ``torch._int_mm``."""
+    y = torch._int_mm(xq, qweight_t).float().mul_(xscale).mul_(wscale)
+    return y.add_(bias) if bias is not None else y
+
+
 class SharedActQuant:
     """Per-token int8 quantisation of one activation, reused by the projections that read it.
 
@@ -50,10 +72,7 @@ class SharedActQuant:
     def __call__(self, x: torch.Tensor, in_features: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(int8 [tokens, in_features], fp32 per-token scales [tokens, 1]) of ``x``."""
         if x is not self._x or self._value is None:
-            xf = x.reshape(-1, in_features).float()
-            xscale = xf.abs().amax(dim=1, keepdim=True).clamp_(min=1e-8) / 127.0  # per token, dynamic
-            self._value = (torch.round(xf / xscale).clamp_(-127, 127).to(torch.int8), xscale)
-            self._x = x
+            self._value, self._x = quantise_tokens(x, in_features), x
         return self._value
 
     def clear(self) -> None:
@@ -66,13 +85,9 @@ class W8A8Linear(torch.nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, quant: SharedActQuant | None = None,
                  release: bool = True):
         super().__init__()
-        w = weight.detach().float()
-        self.out_features, self.in_features = w.shape
-        scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0
-        q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
-        # [N, K] contiguous seen as [K, N]: the layout oneDNN's int8 GEMM prefers
-        self.qweight_t = q.t()
-        self.wscale = scale  # plain attributes, so model.to(bf16) leaves them in fp32 / int8
+        self.out_features, self.in_features = weight.shape
+        # plain attributes, so model.to(bf16) leaves them in int8 / fp32
+        self.qweight_t, self.wscale = quantise_weight(weight)
         self.bias_f = None if bias is None else bias.detach().float()
         self.quant = quant or SharedActQuant()
         self.release = release  # the last reader of a shared input drops it (no activations held)
@@ -87,9 +102,7 @@ class W8A8Linear(torch.nn.Module):
         xq, xscale = self.quant(x, self.in_features)
         if self.release:
             self.quant.clear()
-        y = torch._int_mm(xq, self.qweight_t).float().mul_(xscale).mul_(self.wscale)
-        if self.bias_f is not None:
-            y = y.add_(self.bias_f)
+        y = int8_product(xq, xscale, self.qweight_t, self.wscale, self.bias_f)
         return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
 
 
@@ -106,28 +119,23 @@ class FusedW8A8(torch.nn.Module):
 
     def __init__(self, linears: Sequence[torch.nn.Linear]):
         super().__init__()
-        self.parts = [W8A8Linear.from_linear(lin) for lin in linears]
-        self.in_features = self.parts[0].in_features
-        self.qweight_t = torch.cat([p.qweight_t for p in self.parts], dim=1).contiguous()
-        self.wscale = torch.cat([p.wscale for p in self.parts])
-        biases = [p.bias_f if p.bias_f is not None else torch.zeros(p.out_features) for p in self.parts]
-        self.bias_f = None if all(p.bias_f is None for p in self.parts) else torch.cat(biases)
-        bounds = [0]
-        for p in self.parts:
-            bounds.append(bounds[-1] + p.out_features)
-        self.bounds = bounds
-        self.parts = []  # the stacked copy is the one kept
+        self.in_features = linears[0].in_features
+        # per-output-channel scales: quantising the stacked weight equals quantising each part
+        qweight_t, self.wscale = quantise_weight(torch.cat([lin.weight for lin in linears]))
+        self.qweight_t = qweight_t.contiguous()
+        biases = [lin.bias.detach().float() if lin.bias is not None else torch.zeros(lin.out_features)
+                  for lin in linears]
+        self.bias_f = None if all(lin.bias is None for lin in linears) else torch.cat(biases)
+        self.bounds = [0]
+        for lin in linears:
+            self.bounds.append(self.bounds[-1] + lin.out_features)
         self._x: torch.Tensor | None = None
         self._y: torch.Tensor | None = None
 
     def output(self, x: torch.Tensor, index: int) -> torch.Tensor:
         if x is not self._x or self._y is None:
-            xf = x.reshape(-1, self.in_features).float()
-            xscale = xf.abs().amax(dim=1, keepdim=True).clamp_(min=1e-8) / 127.0
-            xq = torch.round(xf / xscale).clamp_(-127, 127).to(torch.int8)
-            y = torch._int_mm(xq, self.qweight_t).float().mul_(xscale).mul_(self.wscale)
-            if self.bias_f is not None:
-                y = y.add_(self.bias_f)
+            xq, xscale = quantise_tokens(x, self.in_features)
+            y = int8_product(xq, xscale, self.qweight_t, self.wscale, self.bias_f)
             self._x, self._y = x, y.to(x.dtype)
         lo, hi = self.bounds[index], self.bounds[index + 1]
         out = self._y[:, lo:hi].reshape(*x.shape[:-1], hi - lo)  # a contiguous copy: HF calls .view on it

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from offline.split import Split
+from recsys.digest import file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -45,19 +46,9 @@ def _fingerprint(data: Path | None, fmt: str | None, k_core: int, synthetic: dic
     if data is not None:
         for f in sorted(Path(data).iterdir()):
             if f.is_file():
-                files[f.name] = [f.stat().st_size, _sha256(f)]
+                files[f.name] = [f.stat().st_size, file_sha256(f)[:20]]
     return {"data": dataset_name(data), "format": fmt, "k_core": k_core,
             "synthetic": synthetic if data is None else {}, "files": files}
-
-
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:20]
 
 
 def prepare(

@@ -19,7 +19,6 @@ items are removed by the caller (``recall.channels.merge_channels``).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import math
 import os
@@ -29,6 +28,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+
+from recsys.digest import file_sha256
 
 IndexKind = Literal["flat", "ivf", "hnsw"]
 INDEX_FILE = "index.faiss"
@@ -207,7 +208,7 @@ class ItemIndex:
                 "d": self.dim,
                 "params": self.params,
                 "build_s": round(self.build_s, 3),
-                "sha256": _sha256(tmp_index),
+                "sha256": file_sha256(tmp_index),
             }
             tmp_meta.write_text(json.dumps(meta, indent=2))
             os.replace(tmp_index, directory / INDEX_FILE)
@@ -231,7 +232,7 @@ class ItemIndex:
             raise IndexArtifactError(f"index meta {meta_path} is corrupt: {e}") from e
         if kind not in _FAISS_CLASS:
             raise IndexArtifactError(f"index meta {meta_path} names unknown kind {kind!r}")
-        if meta.get("sha256") != _sha256(index_path):
+        if meta.get("sha256") != file_sha256(index_path):
             raise IndexArtifactError(f"index file {index_path} does not match the sha256 in {meta_path}")
         try:
             with _faiss() as faiss:
@@ -245,14 +246,6 @@ class ItemIndex:
             )
         _apply_search_params(index, kind, params)
         return cls(index, kind, params, build_s=float(meta.get("build_s", 0.0)))
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def recall_against_exact(index: ItemIndex, exact: ItemIndex, queries: np.ndarray, k: int) -> float:

@@ -139,7 +139,7 @@ def drive(
 def _send_recommend(client: httpx.Client, user: str, k: int, tag: str, t_start: float, traffic: Traffic,
                     lock: threading.Lock) -> None:
     t0 = time.monotonic()
-    path = None
+    path = ""  # set whenever kind stays None
     try:
         resp = client.post("/v1/recommend", json={"user_id": user, "k": k, "context": {"bench_run": tag}})
         kind = None if resp.status_code == 200 else f"http_{resp.status_code}"

@@ -17,7 +17,6 @@ Deliberately left out: the model (``offline.tagging.generate``), Ray (``offline.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from collections.abc import Callable, Iterator
@@ -31,6 +30,7 @@ import pandas as pd
 from offline.tagging.generate import TaggerSettings
 from offline.tagging.prompt import PROMPT_VERSION, prompt_description
 from offline.tagging.schema import schema_hash
+from recsys.digest import file_sha256
 
 TAG_COLUMNS = ("item_idx", "item_id", "genres", "audience", "risk_flags", "themes", "summary", "fallback",
                "reason", "raw", "attempts", "new_tokens")
@@ -123,7 +123,7 @@ def write_part(job: TagJob, chunk: int, results: list[dict[str, Any]]) -> None:
 
 
 def write_manifest(job: TagJob) -> dict[str, Any]:
-    chunks = {p.stem: {"sha256": _sha256(p)} for p in sorted(job.parts.glob("chunk-*.parquet"))}
+    chunks = {p.stem: {"sha256": file_sha256(p)} for p in sorted(job.parts.glob("chunk-*.parquet"))}
     manifest = {"version": job.version, "n_items": len(job.items), "n_chunks": job.n_chunks, "chunks": chunks}
     tmp = Path(job.out_dir) / ".manifest.json.tmp"
     tmp.write_text(json.dumps(manifest, indent=2))
@@ -179,7 +179,3 @@ def _atomic(path: Path, write: Callable[[Any], Any]) -> None:
     with tmp.open("wb") as fh:  # file handles: np.save would append ".npy" to a bare tmp path
         write(fh)
     tmp.replace(path)
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()

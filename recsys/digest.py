@@ -1,0 +1,20 @@
+"""Content digests of files, the one place artifacts and inputs are fingerprinted.
+
+Used for faiss index integrity (``recall.index``), the split's source fingerprint
+(``offline.jobs``), tagging chunk manifests (``offline.tagging.job``) and the inputs of the
+tag-feature coarse model (``coarse_rank.with_tags``). Callers shorten the hex digest as they need.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+
+def file_sha256(path: Path | str) -> str:
+    """Hex SHA-256 of a file's bytes, read in 4 MiB blocks (large files never sit in memory)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
