@@ -22,6 +22,12 @@ negative. Where the positives come from (``AdaptConfig.positives``):
   ML-100K: valid NDCG@10 0.1036 against coarse 0.1153, fusion weight tuned to 0). Listwise
   candidates are therefore shuffled for this source.
 
+``residual`` (listwise): the loss is taken on ``letters + beta * z(coarse score)`` instead of the
+letters alone, ``beta`` starting from the fit of the coarse order alone (``fit_prior_beta``) and
+learnt with the adapter. The LLM then spends its few hundred steps on what the coarse order
+gets wrong instead of first re-learning that order from the letter positions; the stage serves
+the same sum (``LLMRerankStage.residual_beta``, read from ``train_meta.json``).
+
 ``keep_candidate_order`` overrides the per-source default. Prompts are built by
 ``LLMRerankStage.build_prompt`` so training and serving match exactly. Checkpoints (adapter +
 optimizer + step) land in ``<artifact_dir>/llm/checkpoints`` and a rerun resumes from the last
@@ -54,6 +60,24 @@ class Example:
     history: np.ndarray
     candidates: np.ndarray
     target: int
+    prior: np.ndarray | None = None  # z-scored incoming-stage scores of ``candidates`` (residual training)
+
+
+def zscore(scores: np.ndarray) -> np.ndarray:
+    """Per-request standardised scores (float32; NaN -> the lowest score; constant -> zeros).
+
+    The residual term of listwise training and serving (``AdaptConfig.residual``): it makes the
+    coarse margin comparable across requests whatever its scale.
+    """
+    s = np.asarray(scores, dtype=np.float64)
+    if len(s) == 0:
+        return s.astype(np.float32)
+    finite = np.isfinite(s)
+    if not finite.any():
+        return np.zeros(len(s), dtype=np.float32)
+    s = np.where(finite, s, s[finite].min())
+    std = s.std()
+    return ((s - s.mean()) / std if std > 1e-12 else np.zeros_like(s)).astype(np.float32)
 
 
 def user_request(split: Any, user_idx: int, history: np.ndarray, k: int) -> Request:
@@ -95,7 +119,8 @@ def build_examples(split: Any, candidate_stage: Stage, *, n_users: int, n_candid
             seq = split.train_sequences[int(u)]
             history, positive = seq[:-1], int(seq[-1])
         request = user_request(split, int(u), history, k=n_candidates)
-        found = candidate_stage.run(request, Candidates.empty()).items
+        got = candidate_stage.run(request, Candidates.empty())
+        found = got.items
         negatives = [int(i) for i in found if int(i) != positive][: n_candidates - 1]
         if not negatives:
             continue
@@ -109,12 +134,37 @@ def build_examples(split: Any, candidate_stage: Stage, *, n_users: int, n_candid
             cands = cands[:target] + [positive] + cands[target:]
         else:
             cands, target = [positive] + negatives, 0
-        examples.append(Example(int(u), history, np.asarray(cands, dtype=np.int64), target))
+        examples.append(Example(int(u), history, np.asarray(cands, dtype=np.int64), target,
+                                _prior(got, ranked, cands, target) if listwise else None))
     return examples
 
 
-def example_loss(stage: Any, model: Any, examples: list[Example], split: Any, listwise: bool) -> Any:
-    """Mean loss of a batch of examples (listwise CE over letters / pointwise BCE on Yes-No)."""
+def _prior(got: Candidates, ranked: list[int], cands: list[int], target: int) -> np.ndarray:
+    """``zscore`` of the candidate stage's score of each of ``cands`` (residual training).
+
+    A positive the stage did not rank among ``ranked`` was inserted at a random slot ``target``;
+    it gets the score the stage gave that slot, so its prior follows its position like every
+    other candidate's. Its own (low, or absent) score would single it out: measured on ML-100K,
+    that made the prior anti-predictive (the fitted weight went negative), a lesson the serving
+    side could never use.
+    """
+    col = got.scores.get(got.order_by) if got.order_by else None
+    if col is None or len(col) == 0:
+        return np.zeros(len(cands), dtype=np.float32)
+    score = dict(zip(got.items.tolist(), np.asarray(col, dtype=np.float64).tolist(), strict=True))
+    raw = [score.get(i, np.nan) for i in cands]
+    if cands[target] not in ranked:
+        raw[target] = score.get(ranked[min(target, len(ranked) - 1)], np.nan)
+    return zscore(np.array(raw))
+
+
+def example_loss(stage: Any, model: Any, examples: list[Example], split: Any, listwise: bool,
+                 beta: Any = None) -> Any:
+    """Mean loss of a batch of examples (listwise CE over letters / pointwise BCE on Yes-No).
+
+    ``beta`` (a scalar tensor, residual training): the listwise logits are
+    ``letters + beta * example.prior``, so the LLM learns a correction of the coarse order.
+    """
     import torch
     import torch.nn.functional as F
 
@@ -128,6 +178,10 @@ def example_loss(stage: Any, model: Any, examples: list[Example], split: Any, li
         logits = answer_logits(model, [parts.prefix + s for s in parts.suffixes], pad)
         if listwise:
             letters = logits[0, prompts.letter_ids[: len(ex.candidates)]]
+            if beta is not None:
+                if ex.prior is None:
+                    raise ValueError("residual training needs examples with a prior (listwise build_examples)")
+                letters = letters + beta * torch.as_tensor(ex.prior, dtype=letters.dtype)
             losses.append(F.cross_entropy(letters.unsqueeze(0), torch.tensor([ex.target])))
         else:
             yes, no = prompts.yes_no
@@ -153,6 +207,8 @@ def train_llm(split: Any, candidate_stage: Stage, settings: Any, artifact_dir: P
     cfg = adapt or settings.llm.adapt
     llm_cfg = settings.llm
     listwise = llm_cfg.scoring == "listwise"
+    if cfg.residual and not listwise:
+        raise ValueError("llm.adapt.residual needs llm.scoring 'listwise' (it corrects the letter logits)")
     out_dir = Path(artifact_dir) / "llm"
     ckpt_dir = out_dir / "checkpoints"
     t0 = time.perf_counter()
@@ -169,33 +225,65 @@ def train_llm(split: Any, candidate_stage: Stage, settings: Any, artifact_dir: P
                       lora_dropout=cfg.lora_dropout, target_modules=list(cfg.target_modules))
     model = get_peft_model(model, lora)
     model.train()
-    optim = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
-                              weight_decay=cfg.weight_decay)
-    start = _resume(ckpt_dir, model, optim)
+    prior_fit = fit_prior_beta(examples) if cfg.residual else None
+    beta = torch.nn.Parameter(torch.tensor(prior_fit["beta"])) if prior_fit else None
+    groups: list[dict[str, Any]] = [{"params": [p for p in model.parameters() if p.requires_grad]}]
+    if beta is not None:  # one scalar: a faster rate than the adapter's, no decay
+        groups.append({"params": [beta], "lr": BETA_LR, "weight_decay": 0.0})
+    optim = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    start = _resume(ckpt_dir, model, optim, beta)
     losses: list[float] = []
     bar = tqdm(range(start, len(schedule)), desc="llm adapt", disable=not progress, initial=start,
                total=len(schedule))
+    if prior_fit is not None:
+        bar.write(f"coarse order alone: loss {prior_fit['loss']:.3f} at beta {prior_fit['beta']:.2f} "
+                  f"(uniform {prior_fit['uniform_loss']:.3f}); the adapter has to get below it")
     for step in bar:
         torch.manual_seed(settings.seed + step)  # LoRA dropout masks reproducible across resumes
         batch = [examples[i] for i in schedule[step]]
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
-            loss = example_loss(stage, model, batch, split, listwise)
+            loss = example_loss(stage, model, batch, split, listwise, beta)
         optim.zero_grad()
         loss.backward()
         optim.step()
         losses.append(float(loss.detach()))
         bar.set_postfix(loss=f"{np.mean(losses[-10:]):.3f}")
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == len(schedule):
-            _checkpoint(ckpt_dir, model, optim, step + 1)
+            _checkpoint(ckpt_dir, model, optim, step + 1, beta)
     train_s = time.perf_counter() - t0
     merged = model.merge_and_unload()
     report = {"base": base, "scoring": llm_cfg.scoring, "examples": len(examples), "steps": len(schedule),
               "resumed_from": start, "steps_run": len(schedule) - start, "losses": losses,
               "wall_s": train_s, "adapt": cfg.model_dump(), "out_dir": str(out_dir),
+              "residual_beta": float(beta.detach()) if beta is not None else None,
+              "prior_only": prior_fit,
               "valid_users": (llm_valid_users(split.n_users, cfg.valid_share, settings.seed).tolist()
                               if cfg.positives == "valid" else [])}
     _save_merged(merged, tokenizer, out_dir, report)
     return report
+
+
+BETA_LR = 1e-2
+
+
+def fit_prior_beta(examples: list[Example]) -> dict[str, float]:
+    """The ``beta`` minimising the listwise loss of ``softmax(beta * prior)`` alone (no LLM).
+
+    Residual training starts from it, so the adapter starts from the incoming order instead of
+    having to learn it; ``loss`` is that order's own loss, the bar the LLM has to get under.
+    """
+    priors = [ex.prior for ex in examples if ex.prior is not None]
+    if not priors:
+        raise ValueError("fit_prior_beta: no example has a prior (residual training needs listwise examples)")
+    targets = [ex.target for ex in examples if ex.prior is not None]
+
+    def loss(b: float) -> float:
+        return float(np.mean([np.logaddexp.reduce(b * p) - b * p[t] for p, t in zip(priors, targets, strict=True)]))
+
+    grid = np.linspace(0.0, 8.0, 81)
+    losses = [loss(b) for b in grid]
+    best = int(np.argmin(losses))
+    return {"beta": float(grid[best]), "loss": losses[best], "uniform_loss": losses[0]}
 
 
 def _schedule(n_examples: int, cfg: AdaptConfig, seed: int) -> list[list[int]]:
@@ -208,19 +296,20 @@ def _schedule(n_examples: int, cfg: AdaptConfig, seed: int) -> list[list[int]]:
     return steps[: cfg.max_steps] if cfg.max_steps is not None else steps
 
 
-def _checkpoint(ckpt_dir: Path, model: Any, optim: Any, step: int) -> None:
+def _checkpoint(ckpt_dir: Path, model: Any, optim: Any, step: int, beta: Any = None) -> None:
     import torch
     from peft import get_peft_model_state_dict
 
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     tmp = ckpt_dir / f".step-{step:06d}.pt.tmp"
-    torch.save({"adapter": get_peft_model_state_dict(model), "optimizer": optim.state_dict(), "step": step}, tmp)
+    torch.save({"adapter": get_peft_model_state_dict(model), "optimizer": optim.state_dict(), "step": step,
+                "beta": None if beta is None else beta.detach().clone()}, tmp)
     tmp.replace(ckpt_dir / f"step-{step:06d}.pt")
     for old in sorted(ckpt_dir.glob("step-*.pt"))[:-2]:  # keep the last two
         old.unlink()
 
 
-def _resume(ckpt_dir: Path, model: Any, optim: Any) -> int:
+def _resume(ckpt_dir: Path, model: Any, optim: Any, beta: Any = None) -> int:
     """Load the latest checkpoint into ``model``/``optim``; the step to start from (0 if none)."""
     import torch
     from peft import set_peft_model_state_dict
@@ -229,8 +318,14 @@ def _resume(ckpt_dir: Path, model: Any, optim: Any) -> int:
     if not found:
         return 0
     state = torch.load(found[-1], weights_only=False)
+    if (beta is None) != (state.get("beta") is None):
+        raise ValueError(f"{found[-1]}: checkpoint and llm.adapt.residual disagree; delete {ckpt_dir} to "
+                         "start over")
     set_peft_model_state_dict(model, state["adapter"])
     optim.load_state_dict(state["optimizer"])
+    if beta is not None:
+        with torch.no_grad():
+            beta.copy_(state["beta"])
     return int(state["step"])
 
 

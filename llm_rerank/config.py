@@ -36,6 +36,10 @@ class AdaptConfig(BaseModel):
     keep_candidate_order: bool | None = Field(
         None, description="Listwise: keep the candidate stage's order (positive at its rank) or shuffle; None = "
         "keep for positives 'valid', shuffle for 'train' (whose order would teach 'answer A').")
+    residual: bool = Field(
+        False, description="Listwise: learn the LLM's letter logits as a correction of the incoming (coarse) "
+        "order: loss on letters + beta * z(coarse score), beta learned with the adapter and saved in "
+        "train_meta.json; the stage then serves letters + beta * z(coarse score).")
     epochs: int = Field(1, ge=1, le=20)
     batch_size: int = Field(4, ge=1, le=64, description="Examples per optimizer step.")
     lr: float = Field(3e-4, gt=0, le=1e-1)
@@ -96,7 +100,7 @@ class LLMConfig(BaseModel):
     )
     precision: Literal["fp32", "bf16", "int8"] = Field(
         "bf16", description="Serving weights: fp32, bf16, or int8 = SmoothQuant W8A8 (needs a calibrated model, "
-        "see llm_rerank.quant; rest of the model in bf16).")
+        "see llm_rerank.quant; rest of the model in fp32, measured faster there).")
     int8_dir: Path | None = Field(
         None, description="The SmoothQuant-calibrated model for precision int8; default <artifact_dir>/llm_w8a8.")
     smooth_alpha: float = Field(0.5, ge=0.0, le=1.0, description="SmoothQuant migration strength (Xiao et al.).")

@@ -167,18 +167,6 @@ def _set_threads(threads: int | None) -> None:
     torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
 
 
-def _timed(stage: Any, cases: Sequence[Case]) -> tuple[list[float], list[np.ndarray], int]:
-    ms, scores, tokens = [], [], 0
-    stage.score(cases[0][0], cases[0][1])  # warm-up: one-off allocations
-    for request, items, _ in cases:
-        parts = stage.build_prompt(request, items)
-        tokens += len(parts.prefix) + sum(len(s) for s in parts.suffixes)
-        t0 = time.perf_counter()
-        scores.append(stage.score(request, items))
-        ms.append((time.perf_counter() - t0) * 1000)
-    return ms, scores, tokens
-
-
 def _ranking_metrics(scores: Sequence[np.ndarray], ref: Sequence[np.ndarray], cases: Sequence[Case]) -> dict:
     from scipy.stats import spearmanr
 
@@ -200,19 +188,36 @@ def _summary(ms: Sequence[float]) -> dict[str, float]:
 
 def bench_precisions(settings: Any, artifact_dir: Path, cases: Sequence[Case], int8_dir: Path,
                      calib: Sequence[Case], alpha: float) -> dict[str, Any]:
+    """The same requests through fp32, bf16 and int8, interleaved request by request.
+
+    Each request runs once per precision, in an order rotated per request, so a slow spell of a
+    shared machine (another process, frequency changes) falls on every precision alike instead
+    of on whichever ran during it.
+    """
     calibration = ensure_calibrated(settings, artifact_dir, int8_dir, calib, alpha)
+    precisions = ("fp32", "bf16", "int8")
+    stages = {p: make_stage(settings, artifact_dir, precision=p, int8_dir=int8_dir, prefix_cache_size=0)
+              for p in precisions}
+    for stage in stages.values():
+        stage.score(cases[0][0], cases[0][1])  # warm-up: one-off allocations
+    ms: dict[str, list[float]] = {p: [] for p in precisions}
+    scores: dict[str, list[np.ndarray]] = {p: [] for p in precisions}
+    tokens = 0
+    for n, (request, items, _) in enumerate(cases):
+        parts = stages["fp32"].build_prompt(request, items)
+        tokens += len(parts.prefix) + sum(len(s) for s in parts.suffixes)
+        for p in precisions[n % 3:] + precisions[: n % 3]:
+            t0 = time.perf_counter()
+            scores[p].append(stages[p].score(request, items))
+            ms[p].append((time.perf_counter() - t0) * 1000)
     out: dict[str, Any] = {}
-    ref: list[np.ndarray] = []
-    for precision in ("fp32", "bf16", "int8"):
-        stage = make_stage(settings, artifact_dir, precision=precision, int8_dir=int8_dir, prefix_cache_size=0)
-        ms, scores, tokens = _timed(stage, cases)
-        ref = ref or scores
-        s = _summary(ms)
-        out[precision] = {"stage_ms_p50": s["p50"], "stage_ms_p99": s["p99"],
-                          "tokens_per_s": tokens / (sum(ms) / 1000), **_ranking_metrics(scores, ref, cases)}
-        del stage
+    for p in precisions:
+        s = _summary(ms[p])
+        out[p] = {"stage_ms_p50": s["p50"], "stage_ms_p99": s["p99"],
+                  "tokens_per_s": tokens / (sum(ms[p]) / 1000), **_ranking_metrics(scores[p], scores["fp32"], cases)}
     out["int8_speedup_vs_bf16"] = out["bf16"]["stage_ms_p50"] / out["int8"]["stage_ms_p50"]
     out["int8_calibration"] = {k: calibration[k] for k in ("alpha", "prompts", "tokens") if k in calibration}
+    out["int8_calibration"]["rest_dtype"] = str(stages["int8"].model.dtype).removeprefix("torch.")
     return out
 
 

@@ -88,7 +88,7 @@ class BlockPrefixCache:
             ids = torch.tensor([rest], dtype=torch.long)
             positions = torch.arange(n_cached, len(prefix)).unsqueeze(0)
             with torch.inference_mode():
-                self.model(input_ids=ids, cache=cache, position_ids=positions, use_cache=True)
+                self.model(input_ids=ids, cache=cache, position_ids=positions, use_cache=True, logits_to_keep=1)
             kv = [(getattr(layer, "keys"), getattr(layer, "values")) for layer in cache.layers]  # noqa: B009
         new = []
         for b in range(len(blocks), len(keys)):

@@ -84,11 +84,8 @@ def _pad_right(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Any, Any]:
 
 def answer_logits(model: Any, rows: Sequence[Sequence[int]], pad_id: int) -> Any:
     """Next-token logits [B, V] after each full row (no cache); differentiable (used in training)."""
-    import torch
-
     ids, last = _pad_right(rows, pad_id)
-    out = model(input_ids=ids, use_cache=False)
-    return out.logits[torch.arange(len(rows)), last].float()
+    return _last_logits(model, ids, last, use_cache=False)
 
 
 def _last_logits(model: Any, ids: Any, last: Any, **kwargs: Any) -> Any:
@@ -113,7 +110,9 @@ def run_prefix(model: Any, prefix: Sequence[int]) -> PrefixState:
     from transformers import DynamicCache
 
     cache = DynamicCache()
-    model(input_ids=torch.tensor([list(prefix)], dtype=torch.long), cache=cache, use_cache=True)
+    # logits_to_keep=1: the prefix's own logits are never read, and the LM head over every prefix
+    # token cost more than the rest of the pass in fp32 (49k vocabulary)
+    model(input_ids=torch.tensor([list(prefix)], dtype=torch.long), cache=cache, use_cache=True, logits_to_keep=1)
     kv = [(getattr(layer, "keys"), getattr(layer, "values")) for layer in cache.layers]  # noqa: B009 (union type)
     return PrefixState(kv=kv, length=len(prefix))
 
@@ -178,7 +177,9 @@ class LogitScorer:
                 # so a repeated request (same history and candidates) recomputes only its last block
                 row = list(parts.prefix) + list(parts.suffixes[0])
                 return suffix_logits(self.model, self.blocks.state(row[:-1]), [row[-1:]], self.pad_id)
-            state = self.prefix_state(parts.prefix) if use_cache else None
+            # one row and no cache to fill: a single pass over the row beats prefix pass + suffix pass
+            split = use_cache and (len(parts.suffixes) > 1 or self.cache.capacity > 0)
+            state = self.prefix_state(parts.prefix) if split else None
             chunks = []
             for start in range(0, len(parts.suffixes), self.batch_size):
                 check()

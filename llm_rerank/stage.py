@@ -53,6 +53,7 @@ class LLMRerankStage:
         self.scorer: Any = None
         self.titles: np.ndarray = np.zeros(0, dtype=object)
         self.model_location = ""
+        self.residual_beta: float | None = None  # adapted with AdaptConfig.residual: served letters + beta * z
         self._version = ""
 
     # -- loading -----------------------------------------------------------------------
@@ -71,6 +72,8 @@ class LLMRerankStage:
             location = resolve_model(self.cfg, self.artifacts_root)
         split = Split.load(artifact_dir / "split")
         titles = split.items["title"].to_numpy(dtype=object)
+        if self.cfg.use_adapted:
+            self.residual_beta = residual_beta(Path(location), adapted)
         self._version = f"{weights_digest(location)}-{PROMPT_VERSION}-{self.cfg.scoring}"
         if self.cfg.backend == "http":  # the server holds the model; only the tokenizer is needed here
             from transformers import AutoTokenizer
@@ -213,6 +216,10 @@ class LLMRerankStage:
     def run(self, request: Request, candidates: Candidates) -> Candidates:
         top = candidates.head(self.cfg.candidates)
         scores = self.score(request, top.items)
+        if self.residual_beta is not None and top.order_by in top.scores:
+            from llm_rerank.adapt import zscore
+
+            scores = scores + self.residual_beta * zscore(top.scores[top.order_by])
         return top.with_scores(self.name, scores)
 
     def _prompts(self) -> PromptBuilder:
@@ -224,3 +231,19 @@ class LLMRerankStage:
         if not 0 <= item_idx < len(self.titles):
             raise StageError(f"item_idx {item_idx} outside the catalog of {len(self.titles)} titles")
         return str(self.titles[item_idx])
+
+
+def residual_beta(*locations: Path) -> float | None:
+    """The residual weight of the first of ``locations`` whose ``train_meta.json`` has one.
+
+    A model adapted with ``llm.adapt.residual`` learnt its letter logits as a correction of the
+    incoming order, so it is served as ``letters + beta * z(incoming score)``; ``None`` = plain.
+    """
+    import json
+
+    for loc in locations:
+        meta = loc / "train_meta.json"
+        if meta.exists():
+            value = json.loads(meta.read_text()).get("residual_beta")
+            return None if value is None else float(value)
+    return None

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llm_rerank.adapt import build_examples, llm_valid_users, train_llm
+from llm_rerank.adapt import build_examples, llm_valid_users, train_llm, zscore
 from llm_rerank.stage import LLMRerankStage
 from recsys.contract import Candidates, Request
 from recsys.settings import Settings
@@ -95,6 +95,76 @@ def test_train_checkpoints_resumes_and_serves_merged_model(tmp_path: Path, scori
     out = stage.run(Request(user_id="u0", history=np.array([1, 2])), PopularityStage(split).run(
         Request(user_id="u0", k=20, history=np.array([1, 2])), _empty()))
     assert len(out) == 4 and np.isfinite(out.scores["llm"]).all()
+
+
+def test_zscore_standardises_per_request_and_handles_nan_and_constants() -> None:
+    z = zscore(np.array([3.0, 1.0, 2.0]))
+    np.testing.assert_allclose(z, [1.2247449, -1.2247449, 0.0], rtol=1e-6)
+    assert zscore(np.array([np.nan, 1.0, 3.0]))[0] == zscore(np.array([np.nan, 1.0, 3.0]))[1]  # NaN = lowest
+    assert zscore(np.array([2.0, 2.0])).tolist() == [0.0, 0.0]
+    assert zscore(np.array([np.nan, np.nan])).tolist() == [0.0, 0.0] and len(zscore(np.zeros(0))) == 0
+
+
+def test_prior_only_beta_fits_the_stage_order() -> None:
+    from llm_rerank.adapt import Example, fit_prior_beta
+
+    informative = [Example(0, np.zeros(0), np.arange(3), 0, np.array([1.0, 0.0, -1.0], dtype=np.float32))] * 4
+    fit = fit_prior_beta(informative)
+    assert fit["beta"] == 8.0 and fit["loss"] < fit["uniform_loss"] == pytest.approx(np.log(3))  # always right
+    useless = [Example(0, np.zeros(0), np.arange(3), t, np.array([1.0, 0.0, -1.0], dtype=np.float32)) for t in range(3)]
+    assert fit_prior_beta(useless)["beta"] == 0.0
+    with pytest.raises(ValueError, match="prior"):
+        fit_prior_beta([Example(0, np.zeros(0), np.arange(3), 0)])
+
+
+def test_residual_examples_carry_the_stage_prior_a_missed_positive_that_of_its_slot() -> None:
+    split = tiny_split()
+    stage = PopularityStage(split)
+    examples = build_examples(split, stage, n_users=8, n_candidates=4, listwise=True, seed=0, positives="valid")
+    missed = 0
+    for ex in examples:
+        got = stage.run(Request(user_id="u", k=4, history=ex.history), _empty())
+        ranked = got.items[:4].tolist()
+        by_item = dict(zip(got.items.tolist(), got.scores["coarse"].tolist(), strict=True))
+        raw = np.array([by_item.get(int(i), np.nan) for i in ex.candidates])
+        if int(ex.candidates[ex.target]) not in ranked:  # inserted at a random slot: that slot's score
+            missed += 1
+            raw[ex.target] = by_item[ranked[min(ex.target, len(ranked) - 1)]]
+        assert ex.prior is not None and len(ex.prior) == len(ex.candidates)
+        np.testing.assert_allclose(ex.prior, zscore(raw), rtol=1e-6)
+        assert np.all(np.diff(ex.prior) <= 1e-6)  # the prior follows the shown order, positive included
+    assert missed > 0  # the case that matters is exercised
+    pointwise = build_examples(split, stage, n_users=8, n_candidates=3, listwise=False, seed=0, positives="valid")
+    assert all(ex.prior is None for ex in pointwise)
+
+
+def test_residual_training_learns_beta_resumes_it_and_serves_letters_plus_beta_z(tmp_path: Path) -> None:
+    model_dir = save_tiny_llm(tmp_path / "tiny")
+    split = tiny_split()
+    split.save(tmp_path / "toy" / "split")
+    settings = _settings(tmp_path, str(model_dir), "listwise", residual=True, max_steps=2, lr=0.05)
+    first = train_llm(split, PopularityStage(split), settings, tmp_path / "toy", progress=False)
+    fit = first["prior_only"]
+    assert fit["loss"] <= fit["uniform_loss"] and first["residual_beta"] != fit["beta"]  # learnt from the fit
+    with pytest.raises(ValueError, match="residual"):  # a plain run cannot resume a residual checkpoint
+        train_llm(split, PopularityStage(split), _settings(tmp_path, str(model_dir), "listwise"), tmp_path / "toy",
+                  progress=False)
+    second = train_llm(split, PopularityStage(split), _settings(tmp_path, str(model_dir), "listwise", residual=True,
+                                                                lr=0.05), tmp_path / "toy", progress=False)
+    assert second["resumed_from"] == 2 and second["residual_beta"] != first["residual_beta"]
+    stage = LLMRerankStage(None, _settings(tmp_path, str(model_dir), "listwise"))
+    stage.load(tmp_path / "toy")
+    assert stage.residual_beta == pytest.approx(second["residual_beta"])
+    request = Request(user_id="u0", history=np.array([1, 2]))
+    incoming = PopularityStage(split).run(dataclasses.replace(request, k=20), _empty())
+    out = stage.run(request, incoming)
+    top = incoming.head(4)
+    expected = stage.score(request, top.items) + stage.residual_beta * zscore(top.scores["coarse"])
+    got = dict(zip(out.items.tolist(), out.scores["llm"].tolist(), strict=True))  # out is sorted by llm
+    np.testing.assert_allclose([got[int(i)] for i in top.items], expected, rtol=1e-5)
+    with pytest.raises(ValueError, match="listwise"):
+        train_llm(split, PopularityStage(split), _settings(tmp_path / "pw", str(model_dir), "pointwise",
+                                                           residual=True), tmp_path / "pw", progress=False)
 
 
 class _OtherGenreStage(PopularityStage):

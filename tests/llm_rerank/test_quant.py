@@ -11,7 +11,7 @@ import torch
 
 from llm_rerank.backbone import load_model
 from llm_rerank.prompt import PromptBuilder
-from llm_rerank.quant import METHOD, W8A8Linear, calibrate, save_calibrated
+from llm_rerank.quant import METHOD, W8A8Linear, calibrate, load_w8a8, save_calibrated
 from llm_rerank.stage import LLMRerankStage
 from recsys.config import StageSpec
 from recsys.contract import Request
@@ -54,7 +54,10 @@ def test_calibrated_model_is_equivalent_in_fp32_and_loads_as_int8(tmp_path: Path
 
     linears = [m for m in qmodel.modules() if isinstance(m, W8A8Linear | FusedSlice)]
     assert len(linears) == 2 * 7  # q k v o gate up down in each of the 2 layers
-    assert qmodel.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert qmodel.model.embed_tokens.weight.dtype == torch.float32  # the non-int8 rest stays fp32 by default
+    assert load_w8a8(str(out), rest_dtype="bf16")[0].model.embed_tokens.weight.dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="rest_dtype"):
+        load_w8a8(str(out), rest_dtype="fp16")
     with torch.inference_mode():
         qlogits = qmodel(input_ids=ids).logits.float()[0, -1]
     ref = before[0, -1]

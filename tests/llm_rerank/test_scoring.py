@@ -68,3 +68,29 @@ def test_prefix_cache_is_lru_and_reused_across_requests(tiny: tuple[LogitScorer,
             lru.put(key, object())  # type: ignore[arg-type]
     assert lru.get((2,)) is None and lru.get((1,)) is not None and lru.get((3,)) is not None
     assert len(PrefixCache(0)) == 0
+
+
+def test_lm_head_runs_only_where_logits_are_read(tiny: tuple[LogitScorer, PromptBuilder]) -> None:
+    """The prefix pass keeps no logits, and a lone row with nothing to cache is one pass (measured:
+    the LM head over every prefix token had cost the fp32/int8 stage ~190 ms per request)."""
+    scorer, builder = tiny
+    seen: list[tuple[int, int]] = []
+    hook = scorer.model.lm_head.register_forward_hook(lambda _m, args, _o: seen.append(tuple(args[0].shape[:2])))
+    try:
+        parts = builder.pointwise(ANIMATION[:2], ATTRS, ["Alien (1979)", "Psycho (1960)"])
+        scorer.cache.clear()
+        scorer.logits(parts)  # prefix pass + one suffix batch
+        assert seen == [(1, 1), (2, 1)]
+        seen.clear()
+        uncached = LogitScorer(scorer.model, scorer.pad_id, cache=PrefixCache(0))
+        passes: list[int] = []
+        pre = scorer.model.register_forward_pre_hook(lambda _m, _a, kw: passes.append(kw["input_ids"].shape[1]),
+                                                     with_kwargs=True)
+        try:
+            listwise = builder.listwise(ANIMATION[:2], ATTRS, HORROR)
+            uncached.logits(listwise)
+        finally:
+            pre.remove()
+        assert passes == [len(listwise.prefix) + len(listwise.suffixes[0])] and seen == [(1, 1)]
+    finally:
+        hook.remove()
