@@ -49,7 +49,10 @@ import numpy as np
 import pandas as pd
 
 from llm_rerank.config import AdaptConfig
+from llm_rerank.scoring import zscore
 from recsys.contract import Candidates, Request, Stage
+
+TRAIN_META = "train_meta.json"  # the adaptation report, saved beside the merged model
 
 
 @dataclass(frozen=True)
@@ -61,23 +64,6 @@ class Example:
     candidates: np.ndarray
     target: int
     prior: np.ndarray | None = None  # z-scored incoming-stage scores of ``candidates`` (residual training)
-
-
-def zscore(scores: np.ndarray) -> np.ndarray:
-    """Per-request standardised scores (float32; NaN -> the lowest score; constant -> zeros).
-
-    The residual term of listwise training and serving (``AdaptConfig.residual``): it makes the
-    coarse margin comparable across requests whatever its scale.
-    """
-    s = np.asarray(scores, dtype=np.float64)
-    if len(s) == 0:
-        return s.astype(np.float32)
-    finite = np.isfinite(s)
-    if not finite.any():
-        return np.zeros(len(s), dtype=np.float32)
-    s = np.where(finite, s, s[finite].min())
-    std = s.std()
-    return ((s - s.mean()) / std if std > 1e-12 else np.zeros_like(s)).astype(np.float32)
 
 
 def user_request(split: Any, user_idx: int, history: np.ndarray, k: int) -> Request:
@@ -272,13 +258,12 @@ def fit_prior_beta(examples: list[Example]) -> dict[str, float]:
     Residual training starts from it, so the adapter starts from the incoming order instead of
     having to learn it; ``loss`` is that order's own loss, the bar the LLM has to get under.
     """
-    priors = [ex.prior for ex in examples if ex.prior is not None]
-    if not priors:
+    pairs = [(ex.prior, ex.target) for ex in examples if ex.prior is not None]
+    if not pairs:
         raise ValueError("fit_prior_beta: no example has a prior (residual training needs listwise examples)")
-    targets = [ex.target for ex in examples if ex.prior is not None]
 
     def loss(b: float) -> float:
-        return float(np.mean([np.logaddexp.reduce(b * p) - b * p[t] for p, t in zip(priors, targets, strict=True)]))
+        return float(np.mean([np.logaddexp.reduce(b * p) - b * p[t] for p, t in pairs]))
 
     grid = np.linspace(0.0, 8.0, 81)
     losses = [loss(b) for b in grid]
@@ -335,11 +320,17 @@ def _save_merged(model: Any, tokenizer: Any, out_dir: Path, report: dict[str, An
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    (tmp / "train_meta.json").write_text(json.dumps(report, indent=2, default=str))
+    (tmp / TRAIN_META).write_text(json.dumps(report, indent=2, default=str))
     (out_dir / "config.json").unlink(missing_ok=True)
     for f in sorted(tmp.iterdir(), key=lambda p: p.name == "config.json"):
         f.replace(out_dir / f.name)
     tmp.rmdir()
+
+
+def read_train_meta(directory: Path | str) -> dict[str, Any] | None:
+    """The adaptation report saved with a merged model (``TRAIN_META``); None for any other model."""
+    path = Path(directory) / TRAIN_META
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def _missing(value: Any) -> bool:

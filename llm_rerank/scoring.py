@@ -70,6 +70,23 @@ class PrefixCache:
         return len(self._data)
 
 
+def zscore(scores: np.ndarray) -> np.ndarray:
+    """Per-request standardised scores (float32; NaN -> the lowest score; constant -> zeros).
+
+    The residual term of listwise training and serving (``AdaptConfig.residual``, ``llm_rerank.adapt``): it makes the
+    coarse margin comparable across requests whatever its scale.
+    """
+    s = np.asarray(scores, dtype=np.float64)
+    if len(s) == 0:
+        return s.astype(np.float32)
+    finite = np.isfinite(s)
+    if not finite.any():
+        return np.zeros(len(s), dtype=np.float32)
+    s = np.where(finite, s, s[finite].min())
+    std = s.std()
+    return ((s - s.mean()) / std if std > 1e-12 else np.zeros_like(s)).astype(np.float32)
+
+
 def _pad_right(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Any, Any]:
     """(LongTensor [B, T] right-padded, LongTensor [B] index of each row's last real token)."""
     import torch

@@ -217,7 +217,7 @@ class LLMRerankStage:
         top = candidates.head(self.cfg.candidates)
         scores = self.score(request, top.items)
         if self.residual_beta is not None and top.order_by in top.scores:
-            from llm_rerank.adapt import zscore
+            from llm_rerank.scoring import zscore
 
             scores = scores + self.residual_beta * zscore(top.scores[top.order_by])
         return top.with_scores(self.name, scores)
@@ -234,16 +234,16 @@ class LLMRerankStage:
 
 
 def residual_beta(*locations: Path) -> float | None:
-    """The residual weight of the first of ``locations`` whose ``train_meta.json`` has one.
+    """The residual weight of the first of ``locations`` with an adaptation report.
 
     A model adapted with ``llm.adapt.residual`` learnt its letter logits as a correction of the
     incoming order, so it is served as ``letters + beta * z(incoming score)``; ``None`` = plain.
     """
-    import json
+    from llm_rerank.adapt import read_train_meta
 
     for loc in locations:
-        meta = loc / "train_meta.json"
-        if meta.exists():
-            value = json.loads(meta.read_text()).get("residual_beta")
+        meta = read_train_meta(loc)
+        if meta is not None:
+            value = meta.get("residual_beta")
             return None if value is None else float(value)
     return None

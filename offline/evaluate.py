@@ -197,13 +197,14 @@ def tune_fusion(settings: Any, artifact_dir: Path, split: Split, *, progress: bo
 
 def llm_trained_users(pipeline: Any) -> set[int]:
     """Users whose valid item trained the served LLM (``valid_users`` in its ``train_meta.json``)."""
-    import json
+    from llm_rerank.adapt import read_train_meta
 
     held: set[int] = set()
     for spec, stage in pipeline.stages:
-        meta = Path(getattr(stage, "model_location", "") or "/nonexistent") / "train_meta.json"
-        if spec.kind == "llm" and spec.enabled and meta.is_file():
-            held.update(int(u) for u in json.loads(meta.read_text()).get("valid_users", []))
+        location = getattr(stage, "model_location", "")
+        meta = read_train_meta(location) if spec.kind == "llm" and spec.enabled and location else None
+        if meta is not None:
+            held.update(int(u) for u in meta.get("valid_users", []))
     return held
 
 
