@@ -37,11 +37,26 @@ Case = tuple[Request, np.ndarray, int]  # request, candidate item_idx (coarse or
 def bench_requests(split: Any, artifact_dir: Path, settings: Any, n: int, candidates: int, seed: int,
                    phase: str = "valid") -> tuple[list[Case], str]:
     """``n`` validation users with their coarse (or popularity) candidates; returns (cases, source)."""
-    from llm_rerank.adapt import user_request
-
     rng = np.random.default_rng(seed)
     users = rng.choice(split.n_users, size=min(n, split.n_users), replace=False)
     targets = split.targets(phase)
+    candidates_for, source = candidate_source(split, artifact_dir, settings, phase)
+    cases = []
+    for u in users:
+        request, items = candidates_for(int(u), split.history(int(u), phase))
+        cases.append((dataclasses.replace(request, k=candidates), np.asarray(items[:candidates]), int(targets[u])))
+    return cases, source
+
+
+def candidate_source(split: Any, artifact_dir: Path, settings: Any, phase: str = "valid"
+                     ) -> tuple[Callable[[int, np.ndarray], tuple[Request, np.ndarray]], str]:
+    """(``f(user_idx, history) -> (request, candidate items in order)``, where they come from).
+
+    The recall -> coarse cut of the configured pipeline when ``<artifact_dir>/coarse`` exists,
+    else the most popular items outside the history; the request excludes the history.
+    """
+    from llm_rerank.adapt import user_request
+
     pipeline, source = None, "popularity"
     if (artifact_dir / "coarse").exists():
         from recsys.registry import build_pipeline
@@ -53,16 +68,14 @@ def bench_requests(split: Any, artifact_dir: Path, settings: Any, n: int, candid
             log.warning("recall/coarse pipeline unavailable (%s); popularity candidates instead", exc)
             source = f"popularity (coarse pipeline failed: {type(exc).__name__}: {exc})"
     by_pop = np.argsort(-split.item_popularity(phase), kind="stable")
-    cases = []
-    for u in users:
-        history = split.history(int(u), phase)
-        request = dataclasses.replace(user_request(split, int(u), history, 50), exclude=history)
+
+    def candidates_for(user_idx: int, history: np.ndarray) -> tuple[Request, np.ndarray]:
+        request = dataclasses.replace(user_request(split, user_idx, history, 50), exclude=history)
         if pipeline is not None:
-            items = pipeline.run(request, until="coarse").candidates.items
-        else:
-            items = by_pop[~np.isin(by_pop, history)]
-        cases.append((dataclasses.replace(request, k=candidates), np.asarray(items[:candidates]), int(targets[u])))
-    return cases, source
+            return request, pipeline.run(request, until="coarse").candidates.items
+        return request, by_pop[~np.isin(by_pop, history)]
+
+    return candidates_for, source
 
 
 def make_stage(settings: Any, artifact_dir: Path, **llm: Any) -> Any:

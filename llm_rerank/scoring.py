@@ -148,6 +148,22 @@ def suffix_logits(model: Any, state: PrefixState, suffixes: Sequence[Sequence[in
     return _last_logits(model, ids, last, cache=cache, position_ids=position_ids, use_cache=True)
 
 
+def suffix_states(model: Any, state: PrefixState, suffixes: Sequence[Sequence[int]], pad_id: int) -> Any:
+    """Final hidden states [B, H] (after the last norm: what the LM head reads) at the last token of
+    each suffix, continuing the cached prefix (``llm_rerank.probe``); the logits are
+    ``model.get_output_embeddings()`` of them."""
+    import torch
+    from transformers import DynamicCache
+
+    ids, last = _pad_right(suffixes, pad_id)
+    batch = len(suffixes)
+    cache = DynamicCache(ddp_cache_data=[(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1))
+                                         for k, v in state.kv])
+    position_ids = torch.arange(state.length, state.length + ids.shape[1]).unsqueeze(0).expand(batch, -1)
+    out = model.get_decoder()(input_ids=ids, cache=cache, position_ids=position_ids, use_cache=True)
+    return out.last_hidden_state[torch.arange(batch), last]
+
+
 def pointwise_from_logits(logits: Any, yes_id: int, no_id: int) -> np.ndarray:
     """P(Yes) / (P(Yes) + P(No)) = sigmoid(logit_yes - logit_no)."""
     import torch

@@ -52,10 +52,7 @@ def bench_serve(
                f"{llm_share!r}")
     if not levels or min(levels) < 1 or not shares or not all(0.0 <= s <= 1.0 for s in shares):
         c.fail(f"--concurrency values must be >= 1 and --llm-share values in [0, 1]; got {levels}, {shares}")
-    settings = c.load_settings(config)
-    art = c.artifact_dir(settings, data, artifacts)
-    if not (art / "split").exists():
-        c.fail(f"{art}: no trained artifacts here; run `recsys train --data ...` first")
+    settings, art = c.trained(config, data, artifacts)
     split = Split.load(art / "split")
     users = [str(u) for u in split.vocab.user_ids]
     items = [str(i) for i in split.vocab.item_ids]

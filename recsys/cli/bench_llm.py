@@ -1,4 +1,5 @@
-"""``recsys bench llm``: LLM stage precision (fp32/bf16/int8), prefix KV cache, dynamic batching."""
+"""``recsys bench llm``: LLM stage precision (fp32/bf16/int8), prefix KV cache, dynamic batching;
+``recsys bench llm-probe``: does the backbone carry ranking signal at all (``llm_rerank.probe``)."""
 
 from __future__ import annotations
 
@@ -32,10 +33,7 @@ def bench_llm(
     unknown = set(chosen) - {"precision", "prefix_cache", "batching"}
     if unknown or not chosen:
         c.fail(f"--sections takes precision, prefix_cache, batching; got {sections!r}")
-    settings = c.load_settings(config)
-    art = c.artifact_dir(settings, data, artifacts)
-    if not (art / "split").exists():
-        c.fail(f"{art}: no trained artifacts here; run `recsys train --data ...` first")
+    settings, art = c.trained(config, data, artifacts)
     if threads is not None:
         import torch
 
@@ -51,6 +49,33 @@ def bench_llm(
                        on_section=partial), out)
 
 
+def bench_llm_probe(
+    data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
+    model: Annotated[str | None, typer.Option(help="Backbone to probe: HF directory or hub id (default: llm.model, "
+                                                   "not the adapted one).")] = None,
+    train_users: Annotated[int, typer.Option(min=2, help="Train-split requests the probe is fitted on.")] = 800,
+    valid_users: Annotated[int | None, typer.Option(min=2, help="Valid users measured (default: all).")] = None,
+    candidates: Annotated[int | None, typer.Option(min=2, max=100, help="Top candidates per request "
+                                                                        "(default llm.candidates).")] = None,
+    c_reg: Annotated[float, typer.Option("--c", min=1e-6, help="Inverse L2 strength of the probe.")] = 0.01,
+    threads: Annotated[int | None, typer.Option(min=1, help="torch intra-op threads.")] = None,
+    out: c.OutOpt = None,
+) -> None:
+    """Linear probe of the backbone's answer-position state: held item vs the stage's other top items."""
+    from llm_rerank.probe import probe_backbone
+
+    settings, art = c.trained(config, data, artifacts)
+    if threads is not None:
+        settings = settings.model_copy(update={"llm": settings.llm.with_overrides({"threads": threads})})
+    try:
+        report = probe_backbone(settings, art, model=model, train_users=train_users, valid_users=valid_users,
+                                candidates=candidates, c=c_reg, seed=settings.seed)
+    except ValueError as exc:
+        c.fail(str(exc))
+    c.write_report(report, out)
+
+
 from recsys.cli.bench import bench_app  # noqa: E402  (bench.py imports this module at its end)
 
 bench_app.command("llm")(bench_llm)
+bench_app.command("llm-probe")(bench_llm_probe)

@@ -49,6 +49,15 @@ def artifact_dir(settings: Any, data: Path | None, explicit: Path | None) -> Pat
     return explicit if explicit is not None else Path(settings.artifacts_dir) / dataset_name(data)
 
 
+def trained(config: Path | None, data: Path | None, artifacts: Path | None) -> tuple[Any, Path]:
+    """(settings, artifact dir) for a command that needs trained artifacts; exits 2 naming the dir if absent."""
+    settings = load_settings(config)
+    art = artifact_dir(settings, data, artifacts)
+    if not (art / "split").exists():
+        fail(f"{art}: no trained artifacts here; run `recsys train --data ...` first")
+    return settings, art
+
+
 def synthetic_kwargs(data: Path | None, users: int, items: int, seed: int) -> dict[str, Any]:
     return {} if data is not None else {"n_users": users, "n_items": items, "seed": seed}
 

@@ -110,10 +110,7 @@ def serve(
     """Serve POST /v1/recommend over HTTP from trained artifacts."""
     from serving.run import serve as run_server
 
-    settings = c.load_settings(config)
-    art = c.artifact_dir(settings, data, artifacts)
-    if not (art / "split").exists():
-        c.fail(f"{art}: no trained artifacts here; run `recsys train` first")
+    settings, art = c.trained(config, data, artifacts)
     run_server(settings, art, host, port, workers)
 
 
@@ -127,10 +124,7 @@ def recommend(
     """Answer one recommendation request from the shell (same JSON as the HTTP endpoint)."""
     from serving.run import recommend_once
 
-    settings = c.load_settings(config)
-    art = c.artifact_dir(settings, data, artifacts)
-    if not (art / "split").exists():
-        c.fail(f"{art}: no trained artifacts here; run `recsys train` first")
+    settings, art = c.trained(config, data, artifacts)
     c.write_report(recommend_once(settings, art, user, k, debug), None)
 
 

@@ -28,10 +28,7 @@ def bench_soak(
     from offline.split import Split
     from serving.soak import soak
 
-    settings = c.load_settings(config)
-    art = c.artifact_dir(settings, data, artifacts)
-    if not (art / "split").exists():
-        c.fail(f"{art}: no trained artifacts here; run `recsys train --data ...` first")
+    settings, art = c.trained(config, data, artifacts)
     split = Split.load(art / "split")
     report = soak(settings, art, [str(u) for u in split.vocab.user_ids], [str(i) for i in split.vocab.item_ids],
                   concurrency=concurrency, seconds=seconds, max_requests=max_requests, window_s=window,

@@ -14,7 +14,7 @@ runner = CliRunner()
 @pytest.mark.parametrize(
     "args",
     [[], ["prepare"], ["train"], ["eval"], ["serve"], ["recommend"], ["demo"], ["bench"], ["bench", "recall"],
-     ["bench", "serve"]],
+     ["bench", "serve"], ["bench", "llm"], ["bench", "llm-probe"]],
 )
 def test_every_command_has_help(args):
     res = runner.invoke(app, [*args, "--help"])
@@ -64,6 +64,6 @@ def test_unknown_stage_and_phase_are_refused(tmp_path: Path):
 
 
 def test_serve_and_recommend_need_trained_artifacts(tmp_path: Path):
-    for args in (["serve"], ["recommend", "42"]):
+    for args in (["serve"], ["recommend", "42"], ["bench", "llm-probe"]):
         res = runner.invoke(app, [*args, "--artifacts", str(tmp_path / "none")])
         assert res.exit_code == 2 and "no trained artifacts here" in res.output
