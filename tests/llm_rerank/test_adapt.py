@@ -187,7 +187,9 @@ def _empty():  # noqa: ANN202
 @pytest.mark.skipif(
     os.environ.get("HEAVY_TESTS") != "1",
     reason="real SmolLM2 adaptation (~100 s) does not pass yet: measured 12/16 wins (needs 14) after 24 pointwise "
-    "steps, 10/16 after 40 at lr 2e-3, 8/16 listwise (issue 4); run it with HEAVY_TESTS=1 (make test-heavy)",
+    "steps (the loss only reaches the Yes base rate; also 12/16 with 5 negatives), 10/16 after 40 at lr 2e-3, "
+    "14/16 or 6/16 after 48 at lr 5e-3 depending on the run (unstable), 8/16 listwise (issue 4); run it with "
+    "HEAVY_TESTS=1 (make test-heavy)",
 )
 def test_real_smollm2_learns_genre_preference(tmp_path: Path) -> None:
     """After a few dozen LoRA steps on one-genre users, a same-genre title outranks the other genre."""
