@@ -134,8 +134,8 @@ def run_prefix(model: Any, prefix: Sequence[int]) -> PrefixState:
     return PrefixState(kv=kv, length=len(prefix))
 
 
-def suffix_logits(model: Any, state: PrefixState, suffixes: Sequence[Sequence[int]], pad_id: int) -> Any:
-    """Next-token logits [B, V] after each suffix, continuing the cached prefix."""
+def _continuation(state: PrefixState, suffixes: Sequence[Sequence[int]], pad_id: int) -> tuple[Any, Any, dict]:
+    """(ids [B, T] right-padded, last real index per row, model kwargs continuing ``state``'s prefix)."""
     import torch
     from transformers import DynamicCache
 
@@ -145,7 +145,13 @@ def suffix_logits(model: Any, state: PrefixState, suffixes: Sequence[Sequence[in
     cache = DynamicCache(ddp_cache_data=[(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1))
                                          for k, v in state.kv])
     position_ids = torch.arange(state.length, state.length + ids.shape[1]).unsqueeze(0).expand(batch, -1)
-    return _last_logits(model, ids, last, cache=cache, position_ids=position_ids, use_cache=True)
+    return ids, last, {"cache": cache, "position_ids": position_ids, "use_cache": True}
+
+
+def suffix_logits(model: Any, state: PrefixState, suffixes: Sequence[Sequence[int]], pad_id: int) -> Any:
+    """Next-token logits [B, V] after each suffix, continuing the cached prefix."""
+    ids, last, kwargs = _continuation(state, suffixes, pad_id)
+    return _last_logits(model, ids, last, **kwargs)
 
 
 def suffix_states(model: Any, state: PrefixState, suffixes: Sequence[Sequence[int]], pad_id: int) -> Any:
@@ -153,15 +159,10 @@ def suffix_states(model: Any, state: PrefixState, suffixes: Sequence[Sequence[in
     each suffix, continuing the cached prefix (``llm_rerank.probe``); the logits are
     ``model.get_output_embeddings()`` of them."""
     import torch
-    from transformers import DynamicCache
 
-    ids, last = _pad_right(suffixes, pad_id)
-    batch = len(suffixes)
-    cache = DynamicCache(ddp_cache_data=[(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1))
-                                         for k, v in state.kv])
-    position_ids = torch.arange(state.length, state.length + ids.shape[1]).unsqueeze(0).expand(batch, -1)
-    out = model.get_decoder()(input_ids=ids, cache=cache, position_ids=position_ids, use_cache=True)
-    return out.last_hidden_state[torch.arange(batch), last]
+    ids, last, kwargs = _continuation(state, suffixes, pad_id)
+    out = model.get_decoder()(input_ids=ids, **kwargs)
+    return out.last_hidden_state[torch.arange(ids.shape[0]), last]
 
 
 def pointwise_from_logits(logits: Any, yes_id: int, no_id: int) -> np.ndarray:
