@@ -12,7 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from llm_rerank.template import PromptTemplate, parse_prompt_document
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -120,6 +122,15 @@ class LLMConfig(BaseModel):
     prefix_cache_size: int = Field(32, ge=0, le=10_000, description="User prefixes kept (LRU); 0 disables.")
     threads: int | None = Field(None, ge=1, le=256, description="torch intra-op threads; None keeps torch's.")
     adapt: AdaptConfig = Field(default_factory=AdaptConfig)
+    prompt: PromptTemplate | None = Field(
+        None, description="Prompt document served from start-up (same schema as PUT /admin/prompts, "
+        "llm_rerank.template); None: the built-in prompt. A published prompt version replaces it.")
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_document(cls, value: Any) -> Any:
+        # the document's own parser, so a bad key reads the same as from PUT /admin/prompts
+        return None if value is None else parse_prompt_document(value, "llm.prompt")
 
     @model_validator(mode="after")
     def _listwise_fits_letters(self) -> LLMConfig:

@@ -10,6 +10,12 @@ calibrated ``int8_dir``), ``kv.enabled`` (two-tier block prefix cache, ``llm_rer
 ``batching.enabled`` (concurrent requests share forward passes, ``llm_rerank.batching``) and
 ``backend: http`` (an OpenAI-compatible server: vLLM or ``llm_rerank.server``; ``llm_rerank.remote``).
 
+The prompt's instruction and questions come from a ``llm_rerank.template.PromptTemplate``:
+``llm.prompt`` at start-up, then whatever ``set_prompt_template`` installs (``PUT /admin/prompts``
+through ``serving.hot_reload.PromptApplier``). The swap is one assignment of a new
+``PromptBuilder``, so a request in flight finishes on the prompt it started with; the stage
+version names the template (``p1`` = built-in, ``p1.<digest>`` otherwise).
+
 It never hangs a request: ``request.remaining_s()`` is checked before the prefix and
 between batches and a ``StageError`` is raised once it runs out; the pipeline then serves
 the previous (coarse) order as a fallback.
@@ -28,6 +34,7 @@ import numpy as np
 
 from llm_rerank.config import LLMConfig
 from llm_rerank.prompt import PROMPT_VERSION, PromptBuilder, PromptParts
+from llm_rerank.template import DEFAULT, PromptTemplate, parse_prompt_document
 from recsys.contract import Candidates, Request, StageError
 
 log = logging.getLogger(__name__)
@@ -54,7 +61,8 @@ class LLMRerankStage:
         self.titles: np.ndarray = np.zeros(0, dtype=object)
         self.model_location = ""
         self.residual_beta: float | None = None  # adapted with AdaptConfig.residual: served letters + beta * z
-        self._version = ""
+        self.template: PromptTemplate = self.cfg.prompt or DEFAULT
+        self._weights = ""  # weights digest of the loaded model
 
     # -- loading -----------------------------------------------------------------------
     def load(self, artifact_dir: Any) -> None:
@@ -74,7 +82,7 @@ class LLMRerankStage:
         titles = split.items["title"].to_numpy(dtype=object)
         if self.cfg.use_adapted:
             self.residual_beta = residual_beta(Path(location), adapted)
-        self._version = f"{weights_digest(location)}-{PROMPT_VERSION}-{self.cfg.scoring}"
+        self._weights = weights_digest(location)
         if self.cfg.backend == "http":  # the server holds the model; only the tokenizer is needed here
             from transformers import AutoTokenizer
 
@@ -92,13 +100,13 @@ class LLMRerankStage:
         from llm_rerank.scoring import LogitScorer, PrefixCache
 
         self.model = model
-        self.prompts = PromptBuilder(tokenizer, domain=self.cfg.domain, title_chars=self.cfg.title_chars)
+        self.prompts = PromptBuilder(tokenizer, domain=self.cfg.domain, title_chars=self.cfg.title_chars,
+                                     template=self.template)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.scorer = LogitScorer(model, int(pad or 0), batch_size=self.cfg.batch_size,
                                   cache=PrefixCache(self.cfg.prefix_cache_size))
         self.titles = np.asarray(titles, dtype=object)
-        if not self._version:
-            self._version = f"unversioned-{PROMPT_VERSION}-{self.cfg.scoring}"
+        self._weights = self._weights or "unversioned"
         if model is not None and self.cfg.kv.enabled:
             self.blocks = self._block_cache(model)
             self.scorer.blocks = self.blocks
@@ -123,7 +131,10 @@ class LLMRerankStage:
             except ValueError as exc:
                 log.warning("LLM KV tier 2 off: %s", exc)
         return BlockPrefixCache.build(model, block_tokens=kv.block_tokens, tier1_bytes=kv.tier1_bytes,
-                                      namespace=f"{self._version}|{self.cfg.precision}", redis_client=client,
+                                      # blocks are keyed by token ids, which hold the instruction: KV of
+                                      # equal tokens is equal under any template, so it is not in the key
+                                      namespace=f"{self._weights}-{PROMPT_VERSION}|{self.cfg.precision}",
+                                      redis_client=client,
                                       kv_dtype=kv.kv_dtype, prefix=kv.tier2_prefix, ttl_s=kv.tier2_ttl_s,
                                       max_entries=kv.tier2_max_entries)
 
@@ -154,11 +165,23 @@ class LLMRerankStage:
             self.batcher = None
 
     def version(self) -> str:
-        return self._version or "not-loaded"
+        if not self._weights:
+            return "not-loaded"
+        prompt = PROMPT_VERSION if self.template.is_default() else f"{PROMPT_VERSION}.{self.template.digest()}"
+        return f"{self._weights}-{prompt}-{self.cfg.scoring}"
+
+    def set_prompt_template(self, template: PromptTemplate | dict[str, Any]) -> None:
+        """Serve ``template`` from the next request on (called by ``serving.hot_reload.PromptApplier``,
+        on its watcher thread or an admin request's, with a document it validated)."""
+        template = parse_prompt_document(template, f"stage {self.name!r} prompt")
+        if self.prompts is not None:
+            self.prompts = self.prompts.with_template(template)  # built first, then one assignment
+        self.template = template
 
     # -- serving -----------------------------------------------------------------------
-    def build_prompt(self, request: Request, item_idx: np.ndarray) -> PromptParts:
-        prompts = self._prompts()
+    def build_prompt(self, request: Request, item_idx: np.ndarray,
+                     prompts: PromptBuilder | None = None) -> PromptParts:
+        prompts = prompts or self._prompts()
         n_hist = self.cfg.history_items
         recent = request.history[-n_hist:] if n_hist > 0 else request.history[:0]
         hist = [self._title(int(i)) for i in recent]
@@ -172,7 +195,8 @@ class LLMRerankStage:
 
         if len(item_idx) == 0:
             return np.zeros(0, dtype=np.float32)
-        parts = self.build_prompt(request, item_idx)
+        prompts = self._prompts()  # one builder for the whole request, even if a new template lands meanwhile
+        parts = self.build_prompt(request, item_idx, prompts)
 
         def check() -> None:
             left = request.remaining_s()
@@ -180,14 +204,14 @@ class LLMRerankStage:
                 raise StageError(f"stage {self.name!r}: request deadline reached ({left * 1000:.0f} ms left)")
 
         if self.remote is not None:
-            return self._score_remote(parts, len(item_idx), request)
+            return self._score_remote(parts, len(item_idx), request, prompts)
         if self.batcher is not None:
             logits = self._batched_logits(parts, request)
         else:
             logits = self.scorer.logits(parts, check=check)
         if self.cfg.scoring == "listwise":
-            return listwise_from_logits(logits, self._prompts().letter_ids, len(item_idx))
-        return pointwise_from_logits(logits, *self._prompts().yes_no)
+            return listwise_from_logits(logits, prompts.letter_ids, len(item_idx))
+        return pointwise_from_logits(logits, *prompts.yes_no)
 
     def _batched_logits(self, parts: PromptParts, request: Request) -> Any:
         import concurrent.futures
@@ -203,15 +227,15 @@ class LLMRerankStage:
             future.cancel()
             raise StageError(f"stage {self.name!r}: request deadline reached while batched") from None
 
-    def _score_remote(self, parts: PromptParts, n: int, request: Request) -> np.ndarray:
+    def _score_remote(self, parts: PromptParts, n: int, request: Request, prompts: PromptBuilder) -> np.ndarray:
         left = request.remaining_s()
         if left <= 0:
             raise StageError(f"stage {self.name!r}: request deadline reached before the LLM call")
         timeout = min(self.cfg.http_timeout_s, left)
         rows = [parts.prefix + s for s in parts.suffixes]
         if self.cfg.scoring == "listwise":
-            return self.remote.listwise_scores(rows[0], self._prompts().letter_ids, n, timeout)
-        return self.remote.pointwise_scores(rows, *self._prompts().yes_no, timeout)
+            return self.remote.listwise_scores(rows[0], prompts.letter_ids, n, timeout)
+        return self.remote.pointwise_scores(rows, *prompts.yes_no, timeout)
 
     def run(self, request: Request, candidates: Candidates) -> Candidates:
         top = candidates.head(self.cfg.candidates)

@@ -44,6 +44,8 @@ def run_cascade(pipeline: Any, split: Split, phase: Phase, progress: bool = True
     ms: dict[str, list[float]] = {}
     status: dict[str, dict[str, int]] = {}
     total_ms = np.zeros(n)
+    served = np.zeros(n, dtype=np.int64)  # items in each user's final list
+    short_reasons: dict[str, int] = {}
     for req in tqdm(requests_for(split, phase), desc=f"eval {phase}", disable=not progress, unit="user"):
         u = req.user_idx
         assert u is not None
@@ -66,7 +68,20 @@ def run_cascade(pipeline: Any, split: Split, phase: Phase, progress: bool = True
                 tops[t.name][u, : len(top)] = top
         final = res.candidates.items[:K]
         tops["final"][u, : len(final)] = final
-    return {"tops": tops, "candidates": cands, "kept": kept, "stage_ms": ms, "status": status, "total_ms": total_ms}
+        served[u] = len(final)
+        if res.short_reason:
+            short_reasons[res.short_reason] = short_reasons.get(res.short_reason, 0) + 1
+    return {"tops": tops, "candidates": cands, "kept": kept, "stage_ms": ms, "status": status, "total_ms": total_ms,
+            "served": served, "short_reasons": short_reasons}
+
+
+def list_completeness(run: dict, k: int = K) -> dict[str, Any]:
+    """How many users got an empty or short final list (fewer than ``k`` items), and why."""
+    served = run["served"]
+    n = len(served)
+    empty, short = int((served == 0).sum()), int(((served > 0) & (served < k)).sum())
+    return {"k": k, "users": n, "empty": empty, "short": short, "complete": n - empty - short,
+            "empty_share": round(empty / n, 5) if n else 0.0, "short_reasons": run["short_reasons"]}
 
 
 def _pct(values: list[float] | np.ndarray) -> dict[str, float]:
@@ -88,7 +103,7 @@ def evaluate_pipeline(
     from recsys.registry import build_pipeline
 
     t0 = time.perf_counter()
-    pipeline = build_pipeline(settings, artifact_dir)
+    pipeline = memoised(build_pipeline(settings, artifact_dir))  # policy passes replay the scorers
     load_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     run = run_cascade(pipeline, split, phase, progress)
@@ -119,6 +134,9 @@ def evaluate_pipeline(
     report_extra: dict[str, Any] = {}
     if "llm" in ran:
         report_extra["llm_cost"] = llm_cost(pipeline, split, phase, run, depths.get("llm"))
+    t2 = time.perf_counter()
+    costs = policy_costs(pipeline, split, phase, per_user, n_boot=n_boot, seed=settings.seed)
+    report_extra["policy_s"] = round(time.perf_counter() - t2, 2)
     return {
         **report_extra,
         "dataset": split.name,
@@ -130,12 +148,122 @@ def evaluate_pipeline(
         "coverage": {name: round(coverage(run["tops"][name], split.n_items, K), 5)
                      for name in per_user if name != "popularity"},
         "deltas": deltas,
+        "lists": list_completeness(run),
+        "policy_costs": costs,
         "stage_status": run["status"],
         "versions": pipeline.versions(),
         "timings": {"load_s": round(load_s, 2), "eval_s": round(eval_s, 2),
                     "request_ms": _pct(run["total_ms"]),
-                    "stage_ms": {name: _pct(v) for name, v in run["stage_ms"].items()}},
+                    "stage_ms": {name: _pct(v) for name, v in run["stage_ms"].items()},
+                    "policy_s": report_extra.pop("policy_s")},
     }
+
+
+class _Replay:
+    """Wraps a scoring stage so a second pass over the same requests replays its first answer.
+
+    The policy-cost passes change only the rules and fusion, which run after the scorers, so
+    replaying recall/coarse/LLM answers (keyed by request id and incoming items) gives the
+    exact same inputs at a fraction of the cost. Everything else is the wrapped stage's.
+    """
+
+    def __init__(self, stage: Any):
+        self._stage = stage
+        self._memo: dict[tuple[str, bytes], Candidates] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stage, name)
+
+    def run(self, request: Request, candidates: Candidates) -> Candidates:
+        key = (request.request_id, candidates.items.tobytes())
+        if key not in self._memo:
+            self._memo[key] = self._stage.run(request, candidates)
+        return self._memo[key]
+
+
+def memoised(pipeline: Any) -> Any:
+    """``pipeline`` with every stage before the first policy stage wrapped in ``_Replay``."""
+    from recsys.config import POLICY_KINDS
+    from recsys.pipeline import Pipeline
+
+    stages, before_policy = [], True
+    for spec, stage in pipeline.stages:
+        before_policy = before_policy and spec.kind not in POLICY_KINDS
+        stages.append((spec, _Replay(stage) if before_policy and spec.enabled else stage))
+    return Pipeline(stages, request_budget_ms=pipeline.request_budget_ms)
+
+
+def policy_costs(pipeline: Any, split: Split, phase: Phase, per_user: dict[str, dict[str, np.ndarray]], *,
+                 n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
+    """What each rule and the fusion cost the served list, with paired bootstrap CIs.
+
+    Re-runs the cascade (scorers replayed, see ``memoised``) with one rule switched off at a
+    time, with every rule off, and with every rule off and fusion replaced by the most refined
+    scored stage's own order. ``decomposition`` splits final minus that stage's own top-10
+    exactly into rules (all of them together), fusion, and the stage order itself; the per-rule
+    deltas show which rule carries the rules' part (their sum differs from the total by the
+    rules' interaction, reported as such).
+    """
+    from offline.baselines import evaluate_rankings_per_user
+    from offline.bootstrap import paired_bootstrap
+    from recsys.config import POLICY_KINDS
+    from recsys.fusion import FUSED_STAGES, most_refined
+
+    metric = f"ndcg@{K}"
+    policies = [st for spec, st in pipeline.stages if spec.enabled and spec.kind in POLICY_KINDS]
+    fusions = [st for spec, st in pipeline.stages if spec.enabled and spec.kind == "fusion"]
+    base = per_user["final"][metric]
+    ref = most_refined([s for s in FUSED_STAGES if s in per_user])
+
+    def ci(new: np.ndarray, old: np.ndarray) -> dict[str, Any]:
+        """Mean per-user ``new - old`` with its paired bootstrap 95% CI."""
+        r = paired_bootstrap(old, new, n_boot=n_boot, seed=seed)
+        return {"mean": round(r["mean"], 5), "ci95": [round(x, 5) for x in r["ci95"]]}
+
+    def served_without(rule_ids: set[str] | None, fusion_off: bool = False) -> np.ndarray:
+        saved = [(st, st.ruleset) for st in policies]
+        saved_w = [(st, st.config) for st in fusions]
+        try:
+            for st, rs in saved:
+                keep = () if rule_ids is None else tuple(r for r in rs.rules if r.id not in rule_ids)
+                st.use(rs.model_copy(update={"rules": keep}), st.items)
+            if fusion_off:
+                for st, cfg in saved_w:
+                    st.config = cfg.model_copy(update={"weights": None})
+            run = run_cascade(pipeline, split, phase, progress=False)
+        finally:
+            for st, rs in saved:
+                st.use(rs, st.items)
+            for st, cfg in saved_w:
+                st.config = cfg
+        return evaluate_rankings_per_user(split, run["tops"]["final"], phase, K)[metric]
+
+    if not policies:
+        return {"note": "no policy stage in this pipeline"}
+    rule_ids = [r.id for r in policies[0]._active.rules] if getattr(policies[0], "_active", None) else []
+    per_rule = {}
+    for rid in rule_ids:
+        per_rule[rid] = ci(served_without({rid}), base)  # cost = what switching it off gains back
+    no_rules = served_without(None)
+    out: dict[str, Any] = {
+        "metric": metric, "served": round(float(base.mean()), 5),
+        "rules_in_force": rule_ids, "rules_skipped": dict(getattr(policies[0], "skipped", {})),
+        "per_rule": per_rule, "all_rules": ci(no_rules, base),
+        "per_rule_sum": round(sum(v["mean"] for v in per_rule.values()), 5),
+        "note": "each cost is (that variant - served): positive = the rule or fusion costs NDCG",
+    }
+    out["rules_interaction"] = round(out["all_rules"]["mean"] - out["per_rule_sum"], 5)
+    if fusions and ref is not None:
+        no_fusion = served_without(None, fusion_off=True)
+        out["fusion_vs"] = ref
+        out["fusion"] = ci(no_fusion, no_rules)
+        stage_order = ci(per_user[ref][metric], no_fusion)
+        out["decomposition"] = {
+            "final_minus_" + ref: round(float(base.mean() - per_user[ref][metric].mean()), 5),
+            "rules": -out["all_rules"]["mean"], "fusion": -out["fusion"]["mean"],
+            "stage_order": -stage_order["mean"],
+        }
+    return out
 
 
 def llm_cost(pipeline: Any, split: Split, phase: Phase, run: dict, depth: int | None,
@@ -221,7 +349,7 @@ def _significant_mixture(
     from offline.bootstrap import paired_bootstrap
     from recsys.fusion import ndcg_at_k
 
-    top = max(single, key=lambda s: single[s])
+    top = max(reversed(list(single)), key=lambda s: single[s])  # ties go to the most refined stage
     alone = {top: 1.0}
     if {s: w for s, w in grid_best.items() if w > 0} == alone:
         return grid_best, {"kept": "grid best is a single stage"}

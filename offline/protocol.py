@@ -119,6 +119,8 @@ def make_split(ds: Dataset, k_core: int = 5) -> Split:
         "min_user_interactions": user_k, "n_users_dropped_short": int(n_short),
         "n_interactions": len(order), "n_users": len(users), "n_items": len(items),
         "n_interactions_raw": len(inter),
+        # any numeric scale is accepted: every interaction counts as one positive (implicit feedback)
+        "rating_scale": [float(rating.min()), float(rating.max())] if len(rating) else None,
     }
     return Split(
         name=ds.name, vocab=Vocab.build(users["user_id"], items["item_id"]),

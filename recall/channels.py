@@ -26,6 +26,8 @@ are not comparable; the coarse ranker learns how to weigh them).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
 from recsys.contract import Candidates
@@ -57,6 +59,15 @@ class PopularityChannel:
         head = self._order[: n + len(exclude)]
         ids = head[~np.isin(head, exclude)][:n]
         return ids, self.popularity[ids]
+
+    def blocks(self, exclude: np.ndarray, size: int) -> Iterator[np.ndarray]:
+        """Every item not in ``exclude``, most popular first, ``size`` at a time (backfill)."""
+        if size < 1:
+            raise ValueError(f"size must be >= 1, got {size}")
+        exclude = np.asarray(exclude, dtype=np.int64)
+        for start in range(0, len(self._order), size):
+            block = self._order[start:start + size]
+            yield block[~np.isin(block, exclude)]
 
 
 def _clean(

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +139,13 @@ class RecallStage:
             channels, self.depth, exclude, quotas={TWO_TOWER: self.depth - n_pop, PopularityChannel.name: n_pop},
             order=self.config.merge_order,
         )
+
+    def more(self, request: Request, size: int) -> Iterator[np.ndarray]:
+        """Candidates beyond ``run``'s depth, for a list the rules left short (``recsys.pipeline``
+        backfill): the whole popularity channel, ``size`` items at a time, excluded items dropped."""
+        if self._popularity is None:
+            raise RuntimeError("RecallStage.more called before load(artifact_dir)")
+        return self._popularity.blocks(np.unique(request.excluded), size)
 
     def _known(self, history: np.ndarray) -> np.ndarray:
         h = np.asarray(history, dtype=np.int64)

@@ -26,6 +26,10 @@ STAGE_KINDS: dict[str, str] = {
     "rules_tagged": "rules.tagged:TaggedRulesStage",
 }
 
+# Policy stages decide what may be served (they remove items, never rank): the pipeline runs
+# deeper candidates through them when they leave a list short (``recsys.pipeline``).
+POLICY_KINDS: frozenset[str] = frozenset({"rules", "rules_tagged"})
+
 
 class StageSpec(BaseModel):
     """One stage of the pipeline as configured."""

@@ -15,10 +15,12 @@ failed, fell back) is left out and the remaining weights renormalise, so losing 
 shifts the ranking smoothly instead of falling off a cliff. With no weighted stage at all the
 current order is kept.
 
-Weights come from ``FusionConfig`` (``settings.fusion``), overridden by
-``artifact_dir/fusion/<stages>/weights.json`` written by ``save_weights`` after
-``tune_fusion_weights`` (grid search maximising NDCG@10 on the valid split); ``<stages>``
-is ``weights_key(settings)``, so pipelines with and without the LLM keep their own weights.
+Weights come from ``artifact_dir/fusion/<key>/weights.json`` written by ``save_weights`` after
+``tune_fusion_weights`` (grid search maximising NDCG@10 on the valid split, kept only when it
+beats the best single stage), where ``<key>`` is ``weights_key(settings)``: the scored stages
+plus a digest of the depths and rule sets they were tuned under. Without weights tuned for this
+exact pipeline, ``FusionConfig.weights`` when set, else the most refined scored stage's order
+alone (no signal, no mixture).
 
 Deliberately left out: collecting the per-user valid candidates (the evaluator does it with
 ``FusionExample.from_candidates``) and learning-to-rank fusion.
@@ -36,8 +38,9 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from recsys.config import StageSpec
+from recsys.config import POLICY_KINDS, StageSpec
 from recsys.contract import Candidates, Request
+from recsys.digest import file_sha256
 
 FUSED_STAGES = ("recall", "coarse", "llm")  # default score columns fused, in this order
 FINAL = "final"
@@ -50,9 +53,10 @@ class FusionConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    weights: dict[str, float] = Field(
-        default_factory=lambda: {"recall": 0.1, "coarse": 0.4, "llm": 0.5},
-        description="Weight per score column; only relative sizes matter.",
+    weights: dict[str, float] | None = Field(
+        default=None,
+        description="Weight per score column; only relative sizes matter. None (the default, and what serves "
+        "until weights are tuned for this exact pipeline): the most refined scored stage's order alone.",
     )
     normalisation: Normalisation = Field(default="linear", description="Rank normalisation: linear or rrf.")
     rrf_k: float = Field(default=60.0, gt=0, description="The c of reciprocal-rank normalisation (rrf only).")
@@ -64,7 +68,9 @@ class FusionConfig(BaseModel):
 
     @field_validator("weights")
     @classmethod
-    def _valid_weights(cls, value: dict[str, float]) -> dict[str, float]:
+    def _valid_weights(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is None:
+            return value
         for name, w in value.items():
             if not np.isfinite(w) or w < 0:
                 raise ValueError(f"weight of {name!r} must be a finite number >= 0, got {w}")
@@ -111,16 +117,46 @@ def fuse(
     return np.asarray(final, dtype=np.float64), used
 
 
-def weights_key(settings: Any) -> str:
-    """``+``-joined names of the enabled scored stages that run before fusion, e.g. ``recall+coarse``."""
+def most_refined(names: Sequence[str]) -> str | None:
+    """The last of ``FUSED_STAGES`` among ``names`` (``llm`` over ``coarse`` over ``recall``)."""
+    present = [s for s in FUSED_STAGES if s in names]
+    return present[-1] if present else None
+
+
+def fused_stage_names(settings: Any) -> list[str]:
+    """The enabled scored stages that run before fusion, in pipeline order."""
     names: list[str] = []
-    pipeline = getattr(settings, "pipeline", None)
-    for spec in getattr(pipeline, "stages", []):
+    for spec in getattr(getattr(settings, "pipeline", None), "stages", []):
         if spec.kind == "fusion":
             break
         if spec.enabled and spec.name in FUSED_STAGES:
             names.append(spec.name)
-    return "+".join(names) or "none"
+    return names
+
+
+def weights_key(settings: Any) -> str:
+    """Names everything tuned weights depend on: ``<stages>-<digest>``, e.g. ``recall+coarse-3f2a9c01d4e5``.
+
+    The digest covers the scored stages, every enabled stage's kind and depth, and each policy
+    stage's rule set (its file's bytes and params), so weights tuned under one rule set or
+    candidate depth are never served under another: a change gives a new key, and the next
+    ``recsys train``/``eval`` tunes for it (``offline.jobs``) while serving falls back to the
+    most refined stage's order.
+    """
+    stages = fused_stage_names(settings)
+    specs = getattr(getattr(settings, "pipeline", None), "stages", [])
+    rules_cfg = getattr(settings, "rules", None)
+    parts: list[Any] = [stages]
+    for spec in specs:
+        if not spec.enabled:
+            continue
+        part: list[Any] = [spec.name, spec.kind, spec.depth]
+        if spec.kind in POLICY_KINDS and rules_cfg is not None:
+            path = Path(rules_cfg.ruleset_path(spec.params.get("ruleset")))
+            part += [sorted(spec.params.items()), file_sha256(path) if path.is_file() else f"missing:{path}"]
+        parts.append(part)
+    digest = hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:12]
+    return f"{'+'.join(stages) or 'none'}-{digest}"
 
 
 class FusionStage:
@@ -135,7 +171,8 @@ class FusionStage:
         self.weights_key = weights_key(settings)
         base = getattr(settings, "fusion", None) or FusionConfig()
         self.config = FusionConfig.model_validate({**base.model_dump(), **spec.params})
-        self.reads = tuple(self.config.weights)
+        self.reads = tuple(self.config.weights or FUSED_STAGES)
+        self.tuned = False  # whether weights.json tuned for this exact pipeline was found
 
     def load(self, artifact_dir: Any) -> None:
         """Use the weights tuned for this pipeline's scored stages when present, else the configured ones.
@@ -147,15 +184,26 @@ class FusionStage:
         tuned = load_weights(Path(artifact_dir) / "fusion" / self.weights_key, self.config.tuned)
         if tuned is not None:
             self.config = self.config.model_copy(update={"weights": FusionConfig(weights=tuned).weights})
-            self.reads = tuple(self.config.weights)
+            self.reads = tuple(self.config.weights or ())
+            self.tuned = True
 
     def version(self) -> str:
-        blob = json.dumps([sorted(self.config.weights.items()), self.config.normalisation, self.config.rrf_k])
+        weights = sorted(self.config.weights.items()) if self.config.weights is not None else "most-refined"
+        blob = json.dumps([weights, self.config.normalisation, self.config.rrf_k])
         return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
+    def weights_for(self, candidates: Candidates) -> dict[str, float]:
+        """The configured or tuned weights; without any, the most refined stage scored here."""
+        if self.config.weights is not None:
+            return self.config.weights
+        scored = [s for s in FUSED_STAGES if s in candidates.scores and not np.isnan(candidates.scores[s]).all()]
+        top = most_refined(scored)
+        return {top: 1.0} if top is not None else {}
+
     def run(self, request: Request, candidates: Candidates) -> Candidates:
-        columns = {name: candidates.scores[name] for name in self.config.weights if name in candidates.scores}
-        final, _ = fuse(columns, self.config.weights, len(candidates), self.config.normalisation, self.config.rrf_k)
+        weights = self.weights_for(candidates)
+        columns = {name: candidates.scores[name] for name in weights if name in candidates.scores}
+        final, _ = fuse(columns, weights, len(candidates), self.config.normalisation, self.config.rrf_k)
         # no cut here: the pipeline applies this stage's depth and finally request.k, and a
         # caps stage after fusion needs the whole fused order to fill k after dropping items
         return candidates.with_scores(FINAL, final)

@@ -30,10 +30,12 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from recsys.config import StageSpec
+import numpy as np
+
+from recsys.config import POLICY_KINDS, StageSpec
 from recsys.contract import Candidates, Request, Stage, StageTrace
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,12 @@ class PipelineResult:
     candidates: Candidates  # final order, cut to request.k
     traces: list[StageTrace]
     versions: dict[str, str] = field(default_factory=dict)
+    short_by: int = 0  # how many items fewer than request.k the answer holds (0 = complete)
+    short_reason: str = ""  # why it is short, when it is
+
+    @property
+    def complete(self) -> bool:
+        return self.short_by == 0
 
     @property
     def fallbacks(self) -> list[str]:
@@ -105,20 +113,67 @@ class Pipeline:
             request = dataclasses.replace(request, deadline=time.monotonic() + self.request_budget_ms / 1000)
         cands = Candidates.empty()
         traces: list[StageTrace] = []
+        tails: list[tuple[str, Candidates]] = []  # what each stage's depth cut off, for backfill
         for spec, stage in self.stages:
             if not spec.enabled or spec.name in skip:
                 why = "disabled" if not spec.enabled else "skipped by request policy"
                 traces.append(StageTrace(spec.name, "skipped", 0.0, len(cands), len(cands), why))
             else:
-                cands = self._run_stage(spec, stage, request, cands, traces)
+                cands = self._run_stage(spec, stage, request, cands, traces, tails)
             if observe is not None:
                 observe(spec.name, cands)
             if until is not None and spec.name == until:
+                return PipelineResult(candidates=cands.head(request.k), traces=traces, versions=self.versions())
+        final = cands.head(request.k)
+        short_reason = ""
+        if len(final) < request.k:
+            final, short_reason = self._backfill(request, final, tails, skip, traces)
+        short_by = request.k - len(final)
+        return PipelineResult(candidates=final, traces=traces, versions=self.versions(), short_by=short_by,
+                              short_reason=short_reason if short_by else "")
+
+    def _backfill(
+        self, request: Request, served: Candidates, tails: list[tuple[str, Candidates]], skip: set[str],
+        traces: list[StageTrace],
+    ) -> tuple[Candidates, str]:
+        """Fill a list the policy stages left short: reach deeper, best source first.
+
+        Sources, in order: what the later stages' depths cut off (e.g. coarse's candidates
+        past 50, in coarse order; then recall's), then every stage's ``more`` (the recall
+        popularity channel), in blocks. Each block goes behind the served items through every
+        policy stage (rules filters, then caps, counting the served items first), so a
+        backfilled item obeys the same rules. Stops at ``request.k``, when the sources run out,
+        or at the request deadline. Backfilled items carry ``flags["backfill"]`` and no score
+        in the served order's column (they were never ranked by it).
+        """
+        policies = [(spec, st) for spec, st in self.stages
+                    if spec.enabled and spec.name not in skip and spec.kind in POLICY_KINDS]
+        t0 = time.perf_counter()
+        blocks = _backfill_blocks(request, tails, self.stages, skip)
+        seen = set(served.items.tolist()) | set(np.asarray(request.excluded).tolist())
+        out, added, reason = served, 0, "no more candidates pass the rules"
+        for source, items in blocks:
+            if request.remaining_s() <= 0:
+                reason = "request deadline reached while backfilling"
                 break
-        return PipelineResult(candidates=cands.head(request.k), traces=traces, versions=self.versions())
+            fresh = np.asarray([i for i in items.tolist() if i not in seen], dtype=np.int64)
+            if not len(fresh):
+                continue
+            seen.update(fresh.tolist())
+            trial = _append(out, fresh, source)
+            for _spec, stage in policies:
+                trial = stage.run(request, trial)
+            added += len(trial) - len(out)
+            out = trial.head(request.k)
+            if len(out) >= request.k:
+                break
+        traces.append(StageTrace("backfill", "ok", (time.perf_counter() - t0) * 1000, len(served), len(out),
+                                 f"{added} items added from deeper candidates"))
+        return out, reason if len(out) < request.k else ""
 
     def _run_stage(
-        self, spec: StageSpec, stage: Stage, request: Request, cands: Candidates, traces: list[StageTrace]
+        self, spec: StageSpec, stage: Stage, request: Request, cands: Candidates, traces: list[StageTrace],
+        tails: list[tuple[str, Candidates]] | None = None,
     ) -> Candidates:
         n_in = len(cands)
         if request.remaining_s() <= 0:
@@ -151,6 +206,8 @@ class Pipeline:
                 return self._fallback(spec, cands, traces, ms, reason)
             # a required stage (recall, rules) has no safe previous order: a late answer beats none
         if spec.depth is not None:
+            if tails is not None and len(out) > spec.depth:
+                tails.append((spec.name, out.take(np.arange(spec.depth, len(out)))))
             out = out.head(spec.depth)
         traces.append(StageTrace(spec.name, "ok", ms, n_in, len(out), reason))
         return out
@@ -242,3 +299,34 @@ class PipelineStage:
         last: list[Candidates] = [candidates]
         self.pipeline.run(request, observe=lambda _name, c: last.append(c))
         return last[-1]
+
+
+BACKFILL_BLOCK = 256  # items per backfill block from a stage's ``more`` (popularity); rules run per block
+
+
+def _backfill_blocks(
+    request: Request, tails: list[tuple[str, Candidates]], stages: Sequence[tuple[StageSpec, Stage]], skip: set[str],
+) -> Iterator[tuple[str, np.ndarray]]:
+    """(source, item indices) blocks for ``Pipeline._backfill``: the latest stage's cut-off first."""
+    for name, tail in reversed(tails):
+        yield name, tail.items
+    for spec, stage in stages:
+        more = getattr(stage, "more", None)
+        if spec.enabled and spec.name not in skip and more is not None:
+            for block in more(request, BACKFILL_BLOCK):
+                yield f"{spec.name}:more", np.asarray(block, dtype=np.int64)
+
+
+def _append(served: Candidates, items: np.ndarray, source: str) -> Candidates:
+    """``served`` followed by ``items`` (no scores: NaN in every column), flagged ``backfill``."""
+    n = len(items)
+    nan = np.full(n, np.nan, dtype=np.float32)
+    flags = {k: np.concatenate([v, np.zeros(n, dtype=bool)]) for k, v in served.flags.items()}
+    old = served.flags.get("backfill", np.zeros(len(served), dtype=bool))
+    flags["backfill"] = np.concatenate([old, np.ones(n, dtype=bool)])
+    return Candidates(
+        items=np.concatenate([served.items, items]),
+        scores={k: np.concatenate([v, nan]) for k, v in served.scores.items()},
+        flags=flags, order_by=served.order_by,
+        disclaimers={k: list(v) for k, v in served.disclaimers.items()}, removed=list(served.removed),
+    )

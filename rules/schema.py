@@ -1,7 +1,8 @@
 """The rule set file format: declarative compliance rules, validated at load with named errors.
 
-A rule set is a YAML mapping ``{version: str, description: str, rules: [rule, ...]}``; every
-rule has an ``id`` (unique) and a ``kind``:
+A rule set is a YAML mapping ``{version: str, description: str, rules: [rule, ...]}`` with at
+least one rule (``rules: []`` only together with ``allow_empty: true``: a rule set without
+rules turns every compliance rule off); every rule has an ``id`` (unique) and a ``kind``:
 
 - ``blocklist``: items matched by ``items`` (external ids, categories, audiences, a minimum
   risk level, LLM tags) are never served; with ``when_user`` only to users matching it;
@@ -13,8 +14,10 @@ rule has an ``id`` (unique) and a ``kind``:
   omitted, every category) in the list, keeping the best-ranked ones;
 - ``disclaimer``: attach ``text`` to the items matched by ``items``.
 
-``when_user_unknown`` says what a rule does when the user attribute its condition needs is
-missing: ``restrict`` (the default, fail closed: an unknown age counts as under ``min_age``)
+``on_absent_attribute`` (every rule) says what happens on a catalog where *no* item or user
+carries an attribute the rule reads: ``refuse`` (default), ``skip`` or ``enforce``
+(``rules.catalog``). ``when_user_unknown`` says what a rule does when the user attribute its
+condition needs is missing for one user: ``restrict`` (the default, fail closed: an unknown age counts as under ``min_age``)
 or ``allow`` (the condition counts as not met). Item-side gaps always fail closed
 (``rules.engine``).
 
@@ -70,11 +73,17 @@ class UserCondition(BaseModel):
     genders: list[str] | None = None
 
 
+AbsentAttribute = Literal["refuse", "skip", "enforce"]
+
+
 class _Rule(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: str = Field(min_length=1)
     description: str = ""
+    on_absent_attribute: AbsentAttribute = Field(
+        default="refuse", description="What to do on a catalog where no item (or no user) carries an attribute "
+        "this rule reads (rules.catalog): refuse the rule set, skip the rule, or enforce it (fail closed).")
 
 
 class BlocklistRule(_Rule):
@@ -126,6 +135,7 @@ class RuleSet(BaseModel):
     version: str = Field(min_length=1)
     description: str = ""
     rules: tuple[Rule, ...] = ()
+    allow_empty: bool = Field(False, description="Whether `rules` may be empty (every compliance rule off).")
 
 
 _FRIENDLY = {
@@ -140,25 +150,44 @@ _FRIENDLY = {
 
 
 def parse_ruleset(data: Any, source: str = "rule set") -> RuleSet:
-    """Validate a YAML-shaped mapping into a ``RuleSet``; ``RulesError`` names rule and key."""
+    """Validate a YAML-shaped mapping into a ``RuleSet``; ``RulesError`` names rule and key.
+
+    Fails closed on the top level too: no ``rules`` key, or an empty list without
+    ``allow_empty: true``, is an error (an empty rule set would serve every item to everyone).
+    ``version`` must be a string: YAML turns an unquoted ``1.10`` into the number 1.1 and
+    ``010`` into 8, so a number is refused rather than published under another name.
+    """
     if not isinstance(data, dict):
         raise RulesError(f"{source}: top level must be a mapping with 'version' and 'rules'")
-    unknown = sorted(set(data) - {"version", "description", "rules"})
+    unknown = sorted(set(data) - set(RuleSet.model_fields), key=str)
     if unknown:
         raise RulesError(f"{source}: unknown top-level key(s) {unknown}")
     version = data.get("version")
-    if not isinstance(version, str | int | float) or str(version) == "":
+    if version is None or version == "":
         raise RulesError(f"{source}: 'version' is required and must be a non-empty string")
-    raw_rules = data.get("rules") or []
+    if not isinstance(version, str):
+        raise RulesError(f"{source}: 'version' must be a string, got {type(version).__name__} {version!r}: "
+                         "YAML reads an unquoted 1.10 as the number 1.1; quote it (version: \"1.10\")")
+    allow_empty = data.get("allow_empty", False)
+    if not isinstance(allow_empty, bool):
+        raise RulesError(f"{source}: 'allow_empty' must be true or false, got {allow_empty!r}")
+    if "rules" not in data:
+        raise RulesError(f"{source}: 'rules' is required: a rule set without rules turns every compliance "
+                         "rule off (write 'rules: []' with 'allow_empty: true' if that is meant)")
+    raw_rules = data["rules"]
     if not isinstance(raw_rules, list):
         raise RulesError(f"{source}: 'rules' must be a list")
+    if not raw_rules and not allow_empty:
+        raise RulesError(f"{source}: 'rules' is empty: every compliance rule would be off "
+                         "(add 'allow_empty: true' if that is meant)")
     rules = [_parse_rule(raw, i, source) for i, raw in enumerate(raw_rules)]
     seen: set[str] = set()
     for i, rule in enumerate(rules):
         if rule.id in seen:
             raise RulesError(f"{source}: rule {rule.id!r} (rules[{i}]): duplicate id")
         seen.add(rule.id)
-    return RuleSet(version=str(version), description=str(data.get("description", "")), rules=tuple(rules))
+    return RuleSet(version=version, description=str(data.get("description", "")), rules=tuple(rules),
+                   allow_empty=allow_empty)
 
 
 def load_ruleset(path: Path | str) -> RuleSet:

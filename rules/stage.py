@@ -22,6 +22,7 @@ import numpy as np
 
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request
+from rules.catalog import CatalogAttributes, Resolution, resolve
 from rules.engine import apply_rules
 from rules.items import ItemAttributes
 from rules.schema import RuleSet, load_ruleset
@@ -38,8 +39,11 @@ class RulesStage:
         self.spec = spec
         self.settings = settings
         self.ruleset: RuleSet | None = None
+        self._active: RuleSet | None = None  # ruleset minus the rules skipped on this catalog
         self.items: ItemAttributes | None = None
         self.ruleset_path: Path | None = None
+        self.carried = CatalogAttributes.everything()
+        self.skipped: dict[str, str] = {}  # rule id -> why it is off on this catalog (rules.catalog)
         self.apply = spec.params.get("apply", "all")
         if self.apply not in ("all", "filters", "caps"):
             raise ValueError(f"stage {spec.name!r}: params.apply must be all, filters or caps, got {self.apply!r}")
@@ -48,27 +52,42 @@ class RulesStage:
         """Read the rule set and the item attribute arrays from ``artifact_dir/split``.
 
         The rule set is ``spec.params['ruleset']`` when given, else ``settings.rules`` decides
-        (an explicit file, or the packaged one for this dataset's name).
+        (an explicit file, or the packaged default). A rule that reads an attribute this
+        catalog does not carry is refused here, by name (``rules.catalog``).
         """
         from offline.split import Split
 
         split = Split.load(Path(artifact_dir) / "split")
-        explicit = self.spec.params.get("ruleset")
-        path = Path(explicit) if explicit else self.settings.rules.ruleset_path(split.name)
-        self.use(load_ruleset(path), ItemAttributes.from_items(split.items))
+        self.install_catalog(split.items, split.users, self.settings.rules.ruleset_path(self.spec.params.get("ruleset")))
+
+    def install_catalog(self, items: Any, users: Any, path: Path) -> None:
+        """Use the rule set at ``path`` on the catalog ``items``/``users`` (canonical tables)."""
+        self.carried = CatalogAttributes.of(items, users)
+        self.use(load_ruleset(path), ItemAttributes.from_items(items))
         self.ruleset_path = path
 
+    def check(self, ruleset: RuleSet) -> Resolution:
+        """The rules of ``ruleset`` in force on this stage's catalog; ``RulesError`` naming the rule and
+        the attribute when one cannot judge it (called before an admin publish and by ``use``)."""
+        return resolve(ruleset, self.carried)
+
     def use(self, ruleset: RuleSet, items: ItemAttributes) -> None:
-        """Install an already-loaded rule set and item table (hot swap, tests, evaluator)."""
+        """Install an already-loaded rule set and item table (hot swap, tests, evaluator).
+
+        ``self.ruleset`` keeps the whole rule set (its version is what responses report);
+        the rules skipped on this catalog are left out of evaluation and listed in ``skipped``.
+        """
+        resolution = self.check(ruleset)
         self.ruleset, self.items = ruleset, items
+        self._active, self.skipped = resolution.ruleset, resolution.skipped
 
     def version(self) -> str:
         return self.ruleset.version if self.ruleset is not None else "unloaded"
 
     def run(self, request: Request, candidates: Candidates) -> Candidates:
-        if self.ruleset is None or self.items is None:
+        if self._active is None or self.items is None:
             raise RuntimeError(f"stage {self.name!r}: run() before load()")
-        outcome = apply_rules(self.ruleset, request.user_attrs, self.items, candidates.items, apply=self.apply)
+        outcome = apply_rules(self._active, request.user_attrs, self.items, candidates.items, apply=self.apply)
         out = candidates.take(np.flatnonzero(outcome.keep))
         # take() shares the dict/list objects with its input; copy them so the input is untouched
         out.disclaimers = {k: list(v) for k, v in candidates.disclaimers.items()}

@@ -14,8 +14,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rules.items import ItemAttributes
-from rules.schema import load_ruleset
 from rules.stage import RulesStage
 
 
@@ -28,7 +26,4 @@ class TaggedRulesStage(RulesStage):
         items = load_tagged_items(Path(artifact_dir))
         if items["item_id"].tolist() != split.items["item_id"].tolist():
             raise ValueError(f"{artifact_dir}/tags/items.parquet does not match the split's items: re-run merge-items")
-        explicit = self.spec.params.get("ruleset")
-        path = Path(explicit) if explicit else self.settings.rules.ruleset_path(split.name)
-        self.use(load_ruleset(path), ItemAttributes.from_items(items))
-        self.ruleset_path = path
+        self.install_catalog(items, split.users, self.settings.rules.ruleset_path(self.spec.params.get("ruleset")))

@@ -8,12 +8,17 @@ an embedded server when none is configured), then loads artifacts in a backgroun
 the catalog is read in the factory and the app is ready before it serves.
 
 A ``PipelineError`` (a stage configured ``on_error: fail``, such as the compliance rules,
-failed) becomes 503 naming the stage: the service refuses rather than answer unsafely.
+failed) becomes 503 naming the stage: the service refuses rather than answer unsafely. Any
+other exception is a 500 counted in ``recsys_errors_total{kind="internal"}``; bodies refused
+by ``JsonBodyCheck`` are counted there too, by kind. ``/docs`` and ``/redoc`` serve their
+JavaScript and CSS from the pinned ``fastapi-offline`` wheel, so they work without internet.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,10 +27,14 @@ import anyio
 import anyio.to_thread
 from fastapi import FastAPI
 from fastapi import Request as HttpRequest
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 
 from recsys.pipeline import Pipeline, PipelineError
 from recsys.settings import Settings
+from serving import console
 from serving.backend import OnlineBackend
 from serving.metrics import ServingMetrics
 from serving.middleware import BodySizeLimit, JsonBodyCheck, RequestContext
@@ -58,20 +67,25 @@ def create_app(settings: Settings, artifact_dir: Path, *, pipeline: Pipeline | N
         finally:
             await anyio.to_thread.run_sync(backend.close)
 
-    app = FastAPI(
+    app = FastAPIOffline(
         title="Hybrid recommender",
         summary="Two-tower recall -> LightGBM coarse ranking -> LLM re-ranking -> rules -> fusion.",
         version="0.2.0",
         lifespan=lifespan,
+        swagger_ui_parameters={"validatorUrl": None},  # no badge fetched from the public validator
     )
     app.state.settings = settings
     app.state.slot = slot
     app.state.metrics = metrics
     app.state.artifact_dir = artifact_dir
-    for module in (health, recommend, events, admin):
+    for module in (health, recommend, events, admin, console):
         app.include_router(module.router)
+    app.mount(console.STATIC_PATH, console.static_files(), name="console-static")
     app.add_exception_handler(PipelineError, _pipeline_error)  # type: ignore[arg-type]
-    app.add_middleware(JsonBodyCheck, max_depth=settings.serving.max_json_depth)  # inside the size limit
+    app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, _internal_error)
+    app.add_middleware(JsonBodyCheck, max_depth=settings.serving.max_json_depth,  # inside the size limit
+                       on_refused=lambda kind: metrics.errors.labels(kind).inc())
     app.add_middleware(BodySizeLimit, max_bytes=settings.serving.max_body_bytes)
     app.add_middleware(RequestContext)  # outermost: even a 413 carries a request id
     return app
@@ -100,3 +114,31 @@ async def _pipeline_error(request: HttpRequest, exc: PipelineError) -> JSONRespo
     if metrics is not None:
         metrics.errors.labels(f"stage_{exc.stage}").inc()
     return JSONResponse({"detail": str(exc), "stage": exc.stage}, status_code=503)
+
+
+async def _validation_error(request: HttpRequest, exc: RequestValidationError) -> JSONResponse:
+    """FastAPI's 422, written even when an error echoes a non-finite number (JSON has none).
+
+    ``JsonBodyCheck`` refuses NaN/Infinity in JSON bodies first; this keeps any other way in
+    (a future route, a float parameter) a 422 rather than a failure to write the 422 (500).
+    """
+    return JSONResponse({"detail": _finite(jsonable_encoder(exc.errors()))}, status_code=422)
+
+
+def _finite(value: object) -> object:
+    """``value`` with every NaN/infinity replaced by its JSON-ish spelling ("NaN", "Infinity")."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return json.dumps(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+async def _internal_error(request: HttpRequest, exc: Exception) -> JSONResponse:
+    """A bug answered as a counted 500 (the server still logs the traceback)."""
+    metrics = getattr(request.app.state, "metrics", None)
+    if metrics is not None:
+        metrics.errors.labels("internal").inc()
+    return JSONResponse({"detail": "internal server error"}, status_code=500)

@@ -11,6 +11,14 @@ rules, then every ``versions_poll_s``).
 The key namespace is ``serving.redis_namespace``, else the artifact directory's name, so
 two datasets can share one Redis.
 
+The embedded server is supervised (``EmbeddedRedis(supervise=True)``, restarted after a
+crash); the backend of the process that runs it (its own, or the one ``recsys serve``
+started, found by URL) listens for restarts and then drops idle pooled sockets and closes
+its ``RedisGuard``, so answers stop being ``degraded`` as soon as the new server answers.
+Workers of ``--workers N`` (other processes) recover on their guard's next retry instead.
+``attach`` also counts the configured stages that failed to load
+(``recsys_stage_load_failures_total``, see ``serving.stage_loading``).
+
 Deliberately left out: the HTTP routes using it.
 """
 
@@ -24,6 +32,7 @@ from serving.hot_reload import PromptApplier, RulesApplier, VersionWatcher
 from serving.online import OnlineState
 from serving.redis_state import EmbeddedRedis, RedisGuard, RedisUnavailable, connect, redis_url
 from serving.service import Recommender
+from serving.stage_loading import degraded_stages
 from serving.versioned import VersionStore
 
 log = logging.getLogger(__name__)
@@ -39,6 +48,9 @@ class OnlineBackend:
         self.watcher: VersionWatcher | None = None
         self.rules: RulesApplier | None = None
         self.prompts: PromptApplier | None = None
+        self.supervisor = EmbeddedRedis.supervising(url)  # this process's supervised server, if it is that one
+        if self.supervisor is not None:
+            self.supervisor.add_restart_listener(self.redis_restarted)
 
     @classmethod
     def open(cls, settings: Settings, artifact_dir: Path) -> OnlineBackend:
@@ -46,13 +58,23 @@ class OnlineBackend:
         url = redis_url(settings)
         embedded = None
         if url is None:
-            embedded = EmbeddedRedis()
+            embedded = EmbeddedRedis(supervise=True)
             url = embedded.start()
         return cls(settings, ns, url, embedded)
+
+    def redis_restarted(self) -> None:
+        """Supervisor callback: the server is back (empty), so stop skipping it right away.
+
+        Only idle pooled sockets are dropped: one in use may already talk to the new server.
+        """
+        self.client.connection_pool.disconnect(inuse_connections=False)
+        self.guard.reset()
 
     def attach(self, recommender: Recommender) -> None:
         """Give ``recommender`` its online state and start watching versions (call once)."""
         cfg = self.settings.serving
+        for failed in degraded_stages(self.settings, recommender.pipeline):
+            recommender.metrics.stage_load_failures.labels(failed.stage).inc()
         recommender.online = OnlineState(
             self.client, self.guard, self.ns, recommender.catalog.histories,
             history_max_len=cfg.history_max_len, stream_maxlen=cfg.events_stream_maxlen,
@@ -76,6 +98,8 @@ class OnlineBackend:
         self.attach(recommender)
 
     def close(self) -> None:
+        if self.supervisor is not None:
+            self.supervisor.remove_restart_listener(self.redis_restarted)
         if self.watcher is not None:
             self.watcher.stop()
         self.client.close()

@@ -4,7 +4,8 @@ Everything comes from ``app.state`` set by ``serving.app.create_app``: the ``Set
 ``ServiceSlot`` holding the loaded ``Recommender``, the ``ServingMetrics`` and the worker's
 ``OnlineBackend``. ``admin_key`` guards the admin routes: no key configured -> 503 (admin
 disabled), missing or wrong ``X-API-Key`` -> 401; the comparison is constant-time and the key
-is never logged. The dependencies are ``async def``
+is never logged. The key is read through ``fastapi.security.APIKeyHeader``, so OpenAPI declares
+the ``APIKey`` security scheme and ``/docs`` has an "Authorize" button for it. The dependencies are ``async def``
 although none awaits: FastAPI runs a plain ``def`` dependency on the threadpool, one thread
 hop each per request, for work that takes microseconds.
 """
@@ -16,8 +17,9 @@ import re
 import uuid
 from typing import Annotated
 
-from fastapi import Depends, Header, HTTPException, Request
+from fastapi import Depends, Header, HTTPException, Request, Security
 from fastapi.exceptions import RequestValidationError
+from fastapi.security import APIKeyHeader
 
 from recsys.settings import Settings
 from serving.backend import OnlineBackend
@@ -76,7 +78,14 @@ async def get_backend(request: Request) -> OnlineBackend:
     return backend
 
 
-async def admin_key(settings: SettingsDep, x_api_key: Annotated[str | None, Header()] = None) -> None:
+ADMIN_KEY_HEADER = APIKeyHeader(
+    name="X-API-Key", scheme_name="APIKey", auto_error=False,  # admin_key answers 401/503 itself
+    description="The admin key: `serving.admin_api_key` in the config file or the environment variable "
+                "RECSYS_SERVING__ADMIN_API_KEY. Without one the /admin routes answer 503.")
+
+
+async def admin_key(settings: SettingsDep,
+                    x_api_key: Annotated[str | None, Security(ADMIN_KEY_HEADER)] = None) -> None:
     """Pass only with the configured admin key (503 when none is configured, 401 otherwise)."""
     key = settings.serving.admin_api_key
     if key is None:

@@ -55,6 +55,9 @@ class ServingMetrics:
                               registry=r)
         self.reloads = Counter("recsys_version_changes", "Rules/prompt versions installed by admin calls.", ["kind"],
                                registry=r)
+        self.stage_load_failures = Counter(
+            "recsys_stage_load_failures", "Configured, enabled stages that failed to load; served without them.",
+            ["stage"], registry=r)
 
     def observe_answer(self, path: str, seconds: float, traces: list[StageTrace]) -> None:
         self.requests.labels(path).inc()

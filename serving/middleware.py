@@ -8,8 +8,12 @@ FastAPI re-raises instead of wrapping it as a 400 parse error).
 ``JsonBodyCheck`` refuses a JSON API call whose body is not plain JSON before FastAPI parses
 it, with a 4xx naming the problem (FastAPI would say only "error parsing the body", or 500
 on an unpaired surrogate): wrong ``Content-Type`` (415), bytes that are not UTF-8, nesting
-deeper than ``max_depth``, ``\\ud800``-style unpaired surrogates (400). Syntax errors are left
-to FastAPI, whose 422 ``json_invalid`` already names the position.
+deeper than ``max_depth``, ``\\ud800``-style unpaired surrogates, integers longer than Python
+converts (400), and ``NaN``/``Infinity``/``1e309`` anywhere in the body (422 in pydantic's
+shape, ``loc`` naming the field: Python's ``json`` accepts them, and FastAPI's own 422 could
+not even be written, since its error would echo a non-finite number: that was a 500). Each
+refusal is counted by kind (``on_refused``, the app's ``recsys_errors_total``). Syntax errors
+are left to FastAPI, whose 422 ``json_invalid`` already names the position.
 
 ``RequestContext`` gives every request an id (see its docstring).
 
@@ -20,9 +24,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import time
 import uuid
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -80,15 +87,23 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
+class BodyProblem(NamedTuple):
+    status: int
+    detail: Any  # a message, or pydantic-style errors for a 422
+    kind: str  # label of recsys_errors_total
+
+
 class JsonBodyCheck:
     """Checks the bodies of ``POST`` calls under ``prefixes`` (the JSON routes) and replays them.
 
-    ``PUT /admin/{kind}`` is not covered: it takes YAML as well as JSON. The body is at most
-    ``serving.max_body_bytes`` (``BodySizeLimit`` runs first), so buffering it here is cheap.
+    ``PUT /admin/{kind}`` is not covered: it takes YAML as well as JSON (``serving.hot_reload``
+    bounds it). The body is at most ``serving.max_body_bytes`` (``BodySizeLimit`` runs first),
+    so buffering it here is cheap. ``on_refused(kind)`` is called for every refused body.
     """
 
-    def __init__(self, app: ASGIApp, max_depth: int, prefixes: tuple[str, ...] = ("/v1/", "/admin/")):
-        self.app, self.max_depth, self.prefixes = app, max_depth, prefixes
+    def __init__(self, app: ASGIApp, max_depth: int, prefixes: tuple[str, ...] = ("/v1/", "/admin/"),
+                 on_refused: Callable[[str], None] | None = None):
+        self.app, self.max_depth, self.prefixes, self.on_refused = app, max_depth, prefixes, on_refused
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") != "POST" or not scope["path"].startswith(self.prefixes):
@@ -109,7 +124,9 @@ class JsonBodyCheck:
         body = b"".join(chunks)
         problem = json_body_problem(_header(scope, b"content-type"), body, self.max_depth)
         if problem is not None:
-            await _reply(send, *problem)
+            if self.on_refused is not None:
+                self.on_refused(problem.kind)
+            await _reply(send, problem.status, problem.detail)
             return
         replayed = False
 
@@ -123,37 +140,50 @@ class JsonBodyCheck:
         await self.app(scope, replay, send)
 
 
-def json_body_problem(content_type: str | None, body: bytes, max_depth: int) -> tuple[int, str] | None:
-    """(status, message) when ``body`` is not acceptable JSON, else None.
+def json_body_problem(content_type: str | None, body: bytes, max_depth: int) -> BodyProblem | None:
+    """What is wrong with ``body`` as a JSON API body, or None when it is acceptable JSON.
 
     >>> json_body_problem("application/json", b'{"a": [1]}', 2) is None
     True
-    >>> json_body_problem("text/plain", b"{}", 2)
-    (415, "Content-Type must be application/json, got 'text/plain'")
-    >>> json_body_problem("application/json", b'{"a": [[1]]}', 2)[1]
+    >>> json_body_problem("text/plain", b"{}", 2).detail
+    "Content-Type must be application/json, got 'text/plain'"
+    >>> json_body_problem("application/json", b'{"a": [[1]]}', 2).detail
     'JSON nested deeper than 2 levels'
+    >>> json_body_problem("application/json", b'{"a": [1, -Infinity]}', 2).detail
+    [{'type': 'finite_number', 'loc': ['body', 'a', 1], 'msg': 'Input should be a finite number', 'input': '-Infinity'}]
     """
     if not body:
         return None  # a body-less POST (/admin/reload); a route that needs one answers 422
     media = (content_type or "").split(";")[0].strip().lower()
     if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
-        return 415, f"Content-Type must be application/json, got {content_type!r}"
+        return BodyProblem(415, f"Content-Type must be application/json, got {content_type!r}", "unsupported_media_type")
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return 400, f"body is not valid UTF-8: byte {body[exc.start]:#04x} at offset {exc.start}"
+        return BodyProblem(400, f"body is not valid UTF-8: byte {body[exc.start]:#04x} at offset {exc.start}",
+                           "body_not_utf8")
+    too_deep = BodyProblem(400, f"JSON nested deeper than {max_depth} levels", "body_too_deep")
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
         return None  # FastAPI's own 422 "json_invalid" names the position
     except RecursionError:
-        return 400, f"JSON nested deeper than {max_depth} levels"
+        return too_deep
+    except ValueError as exc:  # an integer beyond sys.get_int_max_str_digits() digits
+        return BodyProblem(400, f"body holds a number Python does not convert: {exc}", "number_too_long")
     if _deeper_than(data, max_depth):
-        return 400, f"JSON nested deeper than {max_depth} levels"
+        return too_deep
     try:
         json.dumps(data, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError as exc:
-        return 400, f"body holds an unpaired UTF-16 surrogate escape ({exc.object[exc.start:exc.end]!a})"
+        return BodyProblem(400, f"body holds an unpaired UTF-16 surrogate escape ({exc.object[exc.start:exc.end]!a})",
+                           "unpaired_surrogate")
+    found = _first_non_finite(data)
+    if found is not None:
+        loc, value = found
+        error = {"type": "finite_number", "loc": ["body", *loc], "msg": "Input should be a finite number",
+                 "input": json.dumps(value)}  # NaN, Infinity or -Infinity, as the client may have spelled it
+        return BodyProblem(422, [error], "non_finite_number")
     return None
 
 
@@ -169,7 +199,25 @@ def _deeper_than(data: object, limit: int) -> bool:
     return False
 
 
-async def _reply(send: Send, status: int, detail: str) -> None:
+def _first_non_finite(data: object) -> tuple[list[str | int], float] | None:
+    """The path to the first NaN or infinity in ``data`` (document order) and its value, or None.
+
+    ``json.loads`` turns ``NaN``, ``Infinity`` and overflowing literals such as ``1e309`` into
+    non-finite floats; strict JSON (RFC 8259) has none of them.
+    """
+    stack: list[tuple[list[str | int], object]] = [([], data)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, float) and not math.isfinite(node):
+            return path, node
+        if isinstance(node, dict):
+            stack.extend(([*path, key], child) for key, child in reversed(node.items()))
+        elif isinstance(node, list):
+            stack.extend(([*path, i], child) for i, child in reversed(list(enumerate(node))))
+    return None
+
+
+async def _reply(send: Send, status: int, detail: Any) -> None:
     body = json.dumps({"detail": detail}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})

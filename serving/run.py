@@ -7,8 +7,9 @@ names avoid the ``RECSYS_`` prefix on purpose: ``Settings`` reads every ``RECSYS
 variable as a configuration key and refuses unknown ones.
 
 Shared state across workers: ``serve`` resolves Redis before forking. Without
-``settings.redis_url`` / ``$REDIS_URL`` it starts ONE embedded Redis in the parent and puts
-its URL into the settings every worker receives; with ``workers > 1`` it also points
+``settings.redis_url`` / ``$REDIS_URL`` it starts ONE embedded Redis in the parent
+(supervised: restarted if it dies, see ``serving.redis_state``) and puts its URL into the
+settings every worker receives; with ``workers > 1`` it also points
 ``PROMETHEUS_MULTIPROC_DIR`` at a fresh directory so ``/metrics`` aggregates all workers.
 Logs are JSON lines (``serving.logs``) in every process.
 
@@ -107,7 +108,7 @@ def shared_state(settings: Settings, workers: int) -> Iterator[Settings]:
     embedded, metrics_dir = None, None
     try:
         if redis_url(settings) is None:
-            embedded = EmbeddedRedis()
+            embedded = EmbeddedRedis(supervise=True)
             settings = settings.model_copy(update={"redis_url": embedded.start()})
         if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             metrics_dir = tempfile.mkdtemp(prefix="recsys-metrics-")
@@ -142,7 +143,8 @@ def recommend_once(
     try:
         given: dict[str, Any] = {"k": k} if k is not None else {}  # omitted k: the API default, capped by max_k
         body = RecommendRequest.model_validate({"user_id": user_id, "context": context, "debug": debug, **given})
-    except ValidationError as exc:
-        raise ValueError(f"invalid request: {exc}") from exc
+    except ValidationError as exc:  # one line per bad field, as the 422 names them
+        fields = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"invalid request: {fields}") from exc
     body = within_limits(body, settings)  # LimitError is a ValueError naming the field
     return Recommender.load(settings, Path(artifact_dir)).recommend(body)

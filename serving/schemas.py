@@ -3,7 +3,10 @@
 The request model fixes what never changes (types, id length, ``k >= 1``); limits that come
 from configuration (``pipeline.max_k``, ``serving.max_context_*``) are checked by
 ``within_limits`` and reported in the same shape as pydantic's own errors, so a client
-always gets a 422 whose ``loc`` names the offending field.
+always gets a 422 whose ``loc`` names the offending field (and ``k = 10**9`` is told the same
+configured bound as ``k = 101``). Numbers are finite: NaN and infinities never pass (the JSON
+ones are refused before parsing by ``serving.middleware.JsonBodyCheck``), and event times and
+values have sane bounds.
 
 The response models document the API (OpenAPI at ``/docs``); the server builds the JSON
 once in ``serving.service.build_response`` and a test checks it against these models.
@@ -16,18 +19,18 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from annotated_types import Le
 from pydantic import BaseModel, ConfigDict, Field
 
-from recsys.config import PipelineConfig
 from recsys.settings import Settings
 from serving.config import EVENT_TYPES
 from serving.policy import RouteReason
+from serving.versioned import MAX_VERSION_CHARS, VERSION_PATTERN
 
 # "cache": a cached answer; "llm": the LLM re-ranker ran; "fallback": a stage fell back; "light": no LLM
 AnswerPath = Literal["cache", "light", "llm", "fallback"]
-# The largest pipeline.max_k the config accepts: the static bound; the configured one is checked per request.
-K_CEILING: int = int(next(m.le for m in PipelineConfig.model_fields["max_k"].metadata if isinstance(m, Le)))  # type: ignore[call-overload]
+# Event times past this (2100-01-01T00:00:00Z) are refused: ts=1e300 is a typo or an attack, not a time.
+MAX_EVENT_TS = 4_102_444_800.0
+MAX_EVENT_VALUE = 1e9  # |value|: ratings, prices, dwell seconds all fit
 
 
 class RecommendRequest(BaseModel):
@@ -36,7 +39,8 @@ class RecommendRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     user_id: str = Field(min_length=1, max_length=128, description="External user id; unknown ids get cold start.")
-    k: int = Field(10, ge=1, le=K_CEILING, description="Items to return, 1..pipeline.max_k.")
+    # no static upper bound: within_limits names the configured pipeline.max_k for any k above it
+    k: int = Field(10, ge=1, description="Items to return, 1..pipeline.max_k.")
     context: dict[str, Any] | None = Field(
         None, description="Request context (device, page, ...), at most serving.max_context_keys keys."
     )
@@ -99,6 +103,8 @@ class RecommendedItem(BaseModel):
     score: float | None = Field(description="Score of the column that ordered the answer (null when unscored).")
     rank: int = Field(ge=1)
     disclaimers: list[str]
+    backfill: bool = Field(False, description="Reached from deeper candidates after the rules left the ranked list "
+                           "short (ranked by the stage it came from, not by the served order: score is null).")
 
 
 class RemovedItem(BaseModel):
@@ -122,6 +128,10 @@ class RecommendResponse(BaseModel):
     versions: dict[str, str]
     fallbacks: list[str]
     path: AnswerPath
+    complete: bool = Field(True, description="The list holds the k items asked for. False when the rules left "
+                           "fewer compliant items than k even after reaching deeper (backfill).")
+    short_by: int = Field(0, ge=0, description="How many items fewer than k the list holds (0 when complete).")
+    short_reason: str | None = Field(None, description="Why the list is short, when it is.")
     route: RouteReason = Field(description="Why the policy chose the LLM path or not.")
     degraded: bool = Field(description="Redis was unavailable: split histories, no cache, no real-time events.")
     total_ms: float
@@ -137,15 +147,17 @@ EventType = Literal[EVENT_TYPES]  # type: ignore[valid-type]
 class EventRequest(BaseModel):
     """POST /v1/events body: one user-item interaction, recorded at most once per ``event_id``."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     event_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$",
                           description="Client-chosen unique id; a repeat is ignored and reported as duplicate.")
     user_id: str = Field(min_length=1, max_length=128)
     item_id: str = Field(min_length=1, max_length=128, description="External item id; must be in the catalog.")
     type: EventType = Field(description="impression, click, rating, purchase or add_to_cart.")
-    value: float | None = Field(None, description="Rating value, price, dwell seconds... depending on type.")
-    ts: float | None = Field(None, ge=0, description="Client unix time; the server's time when omitted.")
+    value: float | None = Field(None, ge=-MAX_EVENT_VALUE, le=MAX_EVENT_VALUE,
+                                description="Rating value, price, dwell seconds... depending on type.")
+    ts: float | None = Field(None, ge=0, le=MAX_EVENT_TS,
+                             description="Client unix time (before 2100); the server's time when omitted.")
     variant: str | None = Field(None, max_length=64, description="A/B variant that served the item.")
 
 
@@ -160,7 +172,8 @@ class EventResponse(BaseModel):
 class RollbackRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    version: str = Field(min_length=1, max_length=128)
+    # the bounds VersionStore.publish enforces: whatever was published can be rolled back to
+    version: str = Field(min_length=1, max_length=MAX_VERSION_CHARS, pattern=VERSION_PATTERN)
 
 
 class VersionEntry(BaseModel):

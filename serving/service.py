@@ -42,6 +42,7 @@ from serving.metrics import ServingMetrics
 from serving.policy import choose_route, result_cache_key
 from serving.redis_state import RedisUnavailable
 from serving.schemas import RecommendRequest
+from serving.stage_loading import load_pipeline
 from serving.state import CatalogState
 
 if TYPE_CHECKING:
@@ -172,31 +173,6 @@ class Recommender:
             self.metrics.redis_errors.inc()
 
 
-def load_pipeline(settings: Settings, artifact_dir: Path) -> Pipeline:
-    """``build_pipeline`` whose LLM stages are disabled, not fatal, when their artifacts fail to load."""
-    from recsys.registry import build_pipeline  # imports the configured stage packages
-
-    if not any(s.enabled and s.kind == "llm" for s in settings.pipeline.stages):
-        # light path only: per-request torch work (one user vector) is tiny; intra-op threads
-        # would oversubscribe the cores under concurrent requests and inflate tail latency
-        import torch
-
-        torch.set_num_threads(1)
-    built = build_pipeline(settings, Path(artifact_dir), load=False)
-    pairs = []
-    for spec, stage in built.stages:
-        if spec.enabled:
-            try:
-                stage.load(Path(artifact_dir))
-            except Exception as exc:
-                if spec.kind != "llm":
-                    raise
-                log.warning("LLM stage %r disabled: loading failed: %s: %s", spec.name, type(exc).__name__, exc)
-                spec = spec.model_copy(update={"enabled": False})
-        pairs.append((spec, stage))
-    return Pipeline(pairs, request_budget_ms=built.request_budget_ms)
-
-
 def variant_pipelines(
     pipeline: Pipeline, experiment: ExperimentsConfig | None, settings: Settings
 ) -> dict[str, Pipeline]:
@@ -235,6 +211,7 @@ def build_response(
     """The JSON dict of ``serving.schemas.RecommendResponse``; ``t0`` is the perf_counter at arrival."""
     cands = result.candidates
     order = cands.score(cands.order_by) if cands.order_by else None
+    backfill = cands.flags.get("backfill", np.zeros(len(cands), dtype=bool))
     items = [
         {
             "id": catalog.item_id(int(item)),
@@ -242,6 +219,7 @@ def build_response(
             "score": None if order is None else _finite(order[i]),
             "rank": i + 1,
             "disclaimers": list(cands.disclaimers.get(int(item), [])),
+            "backfill": bool(backfill[i]),
         }
         for i, item in enumerate(cands.items)
     ]
@@ -257,6 +235,9 @@ def build_response(
         "versions": dict(result.versions),
         "fallbacks": result.fallbacks,
         "path": answer_path(result.traces, llm_stages),
+        "complete": result.complete,
+        "short_by": result.short_by,
+        "short_reason": result.short_reason or None,
     }
     if request.debug:
         out["debug"] = _debug_block(request, cands, catalog)

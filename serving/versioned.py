@@ -12,12 +12,17 @@ different document it is refused (``VersionConflict``): a version names one cont
 response that reports ``rules: movielens-3`` always means the same rules. Rolling back moves
 the active pointer to any published version. Writes are Lua scripts (atomic across workers).
 
+A version is 1..``MAX_VERSION_CHARS`` characters without control characters (``VERSION_PATTERN``);
+``publish`` refuses any other (``InvalidVersion``) and ``POST /admin/{kind}/rollback`` accepts
+exactly the same, so every published version can be rolled back to.
+
 Deliberately left out: validation of the documents (``serving.hot_reload`` parses them with
 the owners' parsers before publishing) and deleting versions (the log is an audit trail).
 """
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +32,10 @@ import redis
 from serving.redis_state import RedisGuard
 
 KINDS = ("rules", "prompts")
+MAX_VERSION_CHARS = 128
+# no C0/C1 control characters (NUL, newline, escape...): a version goes into logs, headers and answers
+VERSION_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]+$"
+_VERSION = re.compile(VERSION_PATTERN)
 
 # KEYS: docs, log, created, active. ARGV: version, document, now, only_if_no_active ('1'/'0')
 _PUBLISH = """
@@ -52,6 +61,24 @@ return 1
 
 class VersionConflict(ValueError):
     """A version already exists with a different document."""
+
+
+class InvalidVersion(ValueError):
+    """A version name outside the bounds every version shares (length, no control characters)."""
+
+
+def check_version(kind: str, version: str) -> str:
+    """``version`` when it is a valid version name, else ``InvalidVersion`` saying why.
+
+    >>> check_version("rules", "movielens-2")
+    'movielens-2'
+    """
+    if not 1 <= len(version) <= MAX_VERSION_CHARS:
+        raise InvalidVersion(f"{kind} version is {len(version)} characters long; 1 to {MAX_VERSION_CHARS} allowed")
+    if not _VERSION.fullmatch(version):
+        at = next(i for i, ch in enumerate(version) if not _VERSION.fullmatch(ch))
+        raise InvalidVersion(f"{kind} version {version!r} holds a control character ({version[at]!r} at {at})")
+    return version
 
 
 class UnknownVersion(KeyError):
@@ -81,6 +108,7 @@ class VersionStore:
 
     def publish(self, kind: str, version: str, document: str, *, only_if_empty: bool = False) -> str:
         """Store and activate ``version``: "created", "unchanged" or (``only_if_empty``) "kept"."""
+        check_version(kind, version)
         args = [version, document, f"{time.time():.3f}", "1" if only_if_empty else "0"]
         out = _text(self.guard.call(lambda: self._publish(keys=list(self._keys(kind)), args=args)))
         if out == "conflict":

@@ -1,7 +1,7 @@
 """Pieces every loader shares: the validated interactions table, item text, title years.
 
 ``interactions`` turns a raw ``Table`` of (user, item, rating, timestamp) strings into the
-canonical interactions DataFrame, refusing unknown ids, non-numeric or out-of-range ratings
+canonical interactions DataFrame, refusing unknown ids, non-numeric or non-finite ratings
 and bad timestamps with the file and line. ``describe`` builds the short item text the LLM
 re-ranker reads when a dataset has no plot summaries (MovieLens has none).
 
@@ -46,12 +46,13 @@ def interactions(
     items_file: str,
     users: pd.Series | None = None,
     users_file: str = "",
-    rating_range: tuple[float | None, float | None] = (None, None),
 ) -> pd.DataFrame:
     """Validated canonical interactions from ``table`` columns user_id, item_id[, rating], timestamp.
 
     Every item must be in ``items`` (and every user in ``users`` when given); a missing
-    ``rating`` column means implicit feedback (``IMPLICIT_RATING``).
+    ``rating`` column means implicit feedback (``IMPLICIT_RATING``). Ratings may use any finite
+    numeric scale (1-5 stars, 0.5-5 half stars, 0-10): the protocol treats every interaction as
+    one positive and records the scale it saw (``offline.protocol``).
     """
     checks.require_file_rows(table)
     user = checks.ids(table, "user_id", "user id")
@@ -60,8 +61,7 @@ def interactions(
     if users is not None:
         checks.known(table, user, pd.Index(users), "user id", users_file)
     if table.has("rating"):
-        low, high = rating_range
-        rating = checks.numbers(table, "rating", "rating", low=low, high=high).to_numpy(np.float32)
+        rating = checks.numbers(table, "rating", "rating").to_numpy(np.float32)
     else:
         rating = np.full(len(table), IMPLICIT_RATING, dtype=np.float32)
     return pd.DataFrame(

@@ -48,7 +48,6 @@ def load_ml100k(directory: Path) -> Dataset:
     table = read_delimited(directory / "u.data", "\t", ("user_id", "item_id", "rating", "timestamp"))
     events = common.interactions(
         table, items=items["item_id"], items_file="u.item", users=users["user_id"], users_file="u.user",
-        rating_range=(1, 5),
     )
     return Dataset("ml-100k", events, items, users)
 
@@ -119,7 +118,7 @@ def load_ml1m(directory: Path) -> Dataset:
     table = read_delimited(directory / "ratings.dat", "::", ("user_id", "item_id", "rating", "timestamp"), LATIN1)
     events = common.interactions(
         table, items=items["item_id"], items_file="movies.dat",
-        users=None if users is None else users["user_id"], users_file="users.dat", rating_range=(1, 5),
+        users=None if users is None else users["user_id"], users_file="users.dat",
     )
     return Dataset("ml-1m", events, items, common.users_seen(events) if users is None else users)
 

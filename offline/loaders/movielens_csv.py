@@ -37,7 +37,7 @@ def load_ml_csv(directory: Path) -> Dataset:
 
     ratings = read_csv(directory / "ratings.csv", ("userId", "movieId", "rating", "timestamp"))
     ratings.rows.rename(columns={"userId": "user_id", "movieId": "item_id"}, inplace=True)
-    events = common.interactions(ratings, items=items["item_id"], items_file="movies.csv", rating_range=(0.5, 5))
+    events = common.interactions(ratings, items=items["item_id"], items_file="movies.csv")
     return Dataset(directory.name, events, items, common.users_seen(events))
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from llm_rerank.template import DEFAULT, PromptTemplate
 from offline.tagging.prompt import PREFILL, render_prompt
 from offline.tagging.schema import fallback_record, parse_and_validate
 
@@ -70,10 +71,11 @@ class GrammarLogits:
 
 
 class Tagger:
-    """Model + tokenizer + compiled grammar; ``tag_batch`` is the unit of work."""
+    """Model + tokenizer + compiled grammar + prompt document; ``tag_batch`` is the unit of work."""
 
-    def __init__(self, model_dir: str, schema: dict[str, Any], settings: TaggerSettings) -> None:
-        self.model_dir, self.schema, self.settings = model_dir, schema, settings
+    def __init__(self, model_dir: str, schema: dict[str, Any], settings: TaggerSettings,
+                 template: PromptTemplate = DEFAULT) -> None:
+        self.model_dir, self.schema, self.settings, self.template = model_dir, schema, settings, template
         self.model: Any = None
 
     def load(self) -> Tagger:
@@ -96,7 +98,8 @@ class Tagger:
     def tag_batch(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Rows hold item_idx, title, description, text; returns one result per row, same order."""
         s = self.settings
-        prompts = [render_prompt(self.tok, s.domain, r["title"], r["description"], s.title_chars) for r in rows]
+        prompts = [render_prompt(self.tok, s.domain, r["title"], r["description"], s.title_chars, self.template)
+                   for r in rows]
         texts, tokens = self._generate(prompts, s.max_new_tokens)
         pooled = self.pooled_states([r["text"] or r["title"] for r in rows])
         out = []

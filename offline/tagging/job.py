@@ -9,7 +9,8 @@ sha256 and is rebuilt from the parts on every start, so a kill between the renam
 manifest write loses nothing. ``finalize`` concatenates the parts into ``tags.parquet`` and
 ``hidden.npy`` (pooled hidden states, the cache ``offline.tagging.embed`` trains from).
 
-A run whose version (model digest, prompt version, schema hash, decoding settings, chunking)
+A run whose version (model digest, prompt version, schema hash, decoding settings, chunking;
+the prompt version is ``t1`` for the built-in prompt, ``t1.<digest>`` for another prompt document)
 differs from the parts already on disk refuses to mix them; ``fresh=True`` clears them.
 
 Deliberately left out: the model (``offline.tagging.generate``), Ray (``offline.tagging.ray_engine``).
@@ -27,6 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from llm_rerank.template import DEFAULT, PromptTemplate
 from offline.tagging.generate import TaggerSettings
 from offline.tagging.prompt import PROMPT_VERSION, prompt_description
 from offline.tagging.schema import schema_hash
@@ -69,12 +71,13 @@ class TagJob:
 
 
 def job_version(model_dir: str, schema: dict[str, Any], settings: TaggerSettings, chunk_size: int,
-                batch_size: int) -> dict[str, Any]:
+                batch_size: int, template: PromptTemplate = DEFAULT) -> dict[str, Any]:
     """Everything the tags depend on; stored in the manifest and in the final outputs."""
     from llm_rerank.backbone import weights_digest
 
     genres = schema["properties"]["genres"]["items"]["enum"]
-    return {"model_digest": weights_digest(model_dir), "prompt_version": PROMPT_VERSION,
+    prompt = PROMPT_VERSION if template.tagging_is_default() else f"{PROMPT_VERSION}.{template.tagging_digest()}"
+    return {"model_digest": weights_digest(model_dir), "prompt_version": prompt,
             "schema_hash": schema_hash(schema), "categories": list(genres), "settings": asdict(settings),
             "chunk_size": chunk_size, "batch_size": batch_size}
 

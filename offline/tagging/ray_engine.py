@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from llm_rerank.template import DEFAULT, PromptTemplate
 from offline.tagging.generate import Tagger, TaggerSettings
 from offline.tagging.job import TagJob, write_part
 
@@ -32,8 +33,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 class TaggerActor:
     """Ray Data callable class: loads the tagger once per actor, tags one batch per call."""
 
-    def __init__(self, model_dir: str, schema: dict[str, Any], settings: dict[str, Any]) -> None:
-        self.tagger = Tagger(model_dir, schema, TaggerSettings(**settings)).load()
+    def __init__(self, model_dir: str, schema: dict[str, Any], settings: dict[str, Any],
+                 template: dict[str, Any] | None = None) -> None:
+        prompt = PromptTemplate.model_validate(template) if template is not None else DEFAULT
+        self.tagger = Tagger(model_dir, schema, TaggerSettings(**settings), prompt).load()
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         results = [pickle.dumps(self.tagger.tag_batch(json.loads(rows))) for rows in batch["rows"]]
@@ -42,7 +45,7 @@ class TaggerActor:
 
 def run_ray(job: TagJob, model_dir: str, schema: dict[str, Any], settings: TaggerSettings, pending: list[int],
             *, address: str | None = None, concurrency: int = 1, num_cpus: int = 2,
-            progress: bool = True) -> None:
+            progress: bool = True, template: PromptTemplate = DEFAULT) -> None:
     """Tag the ``pending`` chunks through Ray Data, committing each chunk when complete."""
     import ray
     from tqdm import tqdm
@@ -63,7 +66,7 @@ def run_ray(job: TagJob, model_dir: str, schema: dict[str, Any], settings: Tagge
         per_actor_cpus = max(1, num_cpus // concurrency) if not address else settings.threads or 1
         ds = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
             TaggerActor, fn_constructor_kwargs={"model_dir": model_dir, "schema": schema,
-                                                "settings": settings.__dict__},
+                                                "settings": settings.__dict__, "template": template.model_dump()},
             batch_size=1, concurrency=concurrency, num_cpus=per_actor_cpus)
         received: dict[int, dict[int, list[dict[str, Any]]]] = {c: {} for c in pending}
         done = len(job.items) - sum(len(b) for c in pending for b in batches[c])

@@ -8,6 +8,11 @@ the items held out of adaptation). Layout under ``<artifact_dir>/tags/``: ``part
 ``adapt_tagger_for`` writes the adapted model to ``tags/model/`` and the held-out item list to
 ``tags/holdout.json``.
 
+``tag_catalog(prompt=...)`` takes the prompt document the re-ranker serves
+(``llm_rerank.template``: ``llm.prompt`` in the config, a file through ``load_prompt_file``, or
+the document of an active ``/admin/prompts`` version); its ``tagging_system`` and
+``tagging_request`` change what the tagger sees, and the job version with them.
+
 Deliberately left out: embedding training (``offline.tagging.embed``), wiring into stages
 (``offline.tagging.wiring``).
 """
@@ -21,6 +26,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from llm_rerank.template import DEFAULT, PromptTemplate
 from offline.tagging.generate import Tagger, TaggerSettings
 from offline.tagging.job import TagJob, finalize, job_version, prepare, run_local
 from offline.tagging.quality import genre_f1, holdout_items
@@ -50,25 +56,27 @@ def adapt_tagger_for(split: Any, base_dir: str, artifact_dir: Path, settings: An
 def tag_catalog(split: Any, model_dir: str, artifact_dir: Path, settings: TaggerSettings, *,
                 engine: Engine = "local", chunk_size: int = 64, batch_size: int = 16, limit: int | None = None,
                 ray_address: str | None = None, ray_concurrency: int = 1, ray_cpus: int = 2,
-                fresh: bool = False, progress: bool = True) -> dict[str, Any]:
+                fresh: bool = False, progress: bool = True, prompt: PromptTemplate | None = None) -> dict[str, Any]:
     """Tag ``split.items`` (first ``limit`` rows if given) with ``model_dir``; the summary dict."""
+    template = prompt or DEFAULT
     items = split.items if limit is None else split.items.iloc[:limit].reset_index(drop=True)
     categories = catalog_categories(split.items["categories"])
     schema = concrete_schema(categories)
     out = tags_dir(artifact_dir)
     out.mkdir(parents=True, exist_ok=True)
-    job = TagJob(out, items, job_version(model_dir, schema, settings, chunk_size, batch_size), chunk_size, batch_size)
+    version = job_version(model_dir, schema, settings, chunk_size, batch_size, template)
+    job = TagJob(out, items, version, chunk_size, batch_size)
     pending = prepare(job, fresh=fresh)
     t0 = time.perf_counter()
     n_pending = sum(min(chunk_size, len(items) - c * chunk_size) for c in pending)
     if pending and engine == "local":
-        tagger = Tagger(model_dir, schema, settings).load()
+        tagger = Tagger(model_dir, schema, settings, template).load()
         run_local(job, tagger.tag_batch, pending, progress)
     elif pending and engine == "ray":
         from offline.tagging.ray_engine import run_ray
 
         run_ray(job, model_dir, schema, settings, pending, address=ray_address, concurrency=ray_concurrency,
-                num_cpus=ray_cpus, progress=progress)
+                num_cpus=ray_cpus, progress=progress, template=template)
     elif engine not in ("local", "ray"):
         raise ValueError(f"engine must be 'local' or 'ray', got {engine!r}")
     seconds = time.perf_counter() - t0

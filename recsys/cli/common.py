@@ -3,6 +3,12 @@
 Each command that reads a dataset takes ``--data DIR`` (format detected from the files,
 ``--format`` to force one; no ``--data`` means the synthetic default), and each command
 that measures writes its JSON report to ``--out FILE``. Heavy imports stay inside commands.
+
+Errors: ``fail`` prints one ``error: ...`` line and exits 2. ``UserErrorGroup`` (the root
+command group) does the same for the exceptions bad input raises anywhere below a command
+(``USER_INPUT_ERRORS``: a ``ValueError`` such as a refused request or config, a missing or
+unreadable file, a number out of range), so no command answers bad input with a traceback;
+anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 DataOpt = Annotated[
     Path | None,
@@ -77,6 +84,30 @@ def write_report(report: dict[str, Any], out: Path | None) -> None:
 def fail(message: str, code: int = 2) -> Any:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code)
+
+
+# what bad input raises: LimitError/ValidationError/ConfigError/DataError are ValueErrors
+USER_INPUT_ERRORS = (ValueError, OverflowError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
+                     PermissionError)
+
+
+class UserErrorGroup(TyperGroup):
+    """The ``recsys`` root group: a ``USER_INPUT_ERRORS`` exception from any command is one line + exit 2."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except USER_INPUT_ERRORS as exc:
+            return fail(one_line(exc))
+
+
+def one_line(exc: BaseException) -> str:
+    """``Type: message`` on one line.
+
+    >>> one_line(ValueError("invalid request:\\n  user_id: too short"))
+    'ValueError: invalid request: user_id: too short'
+    """
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
 def _default(o: Any) -> Any:

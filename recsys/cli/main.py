@@ -2,7 +2,8 @@
 
 Every command is a thin wrapper over a library function (``offline.jobs``,
 ``offline.evaluate``, ``serving.run``, the bench modules), so the same work is callable from
-Python and tests. Errors in user input exit with code 2 and a message naming the problem.
+Python and tests. Errors in user input exit with code 2 and one line naming the problem
+(``common.fail``, and ``common.UserErrorGroup`` for what a library call raises on bad input).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from recsys.cli.ab import ab_app
 from recsys.cli.bench import bench_app
 from recsys.cli.tag import tag_app
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Hybrid recommender with LLM re-ranking.")
+app = typer.Typer(cls=c.UserErrorGroup, add_completion=False, no_args_is_help=True,
+                  help="Hybrid recommender with LLM re-ranking.")
 app.add_typer(bench_app, name="bench")
 app.add_typer(ab_app, name="ab")
 app.add_typer(tag_app, name="tag")
@@ -94,6 +96,15 @@ def evaluate(
     report = evaluate_pipeline(settings, art, split, phase=phase)  # type: ignore[arg-type]
     report["timings"]["train_s"] = {k: v.get("seconds") for k, v in train_report.items()}
     c.write_report(report, out)
+    lists = report["lists"]
+    if lists["empty_share"] > EMPTY_LIST_LIMIT:
+        typer.echo(f"error: {lists['empty']} of {lists['users']} users ({lists['empty_share']:.1%}) got an empty "
+                   f"list (limit {EMPTY_LIST_LIMIT:.0%}); see 'lists' and 'policy_costs' in the report: a rule "
+                   "probably removes what this catalog cannot satisfy", err=True)
+        raise typer.Exit(1)
+
+
+EMPTY_LIST_LIMIT = 0.01  # share of users with an empty final list above which `eval` fails
 
 
 def _llm_enabled(settings) -> bool:
@@ -104,10 +115,15 @@ def _llm_enabled(settings) -> bool:
 def serve(
     data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
     host: Annotated[str | None, typer.Option(help="Bind address (default from settings).")] = None,
-    port: Annotated[int | None, typer.Option(help="Port (default from settings).")] = None,
-    workers: Annotated[int | None, typer.Option(min=1, help="uvicorn worker processes.")] = None,
+    port: Annotated[int | None, typer.Option(min=1, max=65535, help="Port (default from settings).")] = None,
+    workers: Annotated[int | None, typer.Option(min=1, max=64, help="uvicorn worker processes.")] = None,
 ) -> None:
-    """Serve POST /v1/recommend over HTTP from trained artifacts."""
+    """Serve POST /v1/recommend over HTTP from trained artifacts.
+
+    The /admin routes (rules, prompts, reload) need a key: set RECSYS_SERVING__ADMIN_API_KEY (or
+    serving.admin_api_key in --config); clients send it as the X-API-Key header. Without a key
+    the admin routes answer 503.
+    """
     from serving.run import serve as run_server
 
     settings, art = c.trained(config, data, artifacts)

@@ -58,10 +58,14 @@ def tag(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, 
         max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=8)] = 128,
         limit: Annotated[int | None, typer.Option("--limit", min=1, help="Tag only the first N items.")] = None,
         fresh: Annotated[bool, typer.Option("--fresh", help="Discard parts from an earlier version.")] = False,
+        prompt: Annotated[Path | None, typer.Option(
+            "--prompt", help="Prompt document (YAML/JSON, the schema PUT /admin/prompts takes; default "
+            "llm.prompt from the config, else the built-in prompt).")] = None,
         ) -> None:
     """Tag every item of the dataset's split (resumable; rerun after a kill to continue)."""
     if ctx.invoked_subcommand is not None:
         return
+    from llm_rerank.template import load_prompt_file
     from offline.tagging.generate import TaggerSettings
     from offline.tagging.run import tag_catalog
 
@@ -72,9 +76,10 @@ def tag(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, 
     tagger = TaggerSettings(domain=settings.llm.domain,
                             precision=precision, max_new_tokens=max_new_tokens, threads=threads)
     try:
+        template = load_prompt_file(prompt) if prompt is not None else settings.llm.prompt
         summary = tag_catalog(split, _model_dir(settings, root, model), root, tagger, engine=engine,  # type: ignore[arg-type]
                               chunk_size=chunk_size, batch_size=batch_size, limit=limit, ray_address=ray_address,
-                              ray_concurrency=ray_concurrency, fresh=fresh)
+                              ray_concurrency=ray_concurrency, fresh=fresh, prompt=template)
     except ValueError as exc:
         c.fail(str(exc))
     c.write_report(summary, out)

@@ -1,16 +1,19 @@
 """Admin API: publish, list and roll back versions of the rule set and the prompt template.
 
-``PUT /admin/{rules|prompts}`` takes the document as YAML or JSON, validates it with its
-owner's parser (``rules.schema.parse_ruleset``; for prompts a mapping with an optional
-``version``, else a content hash names it), stores it as a new version in Redis, makes it
+``PUT /admin/{rules|prompts}`` takes the document as YAML or JSON (bounded in size and alias
+expansion, no duplicate keys: ``serving.hot_reload.parse_document``), validates it with its
+owner's parser (``rules.schema.parse_ruleset`` plus each rules stage's ``check`` against its
+catalog; for prompts the prompt applier), stores it as a new version in Redis, makes it
 active and installs it in this worker at once; the other workers follow within
 ``serving.versions_poll_s`` (``serving.hot_reload``). An invalid document is a 422 and the
 current version keeps serving. ``POST /admin/{kind}/rollback {"version"}`` re-activates any
 published version. ``POST /admin/reload`` loads the artifact directory again off the
 request path and swaps the new pipeline in only if it loads and passes a smoke request
 (``serving.reload``); refused artifacts are a 422 naming the reason and the old pipeline
-keeps serving; a reload already running is a 409. Every route needs ``X-API-Key``
-(``serving.deps.admin_key``).
+keeps serving; a reload already running is a 409; it takes no body (one is a 422, not
+silently ignored). Every route needs ``X-API-Key`` (``serving.deps.admin_key``; OpenAPI
+declares it as the ``APIKey`` scheme, and the PUT body as YAML or JSON, so ``/docs`` can
+publish a rule set).
 
 Status codes: 401 missing/wrong key, 503 admin disabled or Redis down, 404 unknown version,
 409 version reused for a different document (or no rules stage to install into), 422 invalid.
@@ -30,7 +33,7 @@ from serving.hot_reload import canonical, parse_document
 from serving.redis_state import RedisUnavailable
 from serving.reload import ReloadRefused, load_checked, swap
 from serving.schemas import RollbackRequest, VersionEntry, VersionsResponse
-from serving.versioned import UnknownVersion, VersionConflict
+from serving.versioned import InvalidVersion, UnknownVersion, VersionConflict
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep])
 Kind = Literal["rules", "prompts"]
@@ -38,6 +41,28 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"description": "Missing or wrong X-API-Key."}, 404: {"description": "Unknown version."},
     409: {"description": "Version reused for another document."}, 503: {"description": "Admin disabled or Redis down."},
 }
+_EXAMPLE_RULES = {
+    "version": "my-rules-2", "description": "Published from /docs.",
+    "rules": [{"id": "withdrawn", "kind": "blocklist", "items": {"item_ids": ["withdrawn-0001"]}},
+              {"id": "adult_gate", "kind": "audience_gate", "audience": "adult", "min_age": 18,
+               "on_absent_attribute": "skip"}],
+}
+_EXAMPLE_YAML = """version: my-rules-2
+description: Published from /docs.
+rules:
+  - {id: withdrawn, kind: blocklist, items: {item_ids: [withdrawn-0001]}}
+  - {id: adult_gate, kind: audience_gate, audience: adult, min_age: 18, on_absent_attribute: skip}
+"""
+# The route reads the raw body (YAML or JSON), so FastAPI cannot infer it: declare it for /docs.
+_DOCUMENT_BODY: dict[str, Any] = {"requestBody": {
+    "required": True,
+    "description": "A rule set (rules.schema: version, description, rules, allow_empty) or a prompt "
+                   "template, as JSON or YAML.",
+    "content": {
+        "application/json": {"schema": {"type": "object"}, "example": _EXAMPLE_RULES},
+        "application/yaml": {"schema": {"type": "string"}, "example": _EXAMPLE_YAML},
+    },
+}}
 
 
 def _applier(backend: OnlineBackend, kind: Kind) -> Any:
@@ -58,6 +83,8 @@ def _publish(backend: OnlineBackend, kind: Kind, text: bytes) -> dict[str, Any]:
         raise HTTPException(status_code=422, detail=str(exc)) from None
     try:
         status = backend.versions.publish(kind, version, canonical(data))
+    except InvalidVersion as exc:  # the bounds rollback accepts too (serving.versioned)
+        raise HTTPException(status_code=422, detail=f"PUT /admin/{kind}: {exc}") from None
     except VersionConflict as exc:
         raise HTTPException(status_code=409, detail=str(exc)) from None
     backend.watcher.install(kind, version, parsed)  # type: ignore[union-attr]
@@ -69,7 +96,10 @@ def _rollback(backend: OnlineBackend, kind: Kind, version: str) -> dict[str, Any
     document = backend.versions.document(kind, version)
     if document is None:
         raise HTTPException(status_code=404, detail=f"{kind} version {version!r} was never published")
-    _, parsed = applier.validate(parse_document(document, f"{kind} {version}"), f"{kind} {version}")
+    try:  # stored before a rule got stricter, or this catalog lacks what it reads: refuse, keep serving
+        _, parsed = applier.validate(parse_document(document, f"{kind} {version}"), f"{kind} {version}")
+    except ValueError as exc:
+        raise HTTPException(status_code=422, detail=f"cannot roll back: {exc}") from None
     try:
         backend.versions.rollback(kind, version)
     except UnknownVersion as exc:
@@ -94,7 +124,8 @@ async def _redis(fn: Any, *args: Any) -> Any:
         raise HTTPException(status_code=503, detail=str(exc)) from None
 
 
-@router.put("/{kind}", responses=_ERRORS)
+@router.put("/{kind}", responses={**_ERRORS, 422: {"description": "Invalid document; the detail says why."}},
+            openapi_extra=_DOCUMENT_BODY)
 async def put_version(kind: Kind, request: Request, backend: BackendDep, metrics: MetricsDep,
                       _: RecommenderDep) -> dict[str, Any]:
     out = await _redis(_publish, backend, kind, await request.body())
@@ -116,9 +147,14 @@ async def rollback(kind: Kind, body: RollbackRequest, backend: BackendDep, metri
 
 
 @router.post("/reload", responses={**_ERRORS, 409: {"description": "A reload is already running."},
-                                   422: {"description": "The artifacts were refused; the old ones keep serving."}})
+                                   422: {"description": "The artifacts were refused (the old ones keep serving), "
+                                                        "or a body was sent."}})
 async def reload_artifacts(request: Request, backend: BackendDep, metrics: MetricsDep, settings: SettingsDep,
                            slot: SlotDep, current: RecommenderDep) -> dict[str, Any]:
+    body = await request.body()
+    if body:
+        raise HTTPException(status_code=422, detail=f"POST /admin/reload takes no body (got {len(body)} bytes): "
+                                                    "it reloads the served artifact directory")
     lock = getattr(request.app.state, "reload_lock", None)
     if lock is None:
         lock = request.app.state.reload_lock = anyio.Lock()

@@ -4,8 +4,11 @@ The event goes to the Redis stream and, for history event types (``serving.histo
 clicks, ratings, purchases...; not impressions), onto the user's online history at once, so
 the user's next recommendation reflects it (its history version changes, which also retires
 its cached answers). With an active experiment the entry records it and the user's variant
-(derived from the user id when the client does not send one). An unknown ``item_id`` is a 422 naming the field; Redis down is a 503
-(the event is not recorded, the client may retry with the same ``event_id``).
+(derived from the user id when the client does not send one). An unknown ``item_id`` is a 422
+naming the field, and so is a ``value`` or ``ts`` that is not a finite number within bounds
+(``serving.schemas.EventRequest``: no NaN, no ``ts: 1e300``), so nothing absurd reaches the
+history or the stream; Redis down is a 503 (the event is not recorded, the client may retry
+with the same ``event_id``).
 """
 
 from __future__ import annotations

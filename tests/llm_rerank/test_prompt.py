@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from llm_rerank.prompt import PromptBuilder, sanitise_title
-from tests.llm_rerank.factories import smollm2_tokenizer
+from tests.llm_rerank.factories import ANIMATION, HORROR, smollm2_tokenizer
 
 HISTORY = ["Toy Story (1995)", "Aladdin (1992)"]
 ATTRS = {"age": 30, "gender": "F", "occupation": "student"}
@@ -79,3 +83,49 @@ def test_listwise_refuses_more_candidates_than_letters(builder: PromptBuilder) -
 def test_verbalizer_tokens_are_single_and_distinct(builder: PromptBuilder) -> None:
     assert len(set(builder.letter_ids)) == 26
     assert builder.yes_no[0] != builder.yes_no[1]
+
+
+class OverlapProbe:
+    """A tokenizer that records how many of its calls run at once (each call holds 2 ms)."""
+
+    def __init__(self, tok: object):
+        self.tok, self.running, self.most = tok, 0, 0
+        self.guard = threading.Lock()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.tok, name)
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        with self.guard:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        try:
+            time.sleep(0.002)
+            return self.tok(*args, **kwargs)
+        finally:
+            with self.guard:
+                self.running -= 1
+
+
+def test_concurrent_requests_build_the_prompts_one_request_alone_builds() -> None:
+    """The fast tokenizer keeps ``split_special_tokens`` as state on the shared Rust object, so a
+    title tokenized in one thread could make another thread's template text (``<|im_start|>``...)
+    come out split (measured before the lock: 40 of 800 prompts built by 4 threads differed)."""
+    tok = smollm2_tokenizer()
+    histories = [HORROR[: 1 + i % 5] for i in range(8)]
+    users = [{"age": 20 + i} for i in range(8)]
+
+    def build(b: PromptBuilder, i: int) -> list[int]:
+        parts = b.listwise(histories[i], users[i], ANIMATION[i % 3 :])
+        return parts.prefix + parts.suffixes[0]
+
+    serial = PromptBuilder(tok)
+    want = [build(serial, i) for i in range(8)]
+    probe = OverlapProbe(tok)
+    shared = PromptBuilder(probe)  # type: ignore[arg-type]
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(lambda i: build(shared, i), range(8))) == want
+    assert probe.most == 1  # no two tokenizer calls ever overlapped
+    for _ in range(50):  # the real tokenizer, fresh builders (nothing memoised), 4 threads at once
+        with ThreadPoolExecutor(4) as pool:
+            assert list(pool.map(build, [PromptBuilder(tok)] * 4, range(4))) == want[:4]

@@ -38,6 +38,22 @@ def test_tiny_cascade_trains_evaluates_and_is_reused(tmp_path: Path):
     assert lo <= ev["deltas"]["coarse_vs_recall"]["ndcg@10"]["mean"] <= hi
     assert ev["stage_status"]["llm"] == {"skipped": split.n_users}
     assert 0 <= ev["stages"]["final"]["ndcg@10"] <= 1
+    # right by default: every user gets a full list, and the price of each rule is reported
+    lists = ev["lists"]
+    assert lists["empty"] == 0 and lists["complete"] + lists["short"] == split.n_users
+    # a user is short only where the whole catalog holds fewer than 10 unseen items they may see
+    assert lists["short_reasons"] == ({"no more candidates pass the rules": lists["short"]} if lists["short"] else {})
+    costs = ev["policy_costs"]
+    assert "adult_gate" in costs["rules_in_force"] and set(costs["per_rule"]) == set(costs["rules_in_force"])
+    dec = costs["decomposition"]
+    assert dec["rules"] + dec["fusion"] + dec["stage_order"] == pytest.approx(dec["final_minus_coarse"], abs=3e-5)
+    assert dec["stage_order"] == 0.0  # no rules and no fusion: exactly coarse's own top 10
+
+    # fusion weights belong to the rule set they were tuned under: a new rule set retunes them
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("version: mine-1\nrules:\n  - {id: one, kind: blocklist, items: {item_ids: ['i0001']}}\n")
+    retuned = train_stages(Settings.build({**TINY, "rules": {"ruleset": str(mine)}}), art, split)
+    assert retuned["recall"]["reused"] and retuned["coarse"]["reused"] and not retuned["fusion"].get("reused")
 
 
 def test_holdout_sequences_hold_out_the_last_items(tmp_path: Path):

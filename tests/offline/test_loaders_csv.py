@@ -30,6 +30,11 @@ def write_ml_csv(root: Path, **override: str | bytes) -> Path:
     return root
 
 
+def test_ml_csv_takes_any_rating_scale(tmp_path: Path) -> None:
+    ds = load_dataset(write_ml_csv(tmp_path / "my-movies", **{"ratings.csv": RATINGS.replace("0.5", "10")}))
+    assert ds.interactions["rating"].tolist() == [4.0, 3.5, 10.0]
+
+
 def test_ml_csv_tiny_loads_exact_rows(tmp_path: Path) -> None:
     ds = load_dataset(write_ml_csv(tmp_path / "ml-latest-small"))
     assert ds.name == "ml-latest-small"
@@ -51,7 +56,7 @@ def test_ml_csv_tiny_loads_exact_rows(tmp_path: Path) -> None:
         ({"ratings.csv": RATINGS + "3,1,4.0\n"}, "ratings.csv line 5: expected 4 comma-separated fields, got 3"),
         ({"ratings.csv": RATINGS.replace("1,11,3.5,964981247", "1,11,3.5,964981247,9")},
          "ratings.csv line 3: expected 4 comma-separated fields, got 5"),
-        ({"ratings.csv": RATINGS.replace("0.5", "6")}, "ratings.csv line 4: rating 6 is outside [0.5, 5]"),
+        ({"ratings.csv": RATINGS.replace("0.5", "nan")}, "ratings.csv line 4: rating 'nan' is not a number"),
         ({"ratings.csv": RATINGS.replace("3.5", "good")}, "ratings.csv line 3: rating 'good' is not a number"),
         ({"ratings.csv": "userId,movieId,rating\n1,1,4\n"}, "ratings.csv line 1: header lacks column(s) ['timestamp']"),
         ({"ratings.csv": RATINGS.encode() + b"2,1,4.0,\xff\n"}, "ratings.csv line 5: not valid utf-8"),

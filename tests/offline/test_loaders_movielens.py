@@ -57,7 +57,7 @@ def test_ml100k_tiny_loads_exact_rows(tmp_path: Path) -> None:
     [
         ({"u.data": "1\t1\t5\t881250949\n1\t2\t3\n"}, "u.data line 2: expected 4 tab-separated fields, got 3"),
         ({"u.data": "1\t1\t5\t1\n\n1\t2\tx\t2\n"}, "u.data line 3: rating 'x' is not a number"),
-        ({"u.data": "1\t1\t7\t881250949\n"}, "u.data line 1: rating 7 is outside [1, 5]"),
+        ({"u.data": "1\t1\tinf\t881250949\n"}, "u.data line 1: rating 'inf' is not finite"),
         ({"u.data": "1\t1\t5\t1\n1\t99\t5\t2\n"}, "u.data line 2: unknown item id '99' (not in u.item)"),
         ({"u.data": "1\t1\t5\t1\n7\t1\t5\t2\n"}, "u.data line 2: unknown user id '7' (not in u.user)"),
         ({"u.data": "1\t\t5\t1\n"}, "u.data line 1: empty item id"),
@@ -120,6 +120,12 @@ def test_ml1m_without_users_file_lists_user_ids(tmp_path: Path) -> None:
     ds = load_dataset(write_ml1m(tmp_path / "one", with_users=False))
     assert ds.users["user_id"].tolist() == ["1", "2"]
     assert ds.users["age"].isna().all()
+
+
+def test_ml1m_layout_takes_any_numeric_rating_scale_under_any_directory_name(tmp_path: Path) -> None:
+    # a public benchmark in the .dat layout rates 0..10; implicit feedback does not care
+    ds = load_dataset(write_ml1m(tmp_path / "my-ratings", ratings="1::1::0::1\n1::2::10::2\n2::2::7::3\n"))
+    assert ds.interactions["rating"].tolist() == [0.0, 10.0, 7.0]
 
 
 @pytest.mark.parametrize(

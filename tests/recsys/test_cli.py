@@ -67,3 +67,67 @@ def test_serve_and_recommend_need_trained_artifacts(tmp_path: Path):
     for args in (["serve"], ["recommend", "42"], ["bench", "llm-probe"]):
         res = runner.invoke(app, [*args, "--artifacts", str(tmp_path / "none")])
         assert res.exit_code == 2 and "no trained artifacts here" in res.output
+
+
+def _one_line_error(res, *fragments: str) -> str:
+    """The command refused with exit 2 and a single ``error:`` line naming the problem, no traceback."""
+    assert res.exit_code == 2, res.output
+    assert isinstance(res.exception, SystemExit), res.exception  # exited on purpose, nothing escaped
+    [line] = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert line.startswith("error: ") and all(f in line for f in fragments), line
+    return line
+
+
+@pytest.fixture
+def toy_artifacts(tmp_path: Path) -> Path:
+    from tests.serving.toy import save_toy_split
+
+    save_toy_split(tmp_path / "toy")
+    return tmp_path / "toy"
+
+
+def test_recommend_with_k_over_the_limit_is_one_line(toy_artifacts: Path) -> None:
+    """Issue 16 item 8: `recsys recommend u0001 --k 1000` printed a LimitError traceback."""
+    res = runner.invoke(app, ["recommend", "u1", "--k", "1000", "--artifacts", str(toy_artifacts)])
+    _one_line_error(res, "LimitError", "k:", "100")
+
+
+def test_recommend_with_an_empty_user_id_is_one_line(toy_artifacts: Path) -> None:
+    """Issue 16 item 8: `recsys recommend ''` printed a multi-line ValidationError traceback."""
+    res = runner.invoke(app, ["recommend", "", "--artifacts", str(toy_artifacts)])
+    _one_line_error(res, "ValueError", "invalid request: user_id:")
+
+
+def test_recommend_without_a_trained_coarse_model_is_one_line(
+    toy_artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 16 item 8: a missing coarse model raised FileNotFoundError through the CLI."""
+    from recsys.config import STAGE_KINDS
+    from tests.serving.toy import TOY_KINDS
+
+    monkeypatch.setitem(STAGE_KINDS, "recall", TOY_KINDS["recall"])  # recall loads; coarse has no model
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text("pipeline:\n  stages:\n    - {name: recall, kind: recall, on_error: fail}\n"
+                   "    - {name: coarse, kind: coarse}\n")
+    res = runner.invoke(app, ["recommend", "u1", "--config", str(cfg), "--artifacts", str(toy_artifacts)])
+    _one_line_error(res, "FileNotFoundError", str(toy_artifacts / "coarse" / "meta.json"))
+
+
+@pytest.mark.parametrize(("port", "bound"), [("70000", "less than or equal to 65535"),
+                                           ("0", "greater than or equal to 1")])
+def test_serve_refuses_a_port_out_of_range(toy_artifacts: Path, port: str, bound: str) -> None:
+    """Issue 16 item 8: `recsys serve --port 70000` reached uvicorn and died with OverflowError.
+
+    Refused by the option's bounds before anything starts: click's usage error (exit 2).
+    """
+    res = runner.invoke(app, ["serve", "--port", port, "--artifacts", str(toy_artifacts)])
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit), res.output
+    assert "Invalid value for '--port'" in res.output and bound in res.output
+
+
+
+def test_tag_with_a_bad_prompt_document_is_one_line(toy_artifacts: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "prompt.yaml"
+    bad.write_text("sytem: Rank these.\n")
+    res = runner.invoke(app, ["tag", "--prompt", str(bad), "--artifacts", str(toy_artifacts)])
+    _one_line_error(res, "'sytem': unknown key")

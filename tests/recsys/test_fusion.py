@@ -85,28 +85,49 @@ def test_keeps_every_candidate_for_later_caps_and_handles_empty():
 def test_stage_interface_weights_file_and_version(tmp_path):
     s = stage()
     assert isinstance(s, Stage) and s.writes == ("final",)
-    assert s.config.weights == FusionConfig().weights
-    s.load(tmp_path)  # no tuned weights: configured defaults stay
-    default_version = s.version()
-    # the default pipeline has the LLM disabled: weights are looked up under "recall+coarse"
-    assert s.weights_key == "recall+coarse"
-    save_weights(tmp_path / "fusion" / "recall+coarse+llm", {"recall": 1.0}, ndcg_at_10=0.1)
-    s.load(tmp_path)  # another stage set's weights are not this pipeline's
-    assert s.version() == default_version
-    save_weights(tmp_path / "fusion" / "recall+coarse", {"recall": 0.0, "coarse": 1.0}, ndcg_at_10=0.5)
-    assert json.loads((tmp_path / "fusion" / "recall+coarse" / "weights.json").read_text())["ndcg_at_10"] == 0.5
-    s.load(tmp_path)
-    assert s.config.weights == {"recall": 0.0, "coarse": 1.0}
-    assert s.version() != default_version and len(s.version()) == 12
+    assert s.config.weights is None and FusionConfig().weights is None
+    s.load(tmp_path)  # nothing tuned for this pipeline: the most refined stage's order alone
+    assert not s.tuned
     assert s.run(Request(user_id="u"), cands(recall=RECALL, coarse=COARSE)).items.tolist() == [11, 12, 13, 10]
+    default_version = s.version()
+    # the default pipeline has the LLM disabled: weights are looked up under "recall+coarse-<digest>"
+    assert s.weights_key.startswith("recall+coarse-") and s.weights_key == weights_key(Settings.build({}))
+    save_weights(tmp_path / "fusion" / "recall+coarse", {"recall": 1.0}, ndcg_at_10=0.1)
+    s.load(tmp_path)  # weights under another key (older layout, other rules/depths) are not this pipeline's
+    assert s.version() == default_version and not s.tuned
+    save_weights(tmp_path / "fusion" / s.weights_key, {"recall": 0.7, "coarse": 0.3}, ndcg_at_10=0.5)
+    assert json.loads((tmp_path / "fusion" / s.weights_key / "weights.json").read_text())["ndcg_at_10"] == 0.5
+    s.load(tmp_path)
+    assert s.config.weights == {"recall": 0.7, "coarse": 0.3} and s.tuned
+    assert s.version() != default_version and len(s.version()) == 12
+    assert s.run(Request(user_id="u"), cands(recall=RECALL, coarse=COARSE)).items.tolist() == [11, 10, 12, 13]
 
 
-def test_weights_key_follows_the_enabled_scored_stages():
+def test_without_tuned_weights_the_most_refined_scored_stage_serves():
+    s = stage()
+    assert s.run(Request(user_id="u"), cands(recall=RECALL, coarse=COARSE, llm=LLM)).items.tolist() == [13, 11, 10, 12]
+    # the LLM fell back for this request (all NaN): coarse is the most refined stage that scored
+    nan = np.full(4, np.nan, dtype=np.float32)
+    assert s.run(Request(user_id="u"), cands(recall=RECALL, coarse=COARSE, llm=nan)).items.tolist() == [11, 12, 13, 10]
+    assert s.run(Request(user_id="u"), cands(recall=RECALL)).items.tolist() == [10, 11, 12, 13]
+
+
+def test_weights_key_follows_stages_depths_and_rule_sets(tmp_path):
     on = Settings.build({"pipeline": {"stages": [
         {"name": "recall", "kind": "recall", "on_error": "fail"}, {"name": "coarse", "kind": "coarse"},
         {"name": "llm", "kind": "llm"}, {"name": "fusion", "kind": "fusion"}]}})
-    assert weights_key(on) == "recall+coarse+llm"
-    assert weights_key(Settings.build({})) == "recall+coarse"
+    base = weights_key(Settings.build({}))
+    assert weights_key(on).startswith("recall+coarse+llm-") and base.startswith("recall+coarse-")
+    assert weights_key(Settings.build({})) == base  # deterministic
+    deeper = Settings.build({})
+    deeper.pipeline.stages[1] = deeper.pipeline.stages[1].model_copy(update={"depth": 100})
+    assert weights_key(deeper) != base
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("version: m-1\nrules:\n  - {id: x, kind: blocklist, items: {item_ids: ['1']}}\n")
+    other_rules = weights_key(Settings.build({"rules": {"ruleset": str(mine)}}))
+    assert other_rules != base
+    mine.write_text("version: m-1\nrules:\n  - {id: x, kind: blocklist, items: {item_ids: ['2']}}\n")
+    assert weights_key(Settings.build({"rules": {"ruleset": str(mine)}})) != other_rules  # same version, new rules
 
 
 def test_invalid_weights_are_refused_by_name(tmp_path):
@@ -166,7 +187,8 @@ def test_stage_serves_the_checked_weights_unless_told_to_take_the_grid_best(tmp_
     from recsys.fusion import FusionStage, save_weights
     from recsys.settings import Settings
 
-    save_weights(tmp_path / "fusion" / "recall+coarse", {"coarse": 1.0}, grid_best={"recall": 0.3, "coarse": 0.7})
+    key = weights_key(Settings())
+    save_weights(tmp_path / "fusion" / key, {"coarse": 1.0}, grid_best={"recall": 0.3, "coarse": 0.7})
     spec = StageSpec(name="fusion", kind="fusion")
     checked = FusionStage(spec, Settings())
     checked.load(tmp_path)

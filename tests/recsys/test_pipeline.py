@@ -152,3 +152,86 @@ class SlowRecall(ListRecall):
     def run(self, request, candidates):
         time.sleep(0.01)
         return super().run(request, candidates)
+
+
+class DropOdd:
+    """A policy stage (kind ``rules``) that removes odd items, keeping the order."""
+
+    name, reads, writes = "rules", (), ()
+
+    def load(self, artifact_dir) -> None: ...
+
+    def version(self) -> str:
+        return "drop-odd"
+
+    def run(self, request: Request, candidates: Candidates) -> Candidates:
+        return candidates.take(np.flatnonzero(candidates.items % 2 == 0))
+
+
+class PopularRecall(ListRecall):
+    """ListRecall whose ``more`` hands out the whole catalog, highest id first, 5 at a time."""
+
+    def more(self, request: Request, size: int):
+        order = np.setdiff1d(np.arange(self.n_items), request.excluded)[::-1]
+        for start in range(0, len(order), 5):
+            yield order[start:start + 5]
+
+
+def policy_pipeline(recall=None, recall_depth=10) -> Pipeline:
+    return Pipeline([(spec("recall", "recall", depth=recall_depth, on_error="fail"), recall or ListRecall()),
+                     (spec("coarse", "coarse", depth=4), ParityScorer()),
+                     (spec("rules", "rules", on_error="fail"), DropOdd())])
+
+
+def test_rules_that_empty_the_list_are_backfilled_from_the_coarse_tail_first():
+    # coarse puts odd items first: its top 4 (1, 3, 5, 7) are all removed by the policy
+    result = policy_pipeline().run(Request(user_id="u", k=4))
+    assert result.candidates.items.tolist() == [0, 2, 4, 6]  # coarse's cut-off tail, in coarse order
+    assert result.complete and result.short_by == 0 and result.short_reason == ""
+    assert result.candidates.flags["backfill"].all()
+    assert np.isnan(result.candidates.scores["coarse"]).all()  # never ranked by the served order
+    assert result.traces[-1].name == "backfill" and result.traces[-1].n_out == 4
+
+
+def test_backfill_reaches_recall_then_more_and_obeys_the_policy():
+    result = policy_pipeline().run(Request(user_id="u", k=8))
+    # coarse tail (9, 0, 2, 4, 6, 8) -> 5 even items; recall tail (10..29 in recall order) -> 10, 12, 14
+    assert result.candidates.items.tolist() == [0, 2, 4, 6, 8, 10, 12, 14] and result.complete
+    deep = policy_pipeline(PopularRecall(n_items=40), recall_depth=40).run(Request(user_id="u", k=25))
+    assert len(deep.candidates) == 20 and deep.short_by == 5  # only 20 even items exist
+    assert deep.short_reason == "no more candidates pass the rules"
+    more = Pipeline([(spec("recall", "recall", depth=6, on_error="fail"), PopularRecall(n_items=40)),
+                     (spec("rules", "rules", on_error="fail"), DropOdd())])
+    got = more.run(Request(user_id="u", k=8, history=np.array([38]))).candidates.items.tolist()
+    # recall's own 0, 2, 4 then its tail (6..) comes first, then more(): 38 is excluded history
+    assert got == [0, 2, 4, 6, 8, 10, 12, 14]
+
+
+def test_a_list_that_cannot_be_filled_says_so():
+    pipe = Pipeline([(spec("recall", "recall", on_error="fail"), ListRecall(n_items=6)),
+                     (spec("rules", "rules", on_error="fail"), DropOdd())])
+    result = pipe.run(Request(user_id="u", k=10))
+    assert result.candidates.items.tolist() == [0, 2, 4]
+    assert not result.complete and result.short_by == 7
+    assert result.short_reason == "no more candidates pass the rules"
+
+
+class SlowDropOdd(DropOdd):
+    def run(self, request: Request, candidates: Candidates) -> Candidates:
+        time.sleep(0.1)  # the request deadline passes while the policy runs
+        return super().run(request, candidates)
+
+
+def test_backfill_stops_at_the_request_deadline():
+    pipe = Pipeline([(spec("recall", "recall", depth=10, on_error="fail"), ListRecall()),
+                     (spec("coarse", "coarse", depth=4), ParityScorer()),
+                     (spec("rules", "rules", on_error="fail"), SlowDropOdd())])
+    result = pipe.run(Request(user_id="u", k=4, deadline=time.monotonic() + 0.05))
+    assert not result.complete
+    assert result.short_reason == "request deadline reached while backfilling"
+
+
+def test_until_and_full_lists_need_no_backfill():
+    full = policy_pipeline().run(Request(user_id="u", k=4), until="coarse")
+    assert full.candidates.items.tolist() == [1, 3, 5, 7] and full.complete
+    assert all(t.name != "backfill" for t in full.traces)

@@ -6,10 +6,18 @@ a real Redis (admin calls carry the key, so the admin validation is fuzzed too; 
 path is tested in ``test_admin_security``). No call may get a 5xx, and every 4xx must
 say why (a non-empty ``detail``). The number of generated calls is printed at the end
 (run with ``-s``): ``fuzzed N calls``.
+
+Schemathesis generates strict JSON, which has no NaN or Infinity; Python's ``json`` (and so
+the server) reads them all the same, and ``1e309`` overflows to infinity. So a share of the
+generated JSON bodies gets a non-finite number (drawn from hypothesis' ``floats`` with NaN
+and infinities allowed, or an overflowing literal) in place of one of its values, and those
+calls must be a 422 ``finite_number`` naming that value's field.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -18,6 +26,7 @@ import pytest
 import schemathesis
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 
 from recsys.config import STAGE_KINDS
@@ -28,6 +37,12 @@ from tests.serving.conftest import REAL_RULES, toy_pipeline
 from tests.serving.toy import TOY_KINDS, save_toy_split, toy_settings
 
 CALLS: Counter[str] = Counter()
+# JSON spellings of non-finite numbers: NaN / Infinity / -Infinity, and literals that overflow a double
+NON_FINITE = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True).filter(lambda x: not math.isfinite(x)).map(json.dumps),
+    st.sampled_from(["1e309", "-1e400", "123.0e999"]),
+)
+_MARK = "__non_finite__"
 
 
 @pytest.fixture(scope="module")
@@ -57,16 +72,21 @@ def test_no_server_error_and_every_4xx_says_why(api_schema: Any) -> None:
 def fuzz_operation(operation: Any, mode: schemathesis.GenerationMode) -> None:
     @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None,
               derandomize=True)
-    @given(case=operation.as_strategy(generation_mode=mode))
-    def check(case: Any) -> None:
-        headers = {"X-API-Key": ADMIN_KEY} if case.path.startswith("/admin") else None
+    @given(case=operation.as_strategy(generation_mode=mode), data=st.data())
+    def check(case: Any, data: st.DataObject) -> None:
+        headers = {"X-API-Key": ADMIN_KEY} if case.path.startswith(("/admin", "/console/api")) else None
+        poisoned = _poison(case, data)
         response = case.call(headers=headers)
-        CALLS[f"{mode.value} {case.method} {case.path} {response.status_code}"] += 1
+        label = "non-finite" if poisoned else mode.value
+        CALLS[f"{label} {case.method} {case.path} {response.status_code}"] += 1
         assert response.status_code < 500, (  # the app is ready and Redis is up: not even a 503
             f"{case.method} {case.formatted_path} -> {response.status_code}: {response.text[:500]}")
         if 400 <= response.status_code < 500:
             detail = response.json().get("detail")
             assert detail, f"{response.status_code} without a detail: {response.text[:300]}"
+        if poisoned is not None and case.method == "POST":  # the JSON routes; PUT reads YAML, where NaN is text
+            assert response.status_code == 422 and response.json()["detail"][0]["type"] == "finite_number"
+            assert response.json()["detail"][0]["loc"] == ["body", *poisoned]
 
     try:
         check()
@@ -74,6 +94,18 @@ def fuzz_operation(operation: Any, mode: schemathesis.GenerationMode) -> None:
         if mode is schemathesis.GenerationMode.POSITIVE:
             raise
         # an operation without parameters or body (GET /healthz) has nothing to violate
+
+
+def _poison(case: Any, data: st.DataObject) -> list[str] | None:
+    """Put a non-finite number in place of one value of a JSON object body (1 call in 3); its path."""
+    if not isinstance(case.body, dict) or not case.body or "json" not in (case.media_type or ""):
+        return None
+    if data.draw(st.integers(0, 2), label="poison") != 0:
+        return None
+    key = data.draw(st.sampled_from(sorted(case.body)), label="poisoned key")
+    token = data.draw(NON_FINITE, label="non-finite")
+    case.body = json.dumps({**case.body, key: _MARK}).replace(json.dumps(_MARK), token).encode()
+    return [key]
 
 
 def test_schema_lists_every_route(api_schema: Any) -> None:

@@ -8,6 +8,7 @@ and searched for the key string.
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 from fastapi.testclient import TestClient
@@ -37,12 +38,86 @@ def test_malformed_bodies_are_refused_naming_the_problem(
     assert admin_client.post("/v1/recommend", json={"user_id": "u1"}).status_code == 200  # still serving
 
 
-@pytest.mark.parametrize(("k", "says"), [(10**30, "less than or equal to 1000"), (6, "less than or equal to 5"),
+@pytest.mark.parametrize(("k", "says"), [(6, "less than or equal to 5"), (101, "less than or equal to 5"),
+                                         (10**9, "less than or equal to 5"), (10**30, "less than or equal to 5"),
                                          (0, "greater than or equal to 1"), ("5", "valid integer")])
 def test_out_of_range_k_is_422_naming_k(admin_client: TestClient, k: object, says: str) -> None:
+    """One bound for every k too large: the configured pipeline.max_k (5 here), never a static 1000."""
     resp = admin_client.post("/v1/recommend", json={"user_id": "u1", "k": k})
     assert resp.status_code == 422
     assert resp.json()["detail"][0]["loc"] == ["body", "k"] and says in resp.json()["detail"][0]["msg"]
+
+
+def error_count(client: TestClient, kind: str) -> float:
+    found = re.search(rf'^recsys_errors_total{{kind="{kind}"}} (\S+)$', client.get("/metrics").text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+@pytest.mark.parametrize(("path", "body", "loc", "spelled"), [
+    ("/v1/recommend", b'{"user_id":"u0001","k":NaN}', ["body", "k"], "NaN"),
+    ("/v1/recommend", b'{"user_id":"u0001","k":1e309}', ["body", "k"], "Infinity"),
+    ("/v1/recommend", b'{"user_id":"u0001","k":-Infinity}', ["body", "k"], "-Infinity"),
+    ("/v1/recommend", b"NaN", ["body"], "NaN"),
+    ("/v1/recommend", b'{"user_id":"u1","context":{"scores":[1,2,Infinity]}}', ["body", "context", "scores", 2],
+     "Infinity"),
+    ("/admin/rules/rollback", b'{"version":NaN}', ["body", "version"], "NaN"),
+    ("/v1/events", b'{"event_id":"e-nan","user_id":"u1","item_id":"m4","type":"rating","value":NaN}',
+     ["body", "value"], "NaN"),
+    ("/v1/events", b'{"event_id":"e-inf","user_id":"u1","item_id":"m4","type":"click","ts":Infinity}',
+     ["body", "ts"], "Infinity"),
+])
+def test_non_finite_numbers_are_422_naming_the_field_and_counted(
+    admin_client: TestClient, path: str, body: bytes, loc: list, spelled: str
+) -> None:
+    before = error_count(admin_client, "non_finite_number")
+    resp = admin_client.post(path, content=body, headers={**JSON, "X-API-Key": ADMIN_KEY})
+    assert resp.status_code == 422
+    assert resp.json()["detail"] == [{"type": "finite_number", "loc": loc, "msg": "Input should be a finite number",
+                                      "input": spelled}]
+    assert error_count(admin_client, "non_finite_number") == before + 1
+
+
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("ts", 1e300, "Input should be less than or equal to 4102444800"),
+    ("ts", -1.0, "Input should be greater than or equal to 0"),
+    ("value", 1e300, "Input should be less than or equal to 1000000000"),
+    ("value", -1e300, "Input should be greater than or equal to -1000000000"),
+])
+def test_absurd_event_numbers_are_refused_and_nothing_is_recorded(
+    admin_client: TestClient, field: str, value: float, says: str
+) -> None:
+    event = {"event_id": f"e-{field}-{value:.0e}".replace("+", ""), "user_id": "u1", "item_id": "m4", "type": "rating", field: value}
+    resp = admin_client.post("/v1/events", json=event)
+    assert resp.status_code == 422
+    assert [(e["loc"], e["msg"]) for e in resp.json()["detail"]] == [(["body", field], says)]
+    event.pop(field)
+    ok = admin_client.post("/v1/events", json=event)  # the same event_id was never recorded
+    assert ok.status_code == 200 and ok.json()["status"] == "accepted"
+
+
+def test_an_integer_python_cannot_convert_is_400(admin_client: TestClient) -> None:
+    resp = admin_client.post("/v1/recommend", content=b'{"user_id":"u1","k":1' + b"0" * 5000 + b"}", headers=JSON)
+    assert resp.status_code == 400
+    assert resp.json()["detail"].startswith("body holds a number Python does not convert: Exceeds the limit")
+    assert error_count(admin_client, "number_too_long") == 1
+
+
+def test_an_unexpected_error_is_a_counted_500(admin_client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(*args: object) -> None:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(admin_client.app.state.slot.recommender, "recommend", boom)
+    resp = admin_client.post("/v1/recommend", json={"user_id": "u1"})
+    assert (resp.status_code, resp.json()) == (500, {"detail": "internal server error"})
+    assert error_count(admin_client, "internal") == 1
+
+
+def test_reload_refuses_a_body_it_would_ignore(admin_client: TestClient) -> None:
+    body = b'{"artifact_dir": "/somewhere/else"}'
+    resp = admin_client.post("/admin/reload", content=body, headers={**JSON, "X-API-Key": ADMIN_KEY})
+    assert resp.status_code == 422
+    assert resp.json()["detail"] == ("POST /admin/reload takes no body (got 35 bytes): "
+                                     "it reloads the served artifact directory")
 
 
 def test_hostile_strings_in_ids_and_context_are_served_or_refused_cleanly(admin_client: TestClient) -> None:

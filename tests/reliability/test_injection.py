@@ -113,7 +113,7 @@ def rules_stage(titles: list[str], texts: list[str]) -> RulesStage:
     }))
     settings = Settings.build({})
     stage = RulesStage(StageSpec(name="rules", kind="rules", on_error="fail"), settings)
-    stage.use(load_ruleset(settings.rules.ruleset_path("default")), ItemAttributes.from_items(items))
+    stage.use(load_ruleset(settings.rules.ruleset_path()), ItemAttributes.from_items(items))
     return stage
 
 

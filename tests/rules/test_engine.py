@@ -14,7 +14,7 @@ RISK_NOTE = {"id": "risk_note", "kind": "disclaimer", "text": "risky", "items": 
 
 
 def rules(*raw):
-    return parse_ruleset({"version": "t1", "rules": list(raw)})
+    return parse_ruleset({"version": "t1", "rules": list(raw), "allow_empty": not raw})
 
 
 def kept(ruleset, user, items, order=ALL):

@@ -1,6 +1,7 @@
 """Rule set validation: errors name the rule (id and index) and the bad key."""
 
 import pytest
+import yaml
 
 from rules.config import RULESETS_DIR, RulesConfig
 from rules.schema import AudienceGateRule, CategoryCapRule, RulesError, load_ruleset, parse_ruleset
@@ -14,7 +15,7 @@ def parse(*raw, version="v1"):
 
 def test_valid_rule_set_keeps_rules_in_order_with_their_types():
     rs = parse(GOOD, {"id": "adult_gate", "kind": "audience_gate", "audience": "adult", "min_age": "18"},
-               {"id": "cap", "kind": "category_cap", "max_items": 4}, version=3)
+               {"id": "cap", "kind": "category_cap", "max_items": 4}, version="3")
     assert rs.version == "3"
     assert [r.id for r in rs.rules] == ["withdrawn", "adult_gate", "cap"]
     assert isinstance(rs.rules[1], AudienceGateRule) and rs.rules[1].min_age == 18
@@ -61,28 +62,68 @@ def test_duplicate_ids_missing_version_and_bad_shapes():
         parse_ruleset({"version": "1", "rule": []})
 
 
+REQUIRED = ("t.yaml: 'rules' is required: a rule set without rules turns every compliance rule off "
+            "(write 'rules: []' with 'allow_empty: true' if that is meant)")
+EMPTY = "t.yaml: 'rules' is empty: every compliance rule would be off (add 'allow_empty: true' if that is meant)"
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"version": "open-1"}, REQUIRED),
+    ({"version": "open-1", "description": "no rules"}, REQUIRED),
+    ({"version": "open-1", "rules": None}, "t.yaml: 'rules' must be a list"),
+    ({"version": "open-1", "rules": []}, EMPTY),
+    ({"version": "open-1", "rules": [], "allow_empty": False}, EMPTY),
+])
+def test_a_rule_set_without_rules_is_refused(data, message):
+    """Fail closed: an empty rule set would serve adult and high-risk items to everyone."""
+    with pytest.raises(RulesError) as err:
+        parse_ruleset(data, source="t.yaml")
+    assert str(err.value) == message
+
+
+def test_an_empty_rule_set_needs_an_explicit_allow_empty():
+    rs = parse_ruleset({"version": "open-1", "rules": [], "allow_empty": True})
+    assert (rs.version, rs.rules, rs.allow_empty) == ("open-1", (), True)
+    with pytest.raises(RulesError, match=r"^t.yaml: 'allow_empty' must be true or false, got 'yes please'$"):
+        parse_ruleset({"version": "open-1", "rules": [], "allow_empty": "yes please"}, source="t.yaml")
+    with pytest.raises(RulesError, match="'rules' is required"):  # allow_empty alone does not stand for rules: []
+        parse_ruleset({"version": "open-1", "allow_empty": True})
+
+
+@pytest.mark.parametrize(("text", "read_as"), [("1.10", "float 1.1"), ("010", "int 8"), ("3", "int 3"),
+                                               ("yes", "bool True"), ("2024-01-02", "date datetime.date(2024, 1, 2)")])
+def test_a_version_yaml_would_mangle_is_refused_naming_the_problem(text, read_as):
+    data = yaml.safe_load(f"version: {text}\nrules: [{{id: w, kind: blocklist, items: {{item_ids: [x]}}}}]")
+    with pytest.raises(RulesError) as err:
+        parse_ruleset(data, source="t.yaml")
+    assert str(err.value) == (f"t.yaml: 'version' must be a string, got {read_as}: YAML reads an unquoted 1.10 "
+                              "as the number 1.1; quote it (version: \"1.10\")")
+    quoted = yaml.safe_load(f"version: '{text}'\nrules: [{{id: w, kind: blocklist, items: {{item_ids: [x]}}}}]")
+    assert parse_ruleset(quoted).version == text
+
+
 def test_load_ruleset_names_the_file(tmp_path):
     with pytest.raises(RulesError, match="rule set file not found"):
         load_ruleset(tmp_path / "absent.yaml")
     bad = tmp_path / "bad.yaml"
-    bad.write_text("version: 1\nrules: [{id: a, kind: audience_gate, audience: adult, min_age: x}]\n")
+    bad.write_text("version: '1'\nrules: [{id: a, kind: audience_gate, audience: adult, min_age: x}]\n")
     with pytest.raises(RulesError, match=rf"{bad}: rule 'a' \(rules\[0\]\): min_age must be an integer"):
         load_ruleset(bad)
 
 
-def test_packaged_rule_sets_load_and_movielens_has_no_audience_gate():
+def test_packaged_rule_sets_load_and_default_rules_skip_where_the_catalog_lacks_the_attribute():
     default = load_ruleset(RULESETS_DIR / "default.yaml")
     movielens = load_ruleset(RULESETS_DIR / "movielens.yaml")
-    assert {r.kind for r in default.rules} == {"blocklist", "audience_gate", "risk_tolerance",
-                                               "category_cap", "disclaimer"}
+    assert {r.kind for r in default.rules} == {"blocklist", "audience_gate", "risk_tolerance", "disclaimer"}
+    # every default rule that reads an attribute says what happens on a catalog without it
+    assert all(r.on_absent_attribute == "skip" for r in default.rules if r.kind != "blocklist")
     assert {r.kind for r in movielens.rules} == {"blocklist", "category_cap", "disclaimer"}
     assert default.version and movielens.version and default.version != movielens.version
 
 
-def test_config_picks_packaged_rule_set_by_dataset(tmp_path):
-    cfg = RulesConfig()
-    assert cfg.ruleset_path("ml-100k") == RULESETS_DIR / "movielens.yaml"
-    assert cfg.ruleset_path("synthetic") == RULESETS_DIR / "default.yaml"
-    assert RulesConfig(ruleset=tmp_path / "mine.yaml").ruleset_path("ml-100k") == tmp_path / "mine.yaml"
-    with pytest.raises(ValueError, match="no packaged rule set 'nope'"):
-        RulesConfig(packaged_for_dataset={"x": "nope"})
+def test_config_takes_the_explicit_rule_set_else_the_packaged_default(tmp_path):
+    assert RulesConfig().ruleset_path() == RULESETS_DIR / "default.yaml"
+    assert RulesConfig(ruleset=tmp_path / "mine.yaml").ruleset_path() == tmp_path / "mine.yaml"
+    assert RulesConfig(ruleset=tmp_path / "mine.yaml").ruleset_path(tmp_path / "stage.yaml") == tmp_path / "stage.yaml"
+    with pytest.raises(ValueError, match="packaged_for_dataset"):
+        RulesConfig(packaged_for_dataset={"ml-100k": "movielens"})  # the dataset-name map is gone

@@ -12,7 +12,7 @@ from recsys.pipeline import Pipeline, PipelineError
 from recsys.settings import Settings
 from rules.config import RULESETS_DIR
 from rules.items import ItemAttributes
-from rules.schema import load_ruleset
+from rules.schema import RulesError, load_ruleset
 from rules.stage import RulesStage
 from tests.rules.conftest import toy_items_table
 
@@ -25,9 +25,9 @@ rules:
 """
 
 
-def save_toy_split(root, name="toy"):
-    items = toy_items_table()
-    users = pd.DataFrame({"user_id": ["u0"]})
+def save_toy_split(root, name="toy", items=None, users=None):
+    items = toy_items_table() if items is None else items
+    users = pd.DataFrame({"user_id": ["u0"], "age": pd.array([30], dtype="Int64")}) if users is None else users
     train = pd.DataFrame({"user_idx": [0], "item_idx": [0], "rating": [5.0], "timestamp": [1]})
     Split(name=name, vocab=Vocab.build(users["user_id"], items["item_id"]), items=items, users=users,
           train=train, valid=np.array([1]), test=np.array([2]), valid_ts=np.array([2]),
@@ -81,11 +81,89 @@ def test_existing_disclaimers_and_reasons_are_kept(stage):
     assert before.disclaimers == {3: ["from llm"], 0: ["x"]}
 
 
-def test_packaged_rule_set_is_chosen_by_dataset_name(tmp_path):
-    save_toy_split(tmp_path, name="ml-100k")
+def movie_like_items():
+    """The toy catalog as MovieLens ships it: categories, no audience rating, no risk level."""
+    items = toy_items_table()
+    return items.assign(audience=None, risk_level=pd.array([None] * len(items), dtype="Int64"))
+
+
+@pytest.mark.parametrize("name", ["ml-100k", "my-movies", "synthetic"])
+def test_default_rule_set_fits_the_catalog_not_its_name(tmp_path, name):
+    save_toy_split(tmp_path, name=name, items=movie_like_items())
     stage = RulesStage(StageSpec(name="rules", kind="rules"), Settings.build({}))
     stage.load(tmp_path)
-    assert stage.version() == load_ruleset(RULESETS_DIR / "movielens.yaml").version
+    assert stage.ruleset_path == RULESETS_DIR / "default.yaml"
+    assert stage.skipped == {"adult_gate": "no item carries audience", "teen_gate": "no item carries audience",
+                             "risk_tolerance": "no item carries risk_level",
+                             "high_risk_disclaimer": "no item carries risk_level"}
+    # a user of unknown age keeps every movie: nothing the catalog lacks removes anything
+    out = stage.run(Request(user_id="new", user_attrs={}), cands([3, 1, 2, 0, 5]))
+    assert out.items.tolist() == [3, 1, 2, 0, 5]
+    assert out.disclaimers == {3: ["Contains frightening scenes."], 1: ["Contains frightening scenes."]}
+
+
+def test_default_rule_set_gates_where_the_catalog_carries_audience_and_risk(tmp_path):
+    save_toy_split(tmp_path, name="ml-100k")  # the name no longer matters: the toy items carry both
+    stage = RulesStage(StageSpec(name="rules", kind="rules"), Settings.build({}))
+    stage.load(tmp_path)
+    assert stage.skipped == {}
+    out = stage.run(Request(user_id="new", user_attrs={}, debug=True), cands([0, 1, 2, 4, 5]))
+    # unknown age counts as a minor: b (adult) and c (teen) gated, e (audience unknown) fails closed,
+    # f (risk unknown) fails closed on the risk rule
+    assert out.items.tolist() == [0]
+    assert dict(out.removed) == {1: "adult_gate", 2: "teen_gate", 4: "adult_gate", 5: "risk_tolerance"}
+
+
+def write_rules(tmp_path, body: str):
+    path = tmp_path / "rules.yaml"
+    path.write_text("version: t-1\nrules:\n" + body)
+    return Settings.build({"rules": {"ruleset": str(path)}})
+
+
+def test_rule_on_an_attribute_no_item_carries_is_refused_at_start_up(tmp_path):
+    save_toy_split(tmp_path, items=movie_like_items())
+    settings = write_rules(tmp_path, "  - {id: adult_gate, kind: audience_gate, audience: adult, min_age: 18}\n")
+    stage = RulesStage(StageSpec(name="rules", kind="rules"), settings)
+    with pytest.raises(RulesError, match=r"rule 'adult_gate' \(rules\[0\]\): no item carries audience"):
+        stage.load(tmp_path)
+    settings = write_rules(tmp_path, "  - {id: no_risky, kind: blocklist, items: {min_risk_level: 2}}\n")
+    with pytest.raises(RulesError, match="rule 'no_risky' .*no item carries risk_level"):
+        RulesStage(StageSpec(name="rules", kind="rules"), settings).load(tmp_path)
+
+
+def test_rule_on_an_attribute_no_user_carries_is_refused_unless_it_says_how(tmp_path):
+    no_ages = pd.DataFrame({"user_id": ["u0"], "age": pd.array([None], dtype="Int64")})
+    save_toy_split(tmp_path, users=no_ages)
+    gate = "  - {id: adult_gate, kind: audience_gate, audience: adult, min_age: 18"
+    with pytest.raises(RulesError, match="rule 'adult_gate' .*no user carries age"):
+        RulesStage(StageSpec(name="rules", kind="rules"), write_rules(tmp_path, gate + "}\n")).load(tmp_path)
+    stated = RulesStage(StageSpec(name="rules", kind="rules"),
+                        write_rules(tmp_path, gate + ", when_user_unknown: restrict}\n"))
+    stated.load(tmp_path)  # the rule says what an unknown age means: it applies as written
+    assert stated.run(Request(user_id="u", user_attrs={}), cands([0, 1])).items.tolist() == [0]
+
+
+@pytest.mark.parametrize(("mode", "expected"), [("skip", [0, 1, 4]), ("enforce", [])])
+def test_on_absent_attribute_skip_turns_the_rule_off_and_enforce_fails_closed(tmp_path, mode, expected):
+    save_toy_split(tmp_path, items=movie_like_items())
+    body = f"  - {{id: adult_gate, kind: audience_gate, audience: adult, min_age: 18, on_absent_attribute: {mode}}}\n"
+    stage = RulesStage(StageSpec(name="rules", kind="rules"), write_rules(tmp_path, body))
+    stage.load(tmp_path)
+    assert stage.run(Request(user_id="kid", user_attrs={"age": 9}), cands([0, 1, 4])).items.tolist() == expected
+    assert stage.version() == "t-1"
+
+
+def test_check_refuses_before_install_and_keeps_the_serving_rule_set(tmp_path):
+    save_toy_split(tmp_path, items=movie_like_items())
+    stage = RulesStage(StageSpec(name="rules", kind="rules"), Settings.build({}))
+    stage.load(tmp_path)
+    bad = load_ruleset(write_rules(tmp_path, "  - {id: gate, kind: audience_gate, audience: teen, min_age: 13}\n")
+                       .rules.ruleset)
+    with pytest.raises(RulesError, match="rule 'gate' .*no item carries audience"):
+        stage.check(bad)
+    with pytest.raises(RulesError):
+        stage.use(bad, stage.items)
+    assert stage.version() == load_ruleset(RULESETS_DIR / "default.yaml").version
 
 
 def test_run_before_load_is_an_error_and_the_pipeline_fails_closed(tmp_path):

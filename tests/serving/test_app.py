@@ -1,16 +1,21 @@
 from __future__ import annotations
 
+import asyncio
+import json
+import re
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from fastapi.exceptions import RequestValidationError
 from fastapi.testclient import TestClient
+from pydantic import ValidationError
 
 from recsys.config import StageSpec
-from serving.app import create_app
-from serving.schemas import RecommendResponse
-from tests.serving.conftest import RECALL, RULES, client_for
+from serving.app import _validation_error, create_app
+from serving.schemas import EventRequest, RecommendResponse
+from tests.serving.conftest import ADMIN_KEY, RECALL, RULES, client_for
 from tests.serving.toy import AudienceRules, FailingStage, PopularityRecall, YearRerank, toy_settings
 
 
@@ -89,6 +94,30 @@ def test_malformed_json_is_refused(client: TestClient) -> None:
     assert resp.json()["detail"][0]["type"] == "json_invalid"
 
 
+def test_a_validation_error_echoing_a_non_finite_number_is_still_written() -> None:
+    """FastAPI's own handler failed on such an error ("Out of range float values"): a 500."""
+    error = {"type": "less_than_equal", "loc": ("body", "x"), "msg": "Input should be less than or equal to 1",
+             "input": float("nan"), "ctx": {"le": float("-inf")}}
+    resp = asyncio.run(_validation_error(None, RequestValidationError([error])))  # type: ignore[arg-type]
+
+    def refuse(token: str) -> None:
+        raise ValueError(f"{token} in the body")
+
+    assert resp.status_code == 422
+    assert json.loads(resp.body, parse_constant=refuse) == {"detail": [
+        {**error, "loc": ["body", "x"], "input": "NaN", "ctx": {"le": "-Infinity"}}]}
+
+
+@pytest.mark.parametrize("field", ["value", "ts"])
+def test_event_model_refuses_non_finite_numbers(field: str) -> None:
+    """Whatever parsed the JSON: the model itself never lets NaN or infinity into an event."""
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValidationError) as err:
+            EventRequest.model_validate({"event_id": "e", "user_id": "u1", "item_id": "m1", "type": "click",
+                                         field: bad})
+        assert [(e["type"], e["loc"]) for e in err.value.errors()] == [("finite_number", (field,))]
+
+
 def test_oversized_body_is_413(client: TestClient) -> None:
     big = b'{"user_id": "u1", "context": {"pad": "' + b"x" * 70_000 + b'"}}'
     resp = client.post("/v1/recommend", content=big, headers={"content-type": "application/json"})
@@ -162,6 +191,46 @@ def test_openapi_and_docs_are_served(client: TestClient) -> None:
     assert {"/v1/recommend", "/readyz", "/healthz"} <= set(spec["paths"])
     assert "RecommendResponse" in spec["components"]["schemas"]
     assert client.get("/docs").status_code == 200
+
+
+@pytest.mark.parametrize("page", ["/docs", "/redoc"])
+def test_docs_pages_work_offline(client: TestClient, page: str) -> None:
+    """Every script, style and icon of the docs pages comes from this server (the pinned wheel)."""
+    html = client.get(page).text
+    assert "http://" not in html and "https://" not in html and "//cdn" not in html
+    assets = re.findall(r'(?:src|href)="([^"]+)"', html)
+    assert len(assets) >= 2 and all(a.startswith("/") and not a.startswith("//") for a in assets)
+    for asset in assets:
+        resp = client.get(asset)
+        assert resp.status_code == 200 and len(resp.content) > 1000, asset
+
+
+def test_openapi_declares_the_admin_key_and_the_document_body(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    scheme = spec["components"]["securitySchemes"]["APIKey"]
+    assert (scheme["type"], scheme["in"], scheme["name"]) == ("apiKey", "header", "X-API-Key")
+    assert "RECSYS_SERVING__ADMIN_API_KEY" in scheme["description"]
+    admin_ops = [(path, op) for path, ops in spec["paths"].items() if path.startswith("/admin")
+                 for op in ops.values()]
+    assert len(admin_ops) == 4  # PUT /admin/{kind}, GET .../versions, POST .../rollback, POST /admin/reload
+    assert all(op["security"] == [{"APIKey": []}] for _, op in admin_ops)
+    public_ops = [op for path, ops in spec["paths"].items()
+                  if path.startswith("/v1/") or path in ("/healthz", "/readyz", "/metrics") for op in ops.values()]
+    assert len(public_ops) == 5 and all("security" not in op for op in public_ops)
+    body = spec["paths"]["/admin/{kind}"]["put"]["requestBody"]
+    assert body["required"] is True and set(body["content"]) == {"application/json", "application/yaml"}
+    assert body["content"]["application/json"]["example"]["rules"]
+
+
+def test_the_documented_example_publishes_a_rule_set(online: TestClient) -> None:
+    """What "Try it out" in /docs sends, as JSON and as YAML, is a rule set the server accepts."""
+    content = online.get("/openapi.json").json()["paths"]["/admin/{kind}"]["put"]["requestBody"]["content"]
+    key = {"X-API-Key": ADMIN_KEY}
+    as_json = online.put("/admin/rules", json=content["application/json"]["example"], headers=key)
+    assert as_json.status_code == 200 and as_json.json()["status"] == "created"
+    as_yaml = online.put("/admin/rules", content=content["application/yaml"]["example"],
+                         headers={**key, "content-type": "application/yaml"})
+    assert as_yaml.status_code == 200 and as_yaml.json() == {**as_json.json(), "status": "unchanged"}
 
 
 def _wait_ready(client: TestClient, until: str = "ready", timeout_s: float = 20.0):

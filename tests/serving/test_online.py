@@ -63,3 +63,15 @@ def test_calls_raise_unavailable_when_redis_is_gone(redis_server, state: OnlineS
             state.cached_result("k")  # in backoff: no connection attempt at all
     finally:
         redis_server.start()
+
+
+def test_reading_unknown_users_writes_no_key(state: OnlineState) -> None:
+    """Issue 16 item 6: every read of a new user id used to leave a permanent ``hver`` key."""
+    for n in range(50):
+        assert state.history(f"stranger-{n}", None) == (pytest.approx(np.zeros(0)), 0)
+    assert state.client.keys(f"{state.ns}:*") == []
+    state.history("alice", 0)  # a known user is still seeded (bounded by the catalog)
+    assert sorted(state.client.keys(f"{state.ns}:*")) == [f"{state.ns}:hist:alice".encode(),
+                                                           f"{state.ns}:hver:alice".encode()]
+    state.ingest("e1", "stranger-7", None, 3, {"type": "click"})  # an event makes the user's history real
+    assert state.history("stranger-7", None) == (pytest.approx(np.array([3])), 1)

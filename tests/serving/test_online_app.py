@@ -1,7 +1,7 @@
 """The online features over HTTP: events, result cache, admin versions, metrics, Redis outage.
 
 Toy catalog (tests/serving/toy.py) with the real rules stage on rules/rulesets/default.yaml
-(version default-1). u1 (30, risk tolerance 1) has seen m1 m2 m3, so popularity answers
+(version default-2). u1 (30, risk tolerance 1) has seen m1 m2 m3, so popularity answers
 m4 m5 m6; a click on m4 excludes it next time.
 """
 
@@ -78,15 +78,15 @@ def test_admin_needs_the_key(online: TestClient, toy_dir) -> None:
 def test_rule_change_and_rollback_take_effect_at_once(online: TestClient) -> None:
     listed = online.get("/admin/rules/versions", headers=AUTH).json()
     assert (listed["active"], listed["serving"], [v["version"] for v in listed["versions"]]) == (
-        "default-1", "default-1", ["default-1"])
+        "default-2", "default-2", ["default-2"])
     put = online.put("/admin/rules", content=json.dumps(BLOCK_M4), headers=AUTH)
     assert put.status_code == 200 and put.json()["status"] == "created"
     items, data = ids(online)
     assert items == ["m5", "m6"] and data["versions"]["rules"] == "block-m4" and data["path"] == "light"
-    back = online.post("/admin/rules/rollback", json={"version": "default-1"}, headers=AUTH)
+    back = online.post("/admin/rules/rollback", json={"version": "default-2"}, headers=AUTH)
     assert back.status_code == 200
     items, data = ids(online)
-    assert items == ["m4", "m5", "m6"] and data["versions"]["rules"] == "default-1"
+    assert items == ["m4", "m5", "m6"] and data["versions"]["rules"] == "default-2"
     assert online.post("/admin/rules/rollback", json={"version": "v404"}, headers=AUTH).status_code == 404
     other = {**BLOCK_M4, "description": "same version, other rules"}
     assert online.put("/admin/rules", content=json.dumps(other), headers=AUTH).status_code == 409
@@ -98,9 +98,9 @@ def test_invalid_rule_set_is_refused_and_the_old_one_keeps_serving(online: TestC
     assert resp.status_code == 422 and "gate" in resp.json()["detail"]
     assert online.put("/admin/rules", content=b"[1, 2", headers=AUTH).status_code == 422
     items, data = ids(online)
-    assert items == ["m4", "m5", "m6"] and data["versions"]["rules"] == "default-1"
+    assert items == ["m4", "m5", "m6"] and data["versions"]["rules"] == "default-2"
     assert [v["version"] for v in online.get("/admin/rules/versions", headers=AUTH).json()["versions"]] == [
-        "default-1"]
+        "default-2"]
 
 
 def test_prompt_versions_are_stored_and_reported(online: TestClient) -> None:
@@ -141,7 +141,7 @@ def test_redis_down_serves_degraded_light_path_then_recovers(online: TestClient,
     deadline = time.monotonic() + 10
     while (data := ids(online)[1])["degraded"] and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert data["degraded"] is False and data["versions"]["rules"] == "default-1"
+    assert data["degraded"] is False and data["versions"]["rules"] == "default-2"
     assert event(online, "ev-11").status_code == 200
     assert ids(online)[0] == ["m5", "m6"]
 
@@ -175,3 +175,21 @@ def test_llm_that_fails_falls_back_and_is_not_cached(toy_dir) -> None:
         answers = [ids(client)[1] for _ in range(2)]
     assert [(d["path"], d["route"], d["fallbacks"]) for d in answers] == [("fallback", "share", ["llm"])] * 2
     assert [i["id"] for i in answers[0]["items"]] == ["m4", "m5", "m6"]  # recall's order kept
+
+
+def test_read_traffic_from_new_user_ids_leaves_no_permanent_key(online: TestClient, redis_env: str, toy_dir) -> None:
+    """Issue 16 item 6: each request with a new user id wrote a ``hver`` key with no expiry."""
+    import redis
+
+    ns = toy_dir.name
+    r = redis.Redis.from_url(redis_env)
+
+    def permanent() -> set[bytes]:
+        return {k for k in r.scan_iter(f"{ns}:*") if r.pttl(k) == -1}
+
+    ids(online)  # warm up: a known user (seeded) and the rules/prompt version keys
+    before = permanent()
+    for n in range(200):
+        assert online.post("/v1/recommend", json={"user_id": f"visitor-{n}", "k": 3}).status_code == 200
+    assert permanent() == before  # only result-cache entries were added, and they expire
+    assert not [k for k in r.scan_iter(f"{ns}:*") if b"visitor-" in k]

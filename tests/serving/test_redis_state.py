@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import os
+import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -75,3 +79,69 @@ def test_embedded_redis_starts_from_a_relative_work_dir(tmp_path, monkeypatch):
         assert redis.Redis.from_url(url).ping()
     finally:
         server.stop()
+
+
+def _wait_for(predicate, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+def test_supervised_server_is_restarted_after_sigkill_and_tells_its_listeners(tmp_path) -> None:
+    """Issue 16 item 5: after `kill -9` the child stayed dead for good."""
+    server = EmbeddedRedis(tmp_path / "r", supervise=True)
+    restarted = threading.Event()
+    server.add_restart_listener(restarted.set)
+    try:
+        url = server.start()
+        assert EmbeddedRedis.supervising(url) is server
+        first = server.proc
+        assert first is not None
+        os.kill(first.pid, signal.SIGKILL)
+        assert restarted.wait(timeout=10), "no restart within 10 s"
+        assert server.restarts == 1 and server.proc is not first and server.proc.poll() is None
+        assert redis.Redis.from_url(url).ping()
+    finally:
+        server.close()
+    assert EmbeddedRedis.supervising(url) is None
+
+
+def test_stop_is_not_a_crash_and_unsupervised_servers_stay_down(tmp_path) -> None:
+    supervised = EmbeddedRedis(tmp_path / "s", supervise=True)
+    plain = EmbeddedRedis(tmp_path / "p")
+    try:
+        supervised.start()
+        supervised.stop()  # asked to stop: the supervisor must not bring it back
+        plain.start()
+        assert plain.proc is not None
+        dead = plain.proc
+        os.kill(dead.pid, signal.SIGKILL)
+        dead.wait()
+        time.sleep(0.3)
+        assert supervised.proc is None and supervised.restarts == 0
+        assert plain.proc is dead and plain.restarts == 0
+        supervised.start()  # a stopped supervised server starts again, supervised again
+        os.kill(supervised.proc.pid, signal.SIGKILL)
+        assert _wait_for(lambda: supervised.restarts == 1)
+    finally:
+        supervised.close()
+        plain.close()
+
+
+def test_guard_reset_closes_the_breaker_at_once() -> None:
+    clock = Clock()
+    guard = RedisGuard(min_s=1.0, max_s=3.0, clock=clock)
+
+    def down() -> int:
+        raise redis.exceptions.ConnectionError("refused")
+
+    for _ in range(3):
+        clock.now += 5
+        with pytest.raises(RedisUnavailable):
+            guard.call(down)
+    assert guard.down
+    guard.reset()  # e.g. the supervisor restarted Redis: no need to sit out the 3 s backoff
+    assert not guard.down and guard.call(lambda: 7) == 7

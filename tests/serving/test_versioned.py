@@ -47,13 +47,13 @@ def test_watcher_seeds_the_served_rules_then_installs_and_rolls_back(store: Vers
     rules = RulesApplier(pipe)
     watcher = VersionWatcher(store, [rules, PromptApplier(pipe)], poll_s=0.1)
     watcher.sync_once()
-    assert store.active("rules") == "default-1" == rules.applied  # the file's rule set, now rollback-able
+    assert store.active("rules") == "default-2" == rules.applied  # the file's rule set, now rollback-able
     store.publish("rules", "block-m4", canonical(BLOCK_M4))  # as another worker's PUT would
     watcher.sync_once()
     assert pipe.stage("rules").version() == "block-m4"
-    store.rollback("rules", "default-1")
+    store.rollback("rules", "default-2")
     watcher.sync_once()
-    assert pipe.stage("rules").version() == "default-1"
+    assert pipe.stage("rules").version() == "default-2"
     store.publish("rules", "broken", '{"version": "broken", "rules": [{"id": "x", "kind": "nope"}]}')
     watcher.sync_once()  # an invalid stored document is logged and skipped: the old one keeps serving
-    assert pipe.stage("rules").version() == "default-1"
+    assert pipe.stage("rules").version() == "default-2"

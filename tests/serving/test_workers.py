@@ -73,7 +73,7 @@ def test_rule_change_and_rollback_reach_both_workers_within_two_seconds(toy_dir:
         assert httpx.put(url + "/admin/rules", content=json.dumps(BLOCK_M4), headers=auth).status_code == 200
         time.sleep(3.0)
         t_back = time.monotonic()
-        back = httpx.post(url + "/admin/rules/rollback", json={"version": "default-1"}, headers=auth)
+        back = httpx.post(url + "/admin/rules/rollback", json={"version": "default-2"}, headers=auth)
         assert back.status_code == 200
         time.sleep(3.0)
         stop.set()
@@ -81,8 +81,8 @@ def test_rule_change_and_rollback_reach_both_workers_within_two_seconds(toy_dir:
         metrics = httpx.get(url + "/metrics").text
 
     assert answers and all(status == 200 for _, status, _, _ in answers)
-    assert all(("m4" in items) == (rules == "default-1") for _, _, items, rules in answers)
-    for start, end, version in ((t_put + 2.0, t_back, "block-m4"), (t_back + 2.0, float("inf"), "default-1")):
+    assert all(("m4" in items) == (rules == "default-2") for _, _, items, rules in answers)
+    for start, end, version in ((t_put + 2.0, t_back, "block-m4"), (t_back + 2.0, float("inf"), "default-2")):
         window = [(pid, v) for t, pid, v in samples if start <= t < end]
         assert {pid for pid, _ in window} == pids  # both workers answered in the window...
         assert {v for _, v in window} == {version}  # ...and both served the new version

@@ -1,0 +1,175 @@
+"""Which attributes a catalog carries, and which rules of a rule set can judge it.
+
+A rule that reads an attribute no item (or no user) of the catalog carries cannot judge
+anything: fail closed, it would remove every item for every user (an audience gate on a
+catalog without audience ratings), or silently do nothing (a category blocklist on a catalog
+without categories). Such a rule set is refused -- at start-up and at ``PUT /admin/rules`` --
+with an error naming the rule and the attribute, unless the rule says how to treat that
+attribute's absence (``on_absent_attribute`` in ``rules.schema``):
+
+- ``refuse`` (the default): refuse the rule set;
+- ``skip``: the rule is off on a catalog that carries none of the attribute (reported as such);
+- ``enforce``: the rule applies as written (fail closed: every item lacking it is removed).
+
+For user attributes, a rule whose document states its own unknown-user handling
+(``when_user_unknown`` or ``default_tolerance`` written out) has said how to treat absence and
+applies as written. This is about *catalog-wide* absence only: where the catalog carries an
+attribute and one item lacks it, the rule fails closed for that item exactly as before
+(``rules.engine``).
+
+>>> import pandas as pd
+>>> from rules.schema import parse_ruleset
+>>> items = pd.DataFrame({"item_id": ["a"], "categories": [["Drama"]], "audience": [None], "risk_level": [None]})
+>>> carried = CatalogAttributes.of(items, pd.DataFrame({"user_id": ["u"], "age": [30]}))
+>>> sorted(carried.items), sorted(carried.users)
+(['categories'], ['age'])
+>>> rs = parse_ruleset({"version": "1", "rules": [{"id": "adult", "kind": "audience_gate", "audience": "adult",
+...     "min_age": 18, "on_absent_attribute": "skip"}]})
+>>> resolve(rs, carried).skipped
+{'adult': 'no item carries audience'}
+
+Deliberately left out: evaluating rules (``rules.engine``) and the file format (``rules.schema``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import pandas as pd
+
+from rules.schema import (
+    AudienceGateRule,
+    BlocklistRule,
+    CategoryCapRule,
+    DisclaimerRule,
+    ItemSelector,
+    RiskToleranceRule,
+    Rule,
+    RulesError,
+    RuleSet,
+)
+
+ITEM_ATTRIBUTES = ("audience", "risk_level", "categories", "tags")
+USER_ATTRIBUTES = ("age", "gender", "occupation", "risk_tolerance")
+
+
+@dataclass(frozen=True)
+class CatalogAttributes:
+    """The item and user attributes carried by at least one item / user of a catalog."""
+
+    items: frozenset[str] = field(default_factory=frozenset)
+    users: frozenset[str] = field(default_factory=frozenset)
+
+    @classmethod
+    def of(cls, items: pd.DataFrame, users: pd.DataFrame | None) -> CatalogAttributes:
+        """Scan the canonical items and users tables (``offline.schema``) once, at load."""
+        carried_items = {name for name in ("audience", "risk_level")
+                         if name in items.columns and items[name].notna().any()}
+        if "categories" in items.columns and any(_non_empty(c) for c in items["categories"]):
+            carried_items.add("categories")
+        if "attributes" in items.columns and any(_has_tags(a) for a in items["attributes"]):
+            carried_items.add("tags")
+        carried_users = set()
+        if users is not None:
+            carried_users = {name for name in USER_ATTRIBUTES if name in users.columns and users[name].notna().any()}
+        return cls(items=frozenset(carried_items), users=frozenset(carried_users))
+
+    @classmethod
+    def everything(cls) -> CatalogAttributes:
+        """A catalog that carries every attribute (rules judged as written)."""
+        return cls(items=frozenset(ITEM_ATTRIBUTES), users=frozenset(USER_ATTRIBUTES))
+
+
+class Resolution(NamedTuple):
+    ruleset: RuleSet  # the rules in force: the input minus the skipped ones, same version
+    skipped: dict[str, str]  # rule id -> why it is off on this catalog
+
+
+def item_attributes_read(rule: Rule) -> tuple[str, ...]:
+    """The item attributes ``rule`` needs to judge an item."""
+    if isinstance(rule, AudienceGateRule):
+        return ("audience",)
+    if isinstance(rule, RiskToleranceRule):
+        return ("risk_level",)
+    if isinstance(rule, CategoryCapRule):
+        return ("categories",)
+    if isinstance(rule, BlocklistRule | DisclaimerRule):
+        return _selector_attributes(rule.items)
+    return ()
+
+
+def user_attributes_read(rule: Rule) -> tuple[str, ...]:
+    """The user attributes ``rule`` needs to decide whether it applies to a user."""
+    if isinstance(rule, AudienceGateRule):
+        return ("age",)
+    if isinstance(rule, RiskToleranceRule):
+        return ("risk_tolerance",)
+    if isinstance(rule, BlocklistRule) and rule.when_user is not None:
+        cond = rule.when_user
+        needs = []
+        if cond.age_below is not None or cond.age_at_least is not None:
+            needs.append("age")
+        if cond.occupations is not None:
+            needs.append("occupation")
+        if cond.genders is not None:
+            needs.append("gender")
+        return tuple(needs)
+    return ()
+
+
+def resolve(ruleset: RuleSet, carried: CatalogAttributes) -> Resolution:
+    """The rules of ``ruleset`` in force on a catalog carrying ``carried``; ``RulesError`` when a
+    rule reads an absent attribute and does not say how to treat its absence."""
+    keep: list[Rule] = []
+    skipped: dict[str, str] = {}
+    for i, rule in enumerate(ruleset.rules):
+        absent = [f"no item carries {a}" for a in item_attributes_read(rule) if a not in carried.items]
+        if not _states_unknown_user(rule):
+            absent += [f"no user carries {a}" for a in user_attributes_read(rule) if a not in carried.users]
+        if not absent or rule.on_absent_attribute == "enforce":
+            keep.append(rule)
+        elif rule.on_absent_attribute == "skip":
+            skipped[rule.id] = "; ".join(absent)
+        else:
+            raise RulesError(
+                f"rule {rule.id!r} (rules[{i}]): {'; '.join(absent)} in this catalog, so the rule cannot judge it; "
+                "remove the rule, or set on_absent_attribute: skip (rule off here) or enforce (fail closed: "
+                "remove every item lacking it)")
+    return Resolution(ruleset.model_copy(update={"rules": tuple(keep)}), skipped)
+
+
+def _states_unknown_user(rule: Rule) -> bool:
+    """Whether the rule document writes out how to treat a user lacking the attribute."""
+    stated = {"when_user_unknown", "default_tolerance"}
+    return bool(stated & rule.model_fields_set)
+
+
+def _selector_attributes(sel: ItemSelector) -> tuple[str, ...]:
+    needs = []
+    if sel.categories:
+        needs.append("categories")
+    if sel.audiences:
+        needs.append("audience")
+    if sel.min_risk_level is not None:
+        needs.append("risk_level")
+    if sel.tags:
+        needs.append("tags")
+    return tuple(needs)  # item_ids need no attribute: ids not in the catalog are ignored
+
+
+def _non_empty(value: object) -> bool:
+    if value is None or isinstance(value, float):
+        return False
+    return len(value) > 0 if hasattr(value, "__len__") else True
+
+
+def _has_tags(value: object) -> bool:
+    if not isinstance(value, str) or not value:
+        return False
+    try:
+        data = json.loads(value)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and bool(data.get("tags"))

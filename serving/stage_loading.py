@@ -1,0 +1,94 @@
+"""Loading the configured stages at start-up, and which of them the server runs without.
+
+``load_pipeline`` builds the configured pipeline and loads every enabled stage. A stage of
+kind ``llm`` that fails to load does not stop the server: it is disabled (the traffic policy
+then sends everyone down the light path) and replaced by an ``UnloadedStage`` that keeps
+the cause, logged once as an error with the exception type, message and traceback. Any other
+stage failing to load still fails start-up.
+
+``degraded_stages`` compares the configuration with the loaded pipeline: every stage the
+settings enable that the pipeline runs disabled, with the reason. ``/readyz`` lists them
+(``degraded_stages``) and ``serving.backend`` counts them in ``/metrics``
+(``recsys_stage_load_failures_total{stage}``). The worker stays ready (200) on purpose: it
+answers correctly on the light path, and a 503 on every replica over an optional model would
+take the whole service out of rotation; operators alert on the list and the counter.
+
+Deliberately left out: retrying a failed load (``POST /admin/reload`` loads new artifacts).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from recsys.contract import Candidates, Request, StageError
+from recsys.pipeline import Pipeline
+from recsys.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class UnloadedStage:
+    """Stands in for a stage whose ``load`` raised: it keeps the cause and never runs."""
+
+    reads: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()
+
+    def __init__(self, name: str, load_error: str):
+        self.name = name
+        self.load_error = load_error
+
+    def load(self, artifact_dir: Path) -> None:
+        raise StageError(f"stage {self.name!r} failed to load: {self.load_error}")
+
+    def run(self, request: Request, candidates: Candidates) -> Candidates:
+        raise StageError(f"stage {self.name!r} failed to load: {self.load_error}")
+
+    def version(self) -> str:
+        return "unloaded"
+
+
+@dataclass(frozen=True)
+class DegradedStage:
+    stage: str
+    kind: str
+    reason: str
+
+
+def load_pipeline(settings: Settings, artifact_dir: Path) -> Pipeline:
+    """``build_pipeline`` whose LLM stages are disabled, not fatal, when their artifacts fail to load."""
+    from recsys.registry import build_pipeline  # imports the configured stage packages
+
+    if not any(s.enabled and s.kind == "llm" for s in settings.pipeline.stages):
+        # light path only: per-request torch work (one user vector) is tiny; intra-op threads
+        # would oversubscribe the cores under concurrent requests and inflate tail latency
+        import torch
+
+        torch.set_num_threads(1)
+    built = build_pipeline(settings, Path(artifact_dir), load=False)
+    pairs = []
+    for spec, stage in built.stages:
+        if spec.enabled:
+            try:
+                stage.load(Path(artifact_dir))
+            except Exception as exc:
+                if spec.kind != "llm":
+                    raise
+                reason = f"{type(exc).__name__}: {exc}"
+                log.error("stage %r (kind %s) failed to load from %s and is disabled; serving without it: %s",
+                          spec.name, spec.kind, artifact_dir, reason, exc_info=exc)
+                spec, stage = spec.model_copy(update={"enabled": False}), UnloadedStage(spec.name, reason)
+        pairs.append((spec, stage))
+    return Pipeline(pairs, request_budget_ms=built.request_budget_ms)
+
+
+def degraded_stages(settings: Settings, pipeline: Pipeline) -> list[DegradedStage]:
+    """Stages ``settings`` enable that ``pipeline`` runs disabled (they failed to load), in order."""
+    configured = {spec.name for spec in settings.pipeline.stages if spec.enabled}
+    out = []
+    for spec, stage in pipeline.stages:
+        if spec.name in configured and not spec.enabled:
+            reason = getattr(stage, "load_error", None) or "failed to load (the cause is in the server log)"
+            out.append(DegradedStage(spec.name, spec.kind, reason))
+    return out

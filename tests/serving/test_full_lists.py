@@ -1,0 +1,39 @@
+"""Right by default over HTTP: short lists say so, and rule sets the catalog cannot satisfy are refused."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+
+from serving.schemas import RecommendResponse
+from tests.serving.conftest import ADMIN_KEY
+
+
+def test_a_list_the_rules_leave_short_says_complete_false_and_why(online: TestClient) -> None:
+    resp = online.post("/v1/recommend", json={"user_id": "u2", "k": 5})
+    assert resp.status_code == 200
+    data = resp.json()
+    RecommendResponse.model_validate(data)
+    # u2 (15, no risk tolerance -> 1) has seen m1, m2, m4, m5; m3 is too risky: only m6 is left
+    assert [i["id"] for i in data["items"]] == ["m6"]
+    assert data["complete"] is False and data["short_by"] == 4
+    assert data["short_reason"] == "no more candidates pass the rules"
+    assert data["stages"][-1]["name"] == "backfill"
+
+
+def test_a_full_list_is_complete(online: TestClient) -> None:
+    data = online.post("/v1/recommend", json={"user_id": "u1", "k": 2}).json()
+    assert len(data["items"]) == 2
+    assert (data["complete"], data["short_by"], data["short_reason"]) == (True, 0, None)
+    assert not any(i["backfill"] for i in data["items"])
+
+
+def test_publishing_a_rule_on_an_attribute_the_catalog_lacks_is_refused_by_name(online: TestClient) -> None:
+    doc = "version: tags-1\nrules:\n  - {id: no_gambling, kind: blocklist, items: {tags: [gambling]}}\n"
+    resp = online.put("/admin/rules", content=doc, headers={"X-API-Key": ADMIN_KEY})
+    assert resp.status_code == 422
+    assert "rule 'no_gambling' (rules[0]): no item carries tags" in resp.json()["detail"]
+    versions = online.get("/admin/rules/versions", headers={"X-API-Key": ADMIN_KEY}).json()
+    assert "tags-1" not in [v["version"] for v in versions["versions"]]  # nothing half-written
+    ok = doc.replace("items: {tags: [gambling]}", "items: {tags: [gambling]}, on_absent_attribute: skip")
+    assert online.put("/admin/rules", content=ok.replace("tags-1", "tags-2"),
+                      headers={"X-API-Key": ADMIN_KEY}).status_code == 200
