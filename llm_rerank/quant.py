@@ -6,10 +6,14 @@ are easy to quantise. SmoothQuant moves the difficulty: per input channel j,
 leaves the product unchanged. The division is folded into the op that produced X, so the
 calibrated model is an ordinary checkpoint with different numbers:
 
-- q/k/v_proj: into ``input_layernorm.weight``; gate/up_proj: into ``post_attention_layernorm``;
-- down_proj: into the rows of ``up_proj`` (silu(gate) * up is linear in up's output).
+- q/k/v_proj: into ``input_layernorm.weight``; gate/up_proj: into the norm that feeds the MLP
+  (``post_attention_layernorm`` in Llama/SmolLM2 and Qwen2, ``pre_feedforward_layernorm`` in
+  Gemma 3, whose ``post_attention_layernorm`` normalises the attention output instead);
+- down_proj: into the rows of ``up_proj`` (act(gate) * up is linear in up's output).
+Gemma's RMSNorm scales by ``1 + weight``, so a factor is folded as ``(1 + w) / s - 1``.
 ``o_proj`` is left unsmoothed (its input mixes grouped heads; folding would need per-head
-care) and is quantised plainly.
+care) and is quantised plainly. Qwen2's q/k/v biases are untouched by smoothing (they add to
+the output) and carried by the int8 GEMM in fp32.
 
 ``calibrate`` -> ``save_calibrated`` writes the folded model + ``calibration.json``;
 ``load_w8a8`` loads it, replaces every decoder ``nn.Linear`` by ``W8A8Linear`` (int8 weights per
@@ -165,7 +169,7 @@ class FusedSlice(torch.nn.Module):
 def _layers(model: Any) -> list[Any]:
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
-        raise ValueError(f"{type(model).__name__}: expected a Llama-style model.model.layers")
+        raise ValueError(f"{type(model).__name__}: expected a Llama/Qwen2/Gemma3-style model.model.layers")
     return list(layers)
 
 
@@ -201,6 +205,25 @@ def _smooth(act_max: Any, linears: Sequence[Any], alpha: float) -> Any:
     return s
 
 
+# RMSNorms that scale by (1 + weight) instead of weight (Gemma's; transformers' class names)
+UNIT_OFFSET_NORMS = frozenset({"GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm"})
+
+
+def mlp_input_norm(layer: Any) -> Any:
+    """The norm whose output gate/up_proj read: Gemma 3's pre-feedforward norm, else Llama's post-attention one."""
+    norm = getattr(layer, "pre_feedforward_layernorm", None)
+    return norm if norm is not None else layer.post_attention_layernorm
+
+
+def _fold_into_norm(norm: Any, s: Any) -> None:
+    """Divide the norm's effective scale by ``s`` (in place): ``w / s``, or ``(1 + w) / s - 1`` for Gemma's."""
+    w = norm.weight
+    if type(norm).__name__ in UNIT_OFFSET_NORMS:
+        w.copy_(((1.0 + w.float()) / s - 1.0).to(w.dtype))
+    else:
+        w.div_(s.to(w.dtype))
+
+
 def calibrate(model: Any, prompts: Sequence[Sequence[int]], alpha: float = 0.5) -> dict[str, Any]:
     """Fold SmoothQuant factors into ``model`` (fp32, in place); return the calibration record."""
     if not 0.0 <= alpha <= 1.0:
@@ -214,9 +237,9 @@ def calibrate(model: Any, prompts: Sequence[Sequence[int]], alpha: float = 0.5) 
         for i, layer in enumerate(_layers(model)):
             attn, mlp = layer.self_attn, layer.mlp
             s = _smooth(stats[f"{prefix}.{i}.self_attn.q_proj"], [attn.q_proj, attn.k_proj, attn.v_proj], alpha)
-            layer.input_layernorm.weight.div_(s.to(layer.input_layernorm.weight.dtype))
+            _fold_into_norm(layer.input_layernorm, s)
             s = _smooth(stats[f"{prefix}.{i}.mlp.gate_proj"], [mlp.gate_proj, mlp.up_proj], alpha)
-            layer.post_attention_layernorm.weight.div_(s.to(layer.post_attention_layernorm.weight.dtype))
+            _fold_into_norm(mlp_input_norm(layer), s)
             s = _smooth(stats[f"{prefix}.{i}.mlp.down_proj"], [mlp.down_proj], alpha)
             mlp.up_proj.weight.div_(s.to(mlp.up_proj.weight.dtype)[:, None])
             if mlp.up_proj.bias is not None:

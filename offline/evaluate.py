@@ -75,6 +75,32 @@ def run_cascade(pipeline: Any, split: Split, phase: Phase, progress: bool = True
             "served": served, "short_reasons": short_reasons}
 
 
+def list_lengths(settings: Any, artifact_dir: Path, split: Split, ks: list[int], phase: Phase = "test",
+                 progress: bool = True) -> dict[str, Any]:
+    """For each ``k``: every user's request through the served pipeline; complete, short and empty
+    lists, why they are short, and how many served items came from backfill (``recsys bench lists``)."""
+    import dataclasses
+
+    from tqdm import tqdm
+
+    from recsys.registry import build_pipeline
+
+    pipeline = build_pipeline(settings, artifact_dir)
+    out: dict[str, Any] = {"dataset": split.name, "phase": phase, "users": split.n_users, "k": {}}
+    for k in ks:
+        served, backfilled = np.zeros(split.n_users, dtype=np.int64), 0
+        reasons: dict[str, int] = {}
+        for req in tqdm(requests_for(split, phase), desc=f"lists k={k}", disable=not progress, unit="user"):
+            res = pipeline.run(dataclasses.replace(req, k=k))
+            served[req.user_idx] = len(res.candidates)
+            if res.short_reason:
+                reasons[res.short_reason] = reasons.get(res.short_reason, 0) + 1
+            backfilled += int(res.candidates.flags.get("backfill", np.zeros(0, dtype=bool)).sum())
+        out["k"][str(k)] = {**list_completeness({"served": served, "short_reasons": reasons}, k),
+                            "backfilled_items": backfilled}
+    return out
+
+
 def list_completeness(run: dict, k: int = K) -> dict[str, Any]:
     """How many users got an empty or short final list (fewer than ``k`` items), and why."""
     served = run["served"]

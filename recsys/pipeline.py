@@ -114,11 +114,14 @@ class Pipeline:
         cands = Candidates.empty()
         traces: list[StageTrace] = []
         tails: list[tuple[str, Candidates]] = []  # what each stage's depth cut off, for backfill
+        judged: set[int] = set()  # items a policy stage has already seen: backfill never re-judges them
         for spec, stage in self.stages:
             if not spec.enabled or spec.name in skip:
                 why = "disabled" if not spec.enabled else "skipped by request policy"
                 traces.append(StageTrace(spec.name, "skipped", 0.0, len(cands), len(cands), why))
             else:
+                if spec.kind in POLICY_KINDS:
+                    judged.update(cands.items.tolist())
                 cands = self._run_stage(spec, stage, request, cands, traces, tails)
             if observe is not None:
                 observe(spec.name, cands)
@@ -127,14 +130,14 @@ class Pipeline:
         final = cands.head(request.k)
         short_reason = ""
         if len(final) < request.k:
-            final, short_reason = self._backfill(request, final, tails, skip, traces)
+            final, short_reason = self._backfill(request, final, tails, skip, traces, judged)
         short_by = request.k - len(final)
         return PipelineResult(candidates=final, traces=traces, versions=self.versions(), short_by=short_by,
                               short_reason=short_reason if short_by else "")
 
     def _backfill(
         self, request: Request, served: Candidates, tails: list[tuple[str, Candidates]], skip: set[str],
-        traces: list[StageTrace],
+        traces: list[StageTrace], judged: set[int] = frozenset(),  # type: ignore[assignment]
     ) -> tuple[Candidates, str]:
         """Fill a list the policy stages left short: reach deeper, best source first.
 
@@ -150,7 +153,7 @@ class Pipeline:
                     if spec.enabled and spec.name not in skip and spec.kind in POLICY_KINDS]
         t0 = time.perf_counter()
         blocks = _backfill_blocks(request, tails, self.stages, skip)
-        seen = set(served.items.tolist()) | set(np.asarray(request.excluded).tolist())
+        seen = set(served.items.tolist()) | set(np.asarray(request.excluded).tolist()) | set(judged)
         out, added, reason = served, 0, "no more candidates pass the rules"
         for source, items in blocks:
             if request.remaining_s() <= 0:

@@ -8,14 +8,21 @@ with an error naming the rule and the attribute, unless the rule says how to tre
 attribute's absence (``on_absent_attribute`` in ``rules.schema``):
 
 - ``refuse`` (the default): refuse the rule set;
-- ``skip``: the rule is off on a catalog that carries none of the attribute (reported as such);
-- ``enforce``: the rule applies as written (fail closed: every item lacking it is removed).
+- ``skip``: the rule is off on a catalog where no item carries the attribute (reported as such);
+- ``enforce``: the rule applies as written: audience and risk rules remove every item lacking
+  the attribute (fail closed); category and tag selectors then match nothing.
 
-For user attributes, a rule whose document states its own unknown-user handling
-(``when_user_unknown`` or ``default_tolerance`` written out) has said how to treat absence and
-applies as written. This is about *catalog-wide* absence only: where the catalog carries an
-attribute and one item lacks it, the rule fails closed for that item exactly as before
-(``rules.engine``).
+A category name no item carries (a typo, another case: ``alcohol`` for ``Alcohol``) is treated
+the same way, naming the close matches: refused by default, the rule off under ``skip`` when
+none of its categories exist.
+
+User attributes are different: a rule never turns off because users lack one, since that
+would serve gated items to everybody. A rule reading a user attribute no user carries must
+state how to treat an unknown user (``when_user_unknown`` or ``default_tolerance`` written out)
+or say ``skip``/``enforce``; either way it then applies as written, with its unknown-user
+handling (fail closed by default). This is about *catalog-wide* absence only: where the catalog
+carries an attribute and one item lacks it, the rule fails closed for that item exactly as
+before (``rules.engine``).
 
 >>> import pandas as pd
 >>> from rules.schema import parse_ruleset
@@ -33,6 +40,7 @@ Deliberately left out: evaluating rules (``rules.engine``) and the file format (
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -61,20 +69,26 @@ class CatalogAttributes:
 
     items: frozenset[str] = field(default_factory=frozenset)
     users: frozenset[str] = field(default_factory=frozenset)
+    categories: frozenset[str] | None = None  # the category names items carry; None = not checked
 
     @classmethod
     def of(cls, items: pd.DataFrame, users: pd.DataFrame | None) -> CatalogAttributes:
         """Scan the canonical items and users tables (``offline.schema``) once, at load."""
         carried_items = {name for name in ("audience", "risk_level")
                          if name in items.columns and items[name].notna().any()}
-        if "categories" in items.columns and any(_non_empty(c) for c in items["categories"]):
+        names: set[str] = set()
+        if "categories" in items.columns:
+            for value in items["categories"]:
+                if _non_empty(value):
+                    names.update([value] if isinstance(value, str) else [str(v) for v in value])
+        if names:
             carried_items.add("categories")
         if "attributes" in items.columns and any(_has_tags(a) for a in items["attributes"]):
             carried_items.add("tags")
         carried_users = set()
         if users is not None:
             carried_users = {name for name in USER_ATTRIBUTES if name in users.columns and users[name].notna().any()}
-        return cls(items=frozenset(carried_items), users=frozenset(carried_users))
+        return cls(items=frozenset(carried_items), users=frozenset(carried_users), categories=frozenset(names))
 
     @classmethod
     def everything(cls) -> CatalogAttributes:
@@ -125,19 +139,51 @@ def resolve(ruleset: RuleSet, carried: CatalogAttributes) -> Resolution:
     keep: list[Rule] = []
     skipped: dict[str, str] = {}
     for i, rule in enumerate(ruleset.rules):
+        where = f"rule {rule.id!r} (rules[{i}])"
+        users_absent = [] if _states_unknown_user(rule) else [
+            f"no user carries {a}" for a in user_attributes_read(rule) if a not in carried.users]
+        if users_absent and rule.on_absent_attribute == "refuse":
+            raise RulesError(
+                f"{where}: {'; '.join(users_absent)} in this catalog; say how to treat such users with "
+                "when_user_unknown: restrict (the rule covers them: fail closed) or allow, or remove the rule")
         absent = [f"no item carries {a}" for a in item_attributes_read(rule) if a not in carried.items]
-        if not _states_unknown_user(rule):
-            absent += [f"no user carries {a}" for a in user_attributes_read(rule) if a not in carried.users]
-        if not absent or rule.on_absent_attribute == "enforce":
+        unknown = [] if absent else _unknown_categories(rule, carried)
+        if not absent and not unknown or rule.on_absent_attribute == "enforce":
             keep.append(rule)
         elif rule.on_absent_attribute == "skip":
-            skipped[rule.id] = "; ".join(absent)
+            if absent or len(unknown) == len(_categories_read(rule)):
+                skipped[rule.id] = "; ".join(absent or unknown)
+            else:
+                keep.append(rule)  # some of its categories exist: those still apply
         else:
             raise RulesError(
-                f"rule {rule.id!r} (rules[{i}]): {'; '.join(absent)} in this catalog, so the rule cannot judge it; "
-                "remove the rule, or set on_absent_attribute: skip (rule off here) or enforce (fail closed: "
-                "remove every item lacking it)")
+                f"{where}: {'; '.join(absent or unknown)} in this catalog, so the rule cannot judge it; "
+                "remove the rule, fix the name, or set on_absent_attribute: skip (rule off here) or enforce "
+                "(apply as written: audience and risk rules then remove every item lacking the attribute, "
+                "category and tag selectors match nothing)")
     return Resolution(ruleset.model_copy(update={"rules": tuple(keep)}), skipped)
+
+
+def _categories_read(rule: Rule) -> list[str]:
+    if isinstance(rule, CategoryCapRule):
+        return [rule.category] if rule.category is not None else []
+    if isinstance(rule, BlocklistRule | DisclaimerRule):
+        return list(rule.items.categories)
+    return []
+
+
+def _unknown_categories(rule: Rule, carried: CatalogAttributes) -> list[str]:
+    """``no item carries category 'X' (did you mean 'Y'?)`` for each category name the catalog lacks."""
+    if carried.categories is None:
+        return []
+    out = []
+    for name in _categories_read(rule):
+        if name not in carried.categories:
+            close = difflib.get_close_matches(name, sorted(carried.categories), n=2, cutoff=0.6)
+            close += [c for c in carried.categories if c.lower() == name.lower() and c not in close]
+            hint = f" (did you mean {' or '.join(repr(c) for c in close[:2])}?)" if close else ""
+            out.append(f"no item carries category {name!r}{hint}")
+    return out
 
 
 def _states_unknown_user(rule: Rule) -> bool:

@@ -47,7 +47,7 @@ UnknownUser = Literal["restrict", "allow"]
 class ItemSelector(BaseModel):
     """Which items a rule targets: an item matches when it matches any listed selector."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # "18", yes or true is no age
 
     item_ids: list[str] = Field(default_factory=list, description="External item ids.")
     categories: list[str] = Field(default_factory=list, description="Items having any of these categories.")
@@ -65,7 +65,7 @@ class ItemSelector(BaseModel):
 class UserCondition(BaseModel):
     """Which users a rule applies to; every given check must hold (AND)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # "18", yes or true is no age
 
     age_below: int | None = Field(default=None, ge=0)
     age_at_least: int | None = Field(default=None, ge=0)
@@ -77,7 +77,7 @@ AbsentAttribute = Literal["refuse", "skip", "enforce"]
 
 
 class _Rule(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # "18", yes or true is no age
 
     id: str = Field(min_length=1)
     description: str = ""
@@ -107,7 +107,7 @@ class RiskToleranceRule(_Rule):
 
 class CategoryCapRule(_Rule):
     kind: Literal["category_cap"]
-    max_items: int = Field(ge=0)
+    max_items: int = Field(ge=0, le=100_000)
     category: str | None = Field(default=None, description="The capped category; None caps every category.")
 
 

@@ -148,6 +148,7 @@ class RulesApplier:
         self.stages: list[Any] = [st for spec, st in pipeline.stages
                                   if spec.kind == "rules" and spec.enabled and hasattr(st, "use")]
         self.applied: str | None = self._serving_version()
+        self.installed_document: dict[str, Any] | None = None  # the last one installed (re-seeds Redis)
 
     @property
     def available(self) -> bool:
@@ -167,12 +168,20 @@ class RulesApplier:
                 check(ruleset)  # RulesError naming the rule and the attribute this catalog lacks
         return ruleset.version, ruleset
 
-    def install(self, version: str, ruleset: Any) -> None:
+    def install(self, version: str, ruleset: Any, document: dict[str, Any] | None = None) -> None:
         for stage in self.stages:
             stage.use(ruleset, stage.items)
         self.applied = version
+        self.installed_document = document
 
     def current_document(self) -> dict[str, Any] | None:
+        """What this worker serves: the last installed document, else the start-up rule set file.
+
+        Used to re-seed an empty store (a restarted Redis): a rule set published at run time
+        keeps serving and stays the active version, never the file it started with.
+        """
+        if self.installed_document is not None:
+            return self.installed_document
         path = getattr(self.stages[0], "ruleset_path", None) if self.stages else None
         return parse_document(path.read_text(), str(path)) if path is not None else None
 
@@ -192,6 +201,7 @@ class PromptApplier:
         self.stages: list[Any] = [st for spec, st in pipeline.stages
                                   if spec.kind == "llm" and spec.enabled and hasattr(st, "set_prompt_template")]
         self.applied: str | None = None
+        self.installed_document: dict[str, Any] | None = None
         self.available = True  # templates are stored and versioned even without a stage to use them
 
     def validate(self, data: dict[str, Any], source: str) -> tuple[str, Any]:
@@ -205,13 +215,15 @@ class PromptApplier:
         check_version(self.kind, version)
         return version, template
 
-    def install(self, version: str, template: Any) -> None:
+    def install(self, version: str, template: Any, document: dict[str, Any] | None = None) -> None:
         for stage in self.stages:
             stage.set_prompt_template(template)
         self.applied = version
+        self.installed_document = document
 
     def current_document(self) -> dict[str, Any] | None:
-        return None  # the stage's built-in template is not a stored version
+        """The last installed prompt document (re-seeds a restarted store); None for the built-in one."""
+        return self.installed_document
 
 
 class VersionWatcher:
@@ -225,9 +237,10 @@ class VersionWatcher:
         self._thread: threading.Thread | None = None
         self._bad: dict[str, str] = {}  # kind -> active version that failed to parse (logged once)
 
-    def install(self, kind: str, version: str, parsed: Any) -> None:
+    def install(self, kind: str, version: str, parsed: Any, document: dict[str, Any] | None = None) -> None:
+        """Install ``parsed`` (validated from ``document``) as ``version`` of ``kind`` in this worker."""
         with self._lock:
-            self.appliers[kind].install(version, parsed)
+            self.appliers[kind].install(version, parsed, document)
         log.info("%s version %s installed", kind, version)
 
     def sync_once(self) -> None:
@@ -258,7 +271,7 @@ class VersionWatcher:
             self._bad[kind] = version
             log.error("not installing %s: %s (still serving %s)", kind, exc, applier.applied)
             return
-        self.install(kind, version, parsed)
+        self.install(kind, version, parsed, data)
 
     def _loop(self) -> None:
         while not self._stop.is_set():

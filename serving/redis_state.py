@@ -27,6 +27,7 @@ Deliberately left out: Redis Cluster/Sentinel, TLS settings beyond what a ``redi
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import shutil
@@ -101,6 +102,7 @@ class EmbeddedRedis:
         self.restarts = 0
         self._lock = threading.RLock()  # start/stop from callers vs restarts from the watcher
         self._stopping = threading.Event()
+        self._atexit = False
         self._watcher: threading.Thread | None = None
         self._listeners: list[Callable[[], None]] = []
 
@@ -132,6 +134,9 @@ class EmbeddedRedis:
         with self._lock:
             if self.proc is None or self.proc.poll() is not None:
                 self._spawn(timeout_s)
+                if not self._atexit:  # a server that exits without stop() (SIGTERM, an error) takes it along
+                    atexit.register(self.close)
+                    self._atexit = True
             if self.supervise and (self._watcher is None or not self._watcher.is_alive()):
                 self._stopping.clear()
                 _SUPERVISED[self.url] = self
@@ -147,7 +152,9 @@ class EmbeddedRedis:
         cmd = [self.executable(), "--port", "0", "--unixsocket", str(self.socket), "--unixsocketperm", "700",
                "--save", "", "--appendonly", "no", "--dir", str(self.workdir), "--daemonize", "no",
                "--loglevel", "warning", "--logfile", str(self.workdir / "redis.log")]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # its own session: a Ctrl-C to the terminal's process group must not kill it before the
+        # server's shutdown stops it (the supervisor would restart it mid-shutdown and orphan it)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         client = redis.Redis(unix_socket_path=str(self.socket), socket_timeout=1.0, socket_connect_timeout=1.0)
         deadline = time.monotonic() + timeout_s
         try:

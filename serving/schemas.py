@@ -112,11 +112,26 @@ class RemovedItem(BaseModel):
     reason: str
 
 
+class HandoffItem(BaseModel):
+    id: str
+    score: float | None = Field(description="This stage's own score (null where it wrote none).")
+    channels: list[str] = Field(default_factory=list, description="Recall channels that found the item.")
+
+
+class StageHandoff(BaseModel):
+    stage: str
+    n: int = Field(description="Items the stage handed on (after its depth cut).")
+    order_by: str | None
+    items: list[HandoffItem] = Field(description="The first 200 of them, in the order handed on.")
+    fusion_weights: dict[str, float] | None = Field(None, description="Weights fusion used (fusion only).")
+
+
 class DebugInfo(BaseModel):
     order_by: str | None = Field(description="Score column that defines the final order.")
     history_len: int
     removed: list[RemovedItem]
     item_scores: dict[str, dict[str, float | None]] = Field(description="item id -> stage -> score.")
+    handoffs: list[StageHandoff] = Field(default_factory=list, description="What each stage handed on, in order.")
 
 
 class RecommendResponse(BaseModel):

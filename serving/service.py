@@ -110,8 +110,12 @@ class Recommender:
         if arm is not None:
             request = dataclasses.replace(request, variant=arm.variant)
             pipeline = self.variant_pipelines.get(arm.variant, pipeline)
-        result = pipeline.run(request, skip=() if route.llm else self.llm_stages)
+        handoffs: list[dict[str, Any]] = []
+        observe = stage_handoffs(pipeline, self.catalog, handoffs) if request.debug else None
+        result = pipeline.run(request, skip=() if route.llm else self.llm_stages, observe=observe)
         answer = build_response(request, result, self.catalog, self.llm_stages, t0)
+        if request.debug:
+            answer["debug"]["handoffs"] = handoffs
         answer["versions"].update(self.extra_versions())
         answer["route"], answer["degraded"] = route.reason, degraded
         answer["experiment"], answer["variant"] = (arm.experiment, arm.variant) if arm else (None, None)
@@ -243,6 +247,31 @@ def build_response(
         out["debug"] = _debug_block(request, cands, catalog)
     out["total_ms"] = round((time.perf_counter() - t0) * 1000, 3)
     return out
+
+
+HANDOFF_ITEMS = 200  # items shown per stage in a debug answer (recall's whole depth by default)
+
+
+def stage_handoffs(pipeline: Pipeline, catalog: CatalogState, out: list[dict[str, Any]]) -> Callable[[str, Candidates], None]:
+    """A ``Pipeline.run`` observer filling ``out`` with what each stage handed on (debug answers):
+    its items in order, its own score, the channels that found each item, and fusion's weights."""
+    kinds = {spec.name: (spec.kind, stage) for spec, stage in pipeline.stages}
+
+    def observe(name: str, cands: Candidates) -> None:
+        kind, stage = kinds.get(name, ("", None))
+        head = cands.head(HANDOFF_ITEMS)
+        own = head.scores.get(name)
+        channels = {k.removeprefix("src_"): v for k, v in head.flags.items() if k.startswith("src_")}
+        entry: dict[str, Any] = {"stage": name, "n": len(cands), "order_by": cands.order_by, "items": [
+            {"id": catalog.item_id(int(item)), "score": None if own is None else _finite(own[i]),
+             "channels": [c for c, found in channels.items() if found[i]]}
+            for i, item in enumerate(head.items)]}
+        weights_for = getattr(stage, "weights_for", None) if kind == "fusion" else None
+        if weights_for is not None:
+            entry["fusion_weights"] = weights_for(cands)
+        out.append(entry)
+
+    return observe
 
 
 def _debug_block(request: Request, cands: Candidates, catalog: CatalogState) -> dict[str, Any]:

@@ -27,6 +27,26 @@ def bench_recall(
     c.write_report(run(n_items=items, dim=dim, kind=index, n_queries=queries), out)
 
 
+@bench_app.command("lists")
+def bench_lists(
+    data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
+    k: Annotated[str, typer.Option(help="List lengths, comma-separated.")] = "10,20,50",
+    out: c.OutOpt = None,
+) -> None:
+    """Every user's test request at each k through the served pipeline: complete, short and empty lists."""
+    from offline.evaluate import list_lengths
+    from offline.split import Split
+
+    try:
+        ks = [int(x) for x in k.split(",")]
+    except ValueError:
+        c.fail(f"--k must be comma-separated integers, got {k!r}")
+    settings, art = c.trained(config, data, artifacts)
+    if any(x < 1 or x > settings.pipeline.max_k for x in ks):
+        c.fail(f"--k values must be in 1..{settings.pipeline.max_k} (pipeline.max_k), got {k!r}")
+    c.write_report(list_lengths(settings, art, Split.load(art / "split"), ks), out)
+
+
 @bench_app.command("serve")
 def bench_serve(
     data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,

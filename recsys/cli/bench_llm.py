@@ -51,10 +51,15 @@ def bench_llm(
 
 def bench_llm_probe(
     data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
-    model: Annotated[str | None, typer.Option(help="Backbone to probe: HF directory or hub id (default: llm.model, "
-                                                   "not the adapted one).")] = None,
+    model: Annotated[str | None, typer.Option(help="Backbone to probe: a catalogue name (llm_rerank.catalogue: "
+                                                   "smollm2-135m-instruct, gemma3-270m, qwen2.5-coder-0.5b, "
+                                                   "qwen2.5-coder-1.5b), an HF directory or hub id (default: "
+                                                   "llm.model, not the adapted one).")] = None,
     train_users: Annotated[int, typer.Option(min=2, help="Train-split requests the probe is fitted on.")] = 800,
-    valid_users: Annotated[int | None, typer.Option(min=2, help="Valid users measured (default: all).")] = None,
+    valid_users: Annotated[int | None, typer.Option(min=2, help="Valid users measured: a random subsample drawn "
+                                                                "with --seed (default: all).")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of the user samples and the probe (default: the "
+                                                  "settings' seed).")] = None,
     candidates: Annotated[int | None, typer.Option(min=2, max=100, help="Top candidates per request "
                                                                         "(default llm.candidates).")] = None,
     c_reg: Annotated[float, typer.Option("--c", min=1e-6, help="Inverse L2 strength of the probe.")] = 0.01,
@@ -69,7 +74,7 @@ def bench_llm_probe(
         settings = settings.model_copy(update={"llm": settings.llm.with_overrides({"threads": threads})})
     try:
         report = probe_backbone(settings, art, model=model, train_users=train_users, valid_users=valid_users,
-                                candidates=candidates, c=c_reg, seed=settings.seed)
+                                candidates=candidates, c=c_reg, seed=settings.seed if seed is None else seed)
     except ValueError as exc:
         c.fail(str(exc))
     c.write_report(report, out)

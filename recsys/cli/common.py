@@ -20,6 +20,8 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
+from recsys.pipeline import PipelineError
+
 DataOpt = Annotated[
     Path | None,
     typer.Option("--data", help="Dataset directory (MovieLens 100K/1M/latest or generic CSV/Parquet). "
@@ -99,6 +101,8 @@ class UserErrorGroup(TyperGroup):
             return super().invoke(ctx)
         except USER_INPUT_ERRORS as exc:
             return fail(one_line(exc))
+        except PipelineError as exc:  # a required stage could not answer (HTTP says 503): not a bug
+            return fail(one_line(exc), code=1)
 
 
 def one_line(exc: BaseException) -> str:

@@ -87,7 +87,7 @@ def _publish(backend: OnlineBackend, kind: Kind, text: bytes) -> dict[str, Any]:
         raise HTTPException(status_code=422, detail=f"PUT /admin/{kind}: {exc}") from None
     except VersionConflict as exc:
         raise HTTPException(status_code=409, detail=str(exc)) from None
-    backend.watcher.install(kind, version, parsed)  # type: ignore[union-attr]
+    backend.watcher.install(kind, version, parsed, data)  # type: ignore[union-attr]
     return {"kind": kind, "version": version, "status": status, "active": version}
 
 
@@ -97,14 +97,15 @@ def _rollback(backend: OnlineBackend, kind: Kind, version: str) -> dict[str, Any
     if document is None:
         raise HTTPException(status_code=404, detail=f"{kind} version {version!r} was never published")
     try:  # stored before a rule got stricter, or this catalog lacks what it reads: refuse, keep serving
-        _, parsed = applier.validate(parse_document(document, f"{kind} {version}"), f"{kind} {version}")
+        data = parse_document(document, f"{kind} {version}")
+        _, parsed = applier.validate(data, f"{kind} {version}")
     except ValueError as exc:
         raise HTTPException(status_code=422, detail=f"cannot roll back: {exc}") from None
     try:
         backend.versions.rollback(kind, version)
     except UnknownVersion as exc:
         raise HTTPException(status_code=404, detail=str(exc)) from None
-    backend.watcher.install(kind, version, parsed)  # type: ignore[union-attr]
+    backend.watcher.install(kind, version, parsed, data)  # type: ignore[union-attr]
     return {"kind": kind, "version": version, "status": "rolled_back", "active": version}
 
 

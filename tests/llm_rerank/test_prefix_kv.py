@@ -1,4 +1,5 @@
-"""Two-tier block prefix cache on a tiny random Llama: cached == uncached, tiers, serialisation."""
+"""Two-tier block prefix cache on tiny random models of every catalogue architecture (Llama/SmolLM2,
+Qwen2, Gemma 3 with a sliding window shorter than the prompts): cached == uncached, tiers, serialisation."""
 
 from __future__ import annotations
 
@@ -18,7 +19,15 @@ from recsys.config import StageSpec
 from recsys.contract import Request
 from recsys.settings import Settings
 from serving.redis_state import EmbeddedRedis
-from tests.llm_rerank.factories import ANIMATION, HORROR, save_tiny_llm, tiny_llm, tiny_split
+from tests.llm_rerank.factories import (
+    ANIMATION,
+    ARCHITECTURES,
+    HORROR,
+    TINY_SLIDING_WINDOW,
+    save_tiny_llm,
+    tiny_llm,
+    tiny_split,
+)
 
 ATTRS = {"age": 30, "gender": "F"}
 
@@ -43,15 +52,18 @@ def test_block_codec_round_trips_exactly() -> None:
         encode_block(torch.zeros(3))
 
 
-def test_cold_warm_and_tier2_scores_equal_uncached(embedded: EmbeddedRedis) -> None:
-    model, tok = tiny_llm()
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_cold_warm_and_tier2_scores_equal_uncached(embedded: EmbeddedRedis, arch: str) -> None:
+    model, tok = tiny_llm(arch=arch)
     builder = PromptBuilder(tok)
     client = redis.Redis.from_url(embedded.url)
-    blocks = BlockPrefixCache.build(model, block_tokens=16, namespace="t1", redis_client=client, prefix="pk:")
+    blocks = BlockPrefixCache.build(model, block_tokens=16, namespace=f"t1-{arch}", redis_client=client,
+                                    prefix=f"pk-{arch}:")
     cached = LogitScorer(model, tok.pad_token_id, batch_size=3, blocks=blocks)
     plain = LogitScorer(model, tok.pad_token_id, batch_size=3)
     parts = builder.pointwise(HORROR[:4], ATTRS, ANIMATION[:5])
     reference = plain.logits(parts, use_cache=False)
+    assert len(parts.prefix) > 4 * TINY_SLIDING_WINDOW  # Gemma 3's sliding layers see only part of it
     cold = cached.logits(parts)
     n_blocks = len(parts.prefix) // 16
     assert blocks.stats()["stored"] == n_blocks > 3
@@ -73,8 +85,9 @@ def test_cold_warm_and_tier2_scores_equal_uncached(embedded: EmbeddedRedis) -> N
     assert 1 <= shared < n_blocks
 
 
-def test_stage_with_block_cache_survives_redis_loss(tmp_path: Path) -> None:
-    save_tiny_llm(tmp_path / "m")
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_stage_with_block_cache_survives_redis_loss(tmp_path: Path, arch: str) -> None:
+    save_tiny_llm(tmp_path / "m", arch=arch)
     tiny_split().save(tmp_path / "toy" / "split")
     server = EmbeddedRedis(tmp_path / "redis")
     url = server.start()
@@ -101,8 +114,9 @@ def test_stage_with_block_cache_survives_redis_loss(tmp_path: Path) -> None:
         server.stop()
 
 
-def test_listwise_row_is_block_cached_whole_and_a_repeat_recomputes_only_its_tail() -> None:
-    model, tok = tiny_llm()
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_listwise_row_is_block_cached_whole_and_a_repeat_recomputes_only_its_tail(arch: str) -> None:
+    model, tok = tiny_llm(arch=arch)
     builder = PromptBuilder(tok)
     blocks = BlockPrefixCache.build(model, block_tokens=8, namespace="lw")
     cached = LogitScorer(model, tok.pad_token_id, blocks=blocks)
@@ -113,3 +127,40 @@ def test_listwise_row_is_block_cached_whole_and_a_repeat_recomputes_only_its_tai
     assert blocks.stats()["stored"] == (row - 1) // 8  # candidates included, not only the prefix
     assert torch.allclose(cached.logits(parts), reference, atol=1e-4)
     assert blocks.stats()["tier1_hits"] == (row - 1) // 8 and blocks.stats()["stored"] == (row - 1) // 8
+
+
+def test_gemma3_sliding_window_really_cuts_the_test_prompts() -> None:
+    """The cached == uncached checks above prove something for sliding layers only if the window
+    changes the answer: the same weights with a window longer than the prompt score differently."""
+    model, tok = tiny_llm(arch="gemma3")
+    wide, _ = tiny_llm(arch="gemma3")
+    wide.load_state_dict(model.state_dict())
+    wide.config.sliding_window = 4096
+    for layer in wide.model.layers:
+        layer.self_attn.sliding_window = None if layer.self_attn.sliding_window is None else 4096
+    parts = PromptBuilder(tok).listwise(HORROR[:3], ATTRS, ANIMATION)
+    windowed = LogitScorer(model, tok.pad_token_id).logits(parts, use_cache=False)
+    unwindowed = LogitScorer(wide, tok.pad_token_id).logits(parts, use_cache=False)
+    assert (windowed - unwindowed).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_lm_head_runs_only_at_scoring_positions(arch: str) -> None:
+    """Gemma 3's 262k vocabulary makes the LM head the largest matmul: prefix passes keep one
+    position, suffix passes only the answer positions (``logits_to_keep``), never the full sequence."""
+    model, tok = tiny_llm(arch=arch)
+    builder = PromptBuilder(tok)
+    rows: list[int] = []
+    hook = model.get_output_embeddings().register_forward_hook(
+        lambda _m, args, _out: rows.append(args[0].reshape(-1, args[0].shape[-1]).shape[0]))
+    try:
+        parts = builder.pointwise(HORROR[:3], ATTRS, ANIMATION[:5])
+        LogitScorer(model, tok.pad_token_id, batch_size=5).logits(parts)
+        # the prefix pass, then per candidate row the positions where some row of the batch ends
+        assert rows == [1, 5 * len({len(suffix) for suffix in parts.suffixes})]
+        rows.clear()
+        blocks = BlockPrefixCache.build(model, block_tokens=8, namespace="head")
+        LogitScorer(model, tok.pad_token_id, blocks=blocks).logits(builder.listwise(HORROR[:3], ATTRS, ANIMATION))
+        assert rows == [1, 1]  # the block pass over the row, then its last token
+    finally:
+        hook.remove()

@@ -17,7 +17,7 @@ from llm_rerank.probe import (
     random_expectation,
 )
 from recsys.settings import Settings
-from tests.llm_rerank.factories import save_tiny_llm, tiny_split
+from tests.llm_rerank.factories import ARCHITECTURES, save_tiny_llm, tiny_split
 
 
 def _planted(groups: int, rows: int = 10, seed: int = 0, signal: float = 2.0) -> ProbeData:
@@ -62,18 +62,26 @@ def test_fusion_weight_is_chosen_on_the_other_half() -> None:
     np.testing.assert_allclose(bad, stage)
 
 
-def test_probe_backbone_runs_end_to_end_on_a_toy_model(tmp_path: Path) -> None:
-    save_tiny_llm(tmp_path / "m")
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_probe_backbone_runs_end_to_end_on_a_toy_model(tmp_path: Path, arch: str) -> None:
+    save_tiny_llm(tmp_path / "m", arch=arch)
     tiny_split().save(tmp_path / "toy" / "split")
     settings = Settings.build({"artifacts_dir": str(tmp_path), "llm": {"model": str(tmp_path / "m"),
                                                                         "candidates": 5, "precision": "fp32"}})
     report = probe_backbone(settings, tmp_path / "toy", train_users=8, candidates=5, min_history=2, progress=False)
     assert report["candidates_from"] == "popularity" and report["valid_users"] == 8
     assert 0 < report["train_requests"] <= 8
-    assert set(report["ndcg@10"]) == {"stage_order", "zero_shot", "probe", "random", "stage+probe"}
+    assert set(report["ndcg@10"]) == {"stage_order", "zero_shot", "probe", "random", "stage+probe", "stage+zero_shot"}
     assert all(0 <= v <= 1 for v in report["ndcg@10"].values())
-    assert set(report["vs_stage_order"]) == {"zero_shot", "probe", "random", "stage+probe"}
+    assert set(report["vs_stage_order"]) == {"zero_shot", "probe", "random", "stage+probe", "stage+zero_shot"}
     lo, hi = report["probe_vs_random"]["ci95"]
     assert lo <= report["probe_vs_random"]["mean"] <= hi
+    cost = report["cost_per_request"]
+    assert cost["requests"] == 8 and cost["prompt_tokens_mean"] > 0
+    assert 0 < cost["warm_prefix_ms"]["p50"] < cost["cold_prefix_ms"]["p50"]  # a warm prefix skips its pass
+    assert report["valid_sample"] == {"users": 8, "of": 8, "seed": 0, "random": False}
+    sample = probe_backbone(settings, tmp_path / "toy", train_users=4, valid_users=3, candidates=5, min_history=2,
+                            seed=7, progress=False)
+    assert sample["valid_sample"] == {"users": 3, "of": 8, "seed": 7, "random": True}
     with pytest.raises(ValueError, match="candidates must be >= 2"):
         probe_backbone(settings, tmp_path / "toy", candidates=1, progress=False)

@@ -1,4 +1,5 @@
-"""SmoothQuant W8A8 on a tiny random Llama: folding is exact, the int8 model loads from its calibration."""
+"""SmoothQuant W8A8 on tiny random models of every catalogue architecture (Llama/SmolLM2, Qwen2,
+Gemma 3): folding is exact, int8 scores stay close to fp32, the int8 model loads from its calibration."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ import torch
 
 from llm_rerank.backbone import load_model
 from llm_rerank.prompt import PromptBuilder
-from llm_rerank.quant import METHOD, W8A8Linear, calibrate, load_w8a8, save_calibrated
+from llm_rerank.quant import METHOD, W8A8Linear, calibrate, load_w8a8, mlp_input_norm, save_calibrated
+from llm_rerank.scoring import LogitScorer, listwise_from_logits, pointwise_from_logits
 from llm_rerank.stage import LLMRerankStage
 from recsys.config import StageSpec
 from recsys.contract import Request
 from recsys.settings import Settings
-from tests.llm_rerank.factories import ANIMATION, HORROR, tiny_llm, tiny_split
+from tests.llm_rerank.factories import ANIMATION, ARCHITECTURES, HORROR, tiny_llm, tiny_split
 
 
 def test_w8a8_linear_matches_float_within_int8_error() -> None:
@@ -31,19 +33,23 @@ def test_w8a8_linear_matches_float_within_int8_error() -> None:
     assert q(x.bfloat16()).dtype == torch.bfloat16
 
 
-def test_calibrated_model_is_equivalent_in_fp32_and_loads_as_int8(tmp_path: Path) -> None:
-    model, tok = tiny_llm()
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_calibrated_model_is_equivalent_in_fp32_and_loads_as_int8(tmp_path: Path, arch: str) -> None:
+    model, tok = tiny_llm(arch=arch)
     builder = PromptBuilder(tok)
     prompts = [builder.listwise(HORROR[:3], {"age": 30}, ANIMATION).prefix,
                builder.listwise(ANIMATION[:2], {}, HORROR[:4]).prefix]
     ids = torch.tensor([prompts[0]])
     with torch.inference_mode():
         before = model(input_ids=ids).logits
-    norm_before = model.model.layers[0].input_layernorm.weight.clone()
+    layer = model.model.layers[0]
+    norms_before = [layer.input_layernorm.weight.clone(), mlp_input_norm(layer).weight.clone()]
     record = calibrate(model, prompts, alpha=0.5)
     with torch.inference_mode():
         after = model(input_ids=ids).logits
-    assert not torch.equal(norm_before, model.model.layers[0].input_layernorm.weight)  # factors were folded
+    # factors were folded into both norms that feed projections (Gemma 3: the pre-feedforward one) ...
+    assert not torch.equal(norms_before[0], layer.input_layernorm.weight)
+    assert not torch.equal(norms_before[1], mlp_input_norm(layer).weight)
     assert torch.allclose(before, after, atol=1e-3 * before.abs().max())  # ... without changing the function
     out = save_calibrated(model, tok, record, tmp_path / "w8a8", source="tiny")
     saved = json.loads((out / "calibration.json").read_text())
@@ -53,7 +59,7 @@ def test_calibrated_model_is_equivalent_in_fp32_and_loads_as_int8(tmp_path: Path
     from llm_rerank.quant import FusedSlice
 
     linears = [m for m in qmodel.modules() if isinstance(m, W8A8Linear | FusedSlice)]
-    assert len(linears) == 2 * 7  # q k v o gate up down in each of the 2 layers
+    assert len(linears) == len(qmodel.model.layers) * 7  # q k v o gate up down in each layer
     assert qmodel.model.embed_tokens.weight.dtype == torch.float32  # the non-int8 rest stays fp32 by default
     assert load_w8a8(str(out), rest_dtype="bf16")[0].model.embed_tokens.weight.dtype == torch.bfloat16
     with pytest.raises(ValueError, match="rest_dtype"):
@@ -67,8 +73,48 @@ def test_calibrated_model_is_equivalent_in_fp32_and_loads_as_int8(tmp_path: Path
         load_model(str(tmp_path / "nowhere"), "int8")
 
 
-def test_stage_serves_int8_from_the_calibrated_directory(tmp_path: Path) -> None:
-    model, tok = tiny_llm()
+def test_gemma_norm_folding_respects_its_unit_offset() -> None:
+    """Gemma's RMSNorm scales by 1 + w: dividing w alone by s would change the function."""
+    model, _ = tiny_llm(arch="gemma3")
+    norm = model.model.layers[0].input_layernorm
+    x = torch.randn(3, norm.weight.shape[0])
+    s = torch.linspace(0.5, 2.0, norm.weight.shape[0])
+    expected = norm(x) / s
+    from llm_rerank.quant import _fold_into_norm
+
+    with torch.no_grad():
+        _fold_into_norm(norm, s)
+    torch.testing.assert_close(norm(x), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_int8_scores_stay_close_to_fp32(arch: str) -> None:
+    """Listwise and pointwise scores of the W8A8 model against the fp32 model they came from."""
+    from llm_rerank.quant import quantize_w8a8
+
+    model, tok = tiny_llm(arch=arch)
+    builder = PromptBuilder(tok)
+    requests = [builder.listwise(HORROR[:3], {"age": 30}, ANIMATION + HORROR[3:]),
+                builder.listwise(ANIMATION[:2], {}, HORROR + ANIMATION[2:])]
+    pointwise = builder.pointwise(HORROR[:4], {"age": 30}, ANIMATION)
+    scorer = LogitScorer(model, tok.pad_token_id)
+
+    def scores() -> list[np.ndarray]:
+        lists = [listwise_from_logits(scorer.logits(p, use_cache=False), builder.letter_ids, 9) for p in requests]
+        return [*lists, pointwise_from_logits(scorer.logits(pointwise), *builder.yes_no)]
+
+    reference = scores()
+    calibrate(model, [builder.listwise(ANIMATION[:3], {}, HORROR).prefix], alpha=0.5)
+    assert quantize_w8a8(model) == len(model.model.layers) * 7
+    for got, ref in zip(scores(), reference, strict=True):
+        assert not np.array_equal(got, ref)  # really int8 numbers
+        assert np.corrcoef(got, ref)[0, 1] > 0.97
+        assert np.abs(got - ref).max() < 0.25 * np.ptp(ref)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_stage_serves_int8_from_the_calibrated_directory(tmp_path: Path, arch: str) -> None:
+    model, tok = tiny_llm(arch=arch)
     builder = PromptBuilder(tok)
     save_calibrated(model, tok, calibrate(model, [builder.prefix(HORROR[:3], {})]), tmp_path / "q")
     tiny_split().save(tmp_path / "toy" / "split")
@@ -81,11 +127,12 @@ def test_stage_serves_int8_from_the_calibrated_directory(tmp_path: Path) -> None
     assert np.exp(scores).sum() == pytest.approx(1.0, abs=1e-4)
 
 
-def test_projections_reading_one_input_share_its_quantisation() -> None:
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_projections_reading_one_input_share_its_quantisation(arch: str) -> None:
     from llm_rerank.quant import quantize_w8a8
 
-    model, _ = tiny_llm()
-    assert quantize_w8a8(model, fuse=False) == 14
+    model, _ = tiny_llm(arch=arch)
+    assert quantize_w8a8(model, fuse=False) == len(model.model.layers) * 7
     attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
     assert attn.q_proj.quant is attn.k_proj.quant is attn.v_proj.quant
     assert mlp.gate_proj.quant is mlp.up_proj.quant and mlp.down_proj.quant is not mlp.up_proj.quant
@@ -95,13 +142,15 @@ def test_projections_reading_one_input_share_its_quantisation() -> None:
     assert attn.q_proj.quant._value is None and mlp.gate_proj.quant._value is None  # nothing held afterwards
 
 
-def test_fused_projections_equal_separate_int8_ones_and_hold_nothing_after() -> None:
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_fused_projections_equal_separate_int8_ones_and_hold_nothing_after(arch: str) -> None:
     from llm_rerank.quant import FusedSlice, quantize_w8a8
 
-    model, _ = tiny_llm()
-    separate, _ = tiny_llm()
+    model, _ = tiny_llm(arch=arch)
+    separate, _ = tiny_llm(arch=arch)
     separate.load_state_dict(model.state_dict())
-    assert quantize_w8a8(model) == 14 and quantize_w8a8(separate, fuse=False) == 14
+    n = len(model.model.layers) * 7
+    assert quantize_w8a8(model) == n and quantize_w8a8(separate, fuse=False) == n
     attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
     assert all(isinstance(m, FusedSlice) for m in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj))
     assert attn.q_proj.group[0] is attn.v_proj.group[0] and isinstance(attn.o_proj, W8A8Linear)

@@ -131,3 +131,43 @@ def test_tag_with_a_bad_prompt_document_is_one_line(toy_artifacts: Path, tmp_pat
     bad.write_text("sytem: Rank these.\n")
     res = runner.invoke(app, ["tag", "--prompt", str(bad), "--artifacts", str(toy_artifacts)])
     _one_line_error(res, "'sytem': unknown key")
+
+
+def _toy_pipeline_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str) -> Path:
+    """A config file for the toy recall + rules pipeline (the registry pointed at the toy stages)."""
+    from recsys.config import STAGE_KINDS
+    from tests.serving.toy import TOY_KINDS
+
+    for kind, path in TOY_KINDS.items():
+        monkeypatch.setitem(STAGE_KINDS, kind, path)
+    cfg = tmp_path / "toy.yaml"
+    cfg.write_text(f"pipeline:\n  {setting}\n  stages:\n"
+                   "    - {name: recall, kind: recall, on_error: fail}\n    - {name: rules, kind: rules, on_error: fail}\n")
+    return cfg
+
+
+def test_recommend_whose_pipeline_cannot_answer_in_time_is_one_line(
+    toy_artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request budget of 1 ms: the required rules stage finds its deadline passed (HTTP answers 503)."""
+    cfg = _toy_pipeline_config(tmp_path, monkeypatch, "request_budget_ms: 0.001")
+    res = runner.invoke(app, ["recommend", "u1", "--config", str(cfg), "--artifacts", str(toy_artifacts)])
+    assert res.exit_code == 1, res.output
+    [line] = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert line.startswith("error: PipelineError: stage 'recall' failed: request deadline passed"), line
+
+
+def test_bench_lists_counts_complete_and_short_lists_per_k(
+    toy_artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = _toy_pipeline_config(tmp_path, monkeypatch, "max_k: 6")
+    out = tmp_path / "lists.json"
+    res = runner.invoke(app, ["bench", "lists", "--k", "1,3", "--config", str(cfg), "--artifacts", str(toy_artifacts),
+                              "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    report = json.loads(out.read_text())
+    # toy catalog, test phase: u1 and u3 have 3+ unseen items allowed; u2 (15) has m3 and m6 left, m4 is adult
+    assert {k: (v["complete"], v["short"], v["empty"]) for k, v in report["k"].items()} == {"1": (3, 0, 0),
+                                                                                        "3": (2, 1, 0)}
+    bad = runner.invoke(app, ["bench", "lists", "--k", "0,3", "--config", str(cfg), "--artifacts", str(toy_artifacts)])
+    _one_line_error(bad, "--k values must be in 1..6")

@@ -235,3 +235,26 @@ def test_until_and_full_lists_need_no_backfill():
     full = policy_pipeline().run(Request(user_id="u", k=4), until="coarse")
     assert full.candidates.items.tolist() == [1, 3, 5, 7] and full.complete
     assert all(t.name != "backfill" for t in full.traces)
+
+
+class CountingDropOdd(DropOdd):
+    """DropOdd that counts how often it judges each item."""
+
+    def __init__(self):
+        self.seen: dict[int, int] = {}
+
+    def run(self, request: Request, candidates: Candidates) -> Candidates:
+        for i in candidates.items.tolist():
+            self.seen[i] = self.seen.get(i, 0) + 1
+        return super().run(request, candidates)
+
+
+def test_backfill_never_judges_an_item_the_rules_already_removed():
+    policy = CountingDropOdd()
+    pipe = Pipeline([(spec("recall", "recall", depth=10, on_error="fail"), PopularRecall(n_items=40)),
+                     (spec("rules", "rules", on_error="fail"), policy)])
+    result = pipe.run(Request(user_id="u", k=25))  # only 20 even items: backfill reaches more()
+    assert result.candidates.items.tolist() == list(range(0, 40, 2)) and result.short_by == 5
+    served = set(result.candidates.items.tolist())
+    # served items are re-run with each block (caps count them); a removed item is judged once
+    assert all(n == 1 for i, n in policy.seen.items() if i not in served)

@@ -14,7 +14,7 @@ def parse(*raw, version="v1"):
 
 
 def test_valid_rule_set_keeps_rules_in_order_with_their_types():
-    rs = parse(GOOD, {"id": "adult_gate", "kind": "audience_gate", "audience": "adult", "min_age": "18"},
+    rs = parse(GOOD, {"id": "adult_gate", "kind": "audience_gate", "audience": "adult", "min_age": 18},
                {"id": "cap", "kind": "category_cap", "max_items": 4}, version="3")
     assert rs.version == "3"
     assert [r.id for r in rs.rules] == ["withdrawn", "adult_gate", "cap"]
@@ -127,3 +127,16 @@ def test_config_takes_the_explicit_rule_set_else_the_packaged_default(tmp_path):
     assert RulesConfig(ruleset=tmp_path / "mine.yaml").ruleset_path(tmp_path / "stage.yaml") == tmp_path / "stage.yaml"
     with pytest.raises(ValueError, match="packaged_for_dataset"):
         RulesConfig(packaged_for_dataset={"ml-100k": "movielens"})  # the dataset-name map is gone
+
+
+@pytest.mark.parametrize("min_age", ["18", "yes", True, 17.5])
+def test_rule_numbers_are_strict_so_a_loose_value_never_opens_a_gate(min_age):
+    # `min_age: yes` was read as True == 1: a 15-year-old then saw adult items
+    with pytest.raises(RulesError, match=r"rule 'g' \(rules\[0\]\): min_age must be an integer"):
+        parse_ruleset({"version": "1", "rules": [{"id": "g", "kind": "audience_gate", "audience": "adult",
+                                                  "min_age": min_age}]})
+    with pytest.raises(RulesError, match="description must be a string"):
+        parse_ruleset({"version": "1", "rules": [{"id": "b", "kind": "blocklist", "description": {"a": 1},
+                                                  "items": {"item_ids": ["1"]}}]})
+    with pytest.raises(RulesError, match="max_items: Input should be less than or equal to 100000"):
+        parse_ruleset({"version": "1", "rules": [{"id": "c", "kind": "category_cap", "max_items": 10**23}]})

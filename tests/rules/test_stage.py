@@ -135,7 +135,7 @@ def test_rule_on_an_attribute_no_user_carries_is_refused_unless_it_says_how(tmp_
     no_ages = pd.DataFrame({"user_id": ["u0"], "age": pd.array([None], dtype="Int64")})
     save_toy_split(tmp_path, users=no_ages)
     gate = "  - {id: adult_gate, kind: audience_gate, audience: adult, min_age: 18"
-    with pytest.raises(RulesError, match="rule 'adult_gate' .*no user carries age"):
+    with pytest.raises(RulesError, match="rule 'adult_gate' .*no user carries age in this catalog; say how"):
         RulesStage(StageSpec(name="rules", kind="rules"), write_rules(tmp_path, gate + "}\n")).load(tmp_path)
     stated = RulesStage(StageSpec(name="rules", kind="rules"),
                         write_rules(tmp_path, gate + ", when_user_unknown: restrict}\n"))
@@ -246,3 +246,36 @@ def test_apply_param_splits_filters_from_caps(tmp_path, apply, expected):
 def test_apply_param_is_validated():
     with pytest.raises(ValueError, match="params.apply must be all, filters or caps, got 'some'"):
         RulesStage(StageSpec(name="r", kind="rules", params={"apply": "some"}), Settings.build())
+
+
+def test_skip_never_turns_a_gate_off_because_users_lack_the_attribute(tmp_path):
+    # items carry audience ratings, no user carries an age: skipping the gate would show adult items to all
+    no_ages = pd.DataFrame({"user_id": ["u0"], "age": pd.array([None], dtype="Int64")})
+    save_toy_split(tmp_path, users=no_ages)
+    gate = "  - {id: adult_gate, kind: audience_gate, audience: adult, min_age: 18"
+    with pytest.raises(RulesError, match="no user carries age in this catalog; say how to treat such users "
+                                         "with when_user_unknown: restrict"):
+        RulesStage(StageSpec(name="rules", kind="rules"), write_rules(tmp_path, gate + "}\n")).load(tmp_path)
+    skip = RulesStage(StageSpec(name="rules", kind="rules"),
+                      write_rules(tmp_path, gate + ", on_absent_attribute: skip}\n"))
+    skip.load(tmp_path)
+    assert skip.skipped == {}
+    assert skip.run(Request(user_id="u", user_attrs={}), cands([0, 1])).items.tolist() == [0]  # b is adult
+
+
+def test_a_category_no_item_carries_is_refused_naming_the_close_match(tmp_path):
+    save_toy_split(tmp_path)  # categories: Comedy, Horror, Drama
+    body = "  - {id: no_horror, kind: blocklist, items: {categories: [horror]}}\n"
+    with pytest.raises(RulesError, match=r"rule 'no_horror' \(rules\[0\]\): no item carries category 'horror' "
+                                         r"\(did you mean 'Horror'\?\)"):
+        RulesStage(StageSpec(name="rules", kind="rules"), write_rules(tmp_path, body)).load(tmp_path)
+    cap = "  - {id: cap, kind: category_cap, category: Dramma, max_items: 1}\n"
+    with pytest.raises(RulesError, match="no item carries category 'Dramma' \\(did you mean 'Drama'\\?\\)"):
+        RulesStage(StageSpec(name="rules", kind="rules"), write_rules(tmp_path, cap)).load(tmp_path)
+    # under skip: a rule none of whose categories exist is off; one with some real categories stays on
+    both = ("  - {id: none_exist, kind: blocklist, items: {categories: [Western]}, on_absent_attribute: skip}\n"
+            "  - {id: some_exist, kind: blocklist, items: {categories: [Western, Horror]}, on_absent_attribute: skip}\n")
+    stage = RulesStage(StageSpec(name="rules", kind="rules"), write_rules(tmp_path, both))
+    stage.load(tmp_path)
+    assert stage.skipped == {"none_exist": "no item carries category 'Western'"}
+    assert stage.run(Request(user_id="u", user_attrs={}), cands([0, 1, 3])).items.tolist() == [0]

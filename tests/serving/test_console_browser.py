@@ -177,6 +177,8 @@ return {
   matrix: Object.fromEntries(rows('table.matrix tbody tr').map((r) => [r.dataset.item,
     Object.fromEntries([...r.querySelectorAll('td[data-stage]')].map((c) => [c.dataset.stage, num(c.dataset.score)]))])),
   removed: rows('table.removed tbody tr').map((r) => [r.dataset.item, r.querySelector('.rule').textContent]),
+  handoffs: rows('details.handoff').map((d) => [d.dataset.stage, Number(d.dataset.n),
+    [...d.querySelectorAll('table.handoff-items tbody tr')].map((r) => [r.dataset.item, num(r.dataset.score)])]),
 };
 """
 
@@ -225,6 +227,10 @@ def test_try_shows_the_api_debug_items_and_scores_stage_by_stage(driver: Any, ba
             column = [(item, s[name]) for item, s in scores.items() if s.get(name) is not None]
             assert items == [list(p) for p in sorted(column, key=lambda p: -p[1])]
         assert page["removed"] == [[r["id"], r["reason"]] for r in api["debug"]["removed"]]
+        # each stage's whole hand-off, as the debug JSON lists it (recall's candidates beyond the served ones too)
+        assert page["handoffs"] == [[h["stage"], h["n"], [[i["id"], i["score"]] for i in h["items"]]]
+                                    for h in api["debug"]["handoffs"]]
+        assert page["handoffs"] and page["handoffs"][0][0] == "recall"
     assert [i for i, _ in shown["a"]["served"]] == ["m5", "m4", "m6"]
     assert shown["b"]["removed"] == [["m4", "adult_gate"], ["m3", "risk_tolerance"]]
     assert [s[0] for s in shown["a"]["stages"]][:3] == ["recall", "llm", "rules"]

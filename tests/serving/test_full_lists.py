@@ -37,3 +37,25 @@ def test_publishing_a_rule_on_an_attribute_the_catalog_lacks_is_refused_by_name(
     ok = doc.replace("items: {tags: [gambling]}", "items: {tags: [gambling]}, on_absent_attribute: skip")
     assert online.put("/admin/rules", content=ok.replace("tags-1", "tags-2"),
                       headers={"X-API-Key": ADMIN_KEY}).status_code == 200
+
+
+def test_debug_lists_what_each_stage_handed_on_and_the_fusion_weights(toy_dir) -> None:
+    from recsys.config import StageSpec
+    from recsys.fusion import FusionStage
+    from rules.stage import RulesStage
+    from tests.serving.conftest import RECALL, RULES, client_for
+    from tests.serving.toy import PopularityRecall
+
+    fusion = StageSpec(name="fusion", kind="fusion")
+    with client_for(toy_dir, [(RECALL, PopularityRecall), (RULES, RulesStage), (fusion, FusionStage)]) as c:
+        data = c.post("/v1/recommend", json={"user_id": "stranger", "k": 2, "debug": True}).json()
+    RecommendResponse.model_validate(data)
+    handoffs = {h["stage"]: h for h in data["debug"]["handoffs"]}
+    assert list(handoffs) == ["recall", "rules", "fusion"]
+    # recall handed on all six films by popularity; the default rules removed m4 (adult, unknown age) and
+    # m3 (risk 2 > default tolerance 1); fusion had no tuned weights: recall, the most refined scored stage
+    assert [i["id"] for i in handoffs["recall"]["items"]] == ["m1", "m2", "m4", "m5", "m3", "m6"]
+    assert handoffs["recall"]["items"][0]["score"] == 3.0 and handoffs["recall"]["n"] == 6
+    assert [i["id"] for i in handoffs["rules"]["items"]] == ["m1", "m2", "m5", "m6"]
+    assert handoffs["fusion"]["fusion_weights"] == {"recall": 1.0}
+    assert [i["id"] for i in data["items"]] == ["m1", "m2"]

@@ -145,3 +145,32 @@ def test_guard_reset_closes_the_breaker_at_once() -> None:
     assert guard.down
     guard.reset()  # e.g. the supervisor restarted Redis: no need to sit out the 3 s backoff
     assert not guard.down and guard.call(lambda: 7) == 7
+
+
+def test_a_process_that_exits_without_stop_takes_its_embedded_redis_along(tmp_path) -> None:
+    """`kill -TERM` of `recsys serve` used to leave redis-server orphaned (parent pid 1)."""
+    import subprocess
+    import sys
+
+    code = ("from serving.redis_state import EmbeddedRedis\n"
+            f"r = EmbeddedRedis({str(tmp_path / 'x')!r}, supervise=True); r.start(); print(r.proc.pid, flush=True)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    pid = int(out.stdout.split()[0])
+    assert _wait_for(lambda: not _alive(pid)), f"redis-server {pid} outlived its server"
+
+
+def test_the_embedded_redis_runs_in_its_own_session(tmp_path) -> None:
+    server = EmbeddedRedis(tmp_path / "s")
+    try:
+        server.start()
+        assert server.proc is not None and os.getsid(server.proc.pid) != os.getsid(0)  # a Ctrl-C does not reach it
+    finally:
+        server.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -57,3 +57,24 @@ def test_watcher_seeds_the_served_rules_then_installs_and_rolls_back(store: Vers
     store.publish("rules", "broken", '{"version": "broken", "rules": [{"id": "x", "kind": "nope"}]}')
     watcher.sync_once()  # an invalid stored document is logged and skipped: the old one keeps serving
     assert pipe.stage("rules").version() == "default-2"
+
+
+def test_an_emptied_store_is_reseeded_with_what_the_worker_serves_not_the_start_up_file(
+    store: VersionStore, toy_dir: Path
+) -> None:
+    """A restarted (empty) Redis must not put a run-time rule set back to the start-up file."""
+    settings = toy_settings()
+    pipe: Pipeline = toy_pipeline(toy_dir, settings, [(settings.pipeline.stages[0], PopularityRecall),
+                                                      (RULES, RulesStage)])
+    rules, prompts = RulesApplier(pipe), PromptApplier(pipe)
+    watcher = VersionWatcher(store, [rules, prompts], poll_s=0.1)
+    watcher.sync_once()
+    store.publish("rules", "block-m4", canonical(BLOCK_M4))
+    store.publish("prompts", "p-7", canonical({"version": "p-7", "system": "Rank films for this user."}))
+    watcher.sync_once()
+    assert pipe.stage("rules").version() == "block-m4" and prompts.applied == "p-7"
+    store.client.flushall()  # what a kill -9 of the embedded redis-server leaves: nothing
+    watcher.sync_once()
+    assert store.active("rules") == "block-m4" == pipe.stage("rules").version()
+    assert store.active("prompts") == "p-7"
+    assert [v.version for v in store.versions("rules")] == ["block-m4"]

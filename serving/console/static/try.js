@@ -8,7 +8,7 @@
   const KNOWN_KEYS = new Set(["request_id", "user_id", "cold_start", "items", "stages", "versions", "fallbacks",
     "path", "route", "degraded", "total_ms", "experiment", "variant", "impressions_logged", "debug",
     "complete", "short_by", "short_reason"]);
-  const KNOWN_DEBUG = new Set(["order_by", "history_len", "removed", "item_scores"]);
+  const KNOWN_DEBUG = new Set(["order_by", "history_len", "removed", "item_scores", "handoffs"]);
 
   function body(userId) {
     const out = { user_id: userId, k: Number($("#opt-k").value) || 10, debug: $("#opt-debug").checked };
@@ -80,6 +80,8 @@
           el("span", { class: "num" }, `${num(stage.ms, 2)} ms`),
           el("span", { class: "flow", dataset: { nIn: stage.n_in, nOut: stage.n_out } }, `${stage.n_in} in → ${stage.n_out} out`)),
         stage.reason ? el("div", { class: "muted" }, stage.reason) : null);
+      const handoff = data.debug && data.debug.handoffs ? data.debug.handoffs.find((h) => h.stage === stage.name) : null;
+      if (handoff) card.append(handoffBlock(handoff));
       if (scores && columns.includes(stage.name)) {
         const ranks = ranksBy(scores, stage.name);
         const ordered = Object.keys(ranks).sort((a, b) => ranks[a] - ranks[b]);
@@ -89,6 +91,24 @@
       }
       return card;
     }));
+  }
+
+  // What one stage handed on (debug answers): every item in order, its own score, the channels that found it.
+  function handoffBlock(handoff) {
+    const parts = [];
+    if (handoff.fusion_weights) {
+      const weights = Object.entries(handoff.fusion_weights).map(([k, v]) => `${k} ${num(v)}`).join(" · ");
+      parts.push(el("div", { class: "fusion-weights", dataset: { weights: JSON.stringify(handoff.fusion_weights) } },
+        `fusion weights: ${weights || "none (current order kept)"}`));
+    }
+    const rows = handoff.items.map((item, i) => el("tr", { dataset: { item: item.id, score: item.score === null ? "" : String(item.score) } },
+      el("td", { class: "num" }, String(i + 1)), el("td", {}, el("code", {}, item.id)),
+      el("td", { class: "num" }, num(item.score)), el("td", { class: "channels" }, item.channels.join(", "))));
+    const shown = handoff.items.length < handoff.n ? ` (first ${handoff.items.length})` : "";
+    parts.push(el("details", { class: "handoff", dataset: { stage: handoff.stage, n: String(handoff.n) } },
+      el("summary", {}, `handed on ${handoff.n} items${shown}, ordered by ${handoff.order_by || "arrival"}`),
+      Console.table(["#", "item", "score", "channels"], rows, { class: "handoff-items" })));
+    return el("div", {}, parts);
   }
 
   function scoreMatrix(data) {
