@@ -54,6 +54,14 @@ class CoarseConfig(BaseModel):
         "the history, risk flags, LLM-embedding cosine with the recent history). Training then needs the "
         "item tags (coarse_rank.with_tags.train_coarse_tags writes such a model to <artifact_dir>/coarse_tags).",
     )
+    channel_features: bool = Field(
+        default=False,
+        description="Add coarse_rank.channel_features.CHANNEL_FEATURES (co-visitation and item-model scores of "
+        "every candidate, fitted on the builder's interactions) and one rank_<channel> column per recall channel.",
+    )
+    channel_window: int = Field(default=10, ge=1, le=50, description="Co-visitation window of the channel features.")
+    channel_last_n: int = Field(default=10, ge=1, le=200, description="Recent items the co-visitation feature reads.")
+    item_model_last_n: int = Field(default=50, ge=1, le=10_000, description="Recent items the item-model feature reads.")
 
     @model_validator(mode="after")
     def _check(self) -> CoarseConfig:

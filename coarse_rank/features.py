@@ -5,7 +5,8 @@
 lookups, no per-candidate Python loop. NaN marks a missing value (LightGBM routes it).
 Feature names are stable for a fitted builder: the ``FEATURES`` below, the ``TAG_FEATURES``
 when ``CoarseConfig.tag_features`` is on (looked up in ``coarse_rank.item_tags.ItemTags``,
-saved with the builder), then the recall channel columns seen at fit time
+saved with the builder), the ``coarse_rank.channel_features`` columns when
+``CoarseConfig.channel_features`` is on, then the recall channel columns seen at fit time
 (``recall_<channel>`` scores, ``src_<channel>`` flags as 0/1); a channel absent from a
 request reads NaN, an unknown one is ignored.
 
@@ -26,6 +27,8 @@ import pandas as pd
 from scipy import sparse
 
 from coarse_rank import statistics as st
+from coarse_rank.channel_features import CHANNEL_FEATURES, ChannelTables, rank_names
+from coarse_rank.channel_features import PREFIX as CHANNEL_PREFIX
 from coarse_rank.config import CoarseConfig
 from coarse_rank.item_tags import PREFIX as TAG_PREFIX
 from coarse_rank.item_tags import ItemTags
@@ -110,11 +113,13 @@ class FeatureBuilder:
         self.occupations: list[str] = []
         self._t: _Tables | None = None
         self._tags: ItemTags | None = None
+        self._channels: ChannelTables | None = None
 
     @property
     def feature_names(self) -> list[str]:
         tag_names = TAG_FEATURES if self.config.tag_features else {}
-        return [*FEATURES, *tag_names, *self.score_columns, *self.flag_columns]
+        channel_names = [*CHANNEL_FEATURES, *rank_names(self.score_columns)] if self.config.channel_features else []
+        return [*FEATURES, *tag_names, *channel_names, *self.score_columns, *self.flag_columns]
 
     @property
     def n_items(self) -> int:
@@ -161,6 +166,7 @@ class FeatureBuilder:
             gender_lift=st.segment_lift(gender[users], items, max(len(self.genders), 1), n, prior),
             occupation_lift=st.segment_lift(occupation[users], items, max(len(self.occupations), 1), n, prior),
         )
+        self._channels = ChannelTables.fit(users, items, n, cfg) if cfg.channel_features else None
         return self
 
     def transform(self, request: Request, candidates: Candidates) -> np.ndarray:
@@ -179,6 +185,7 @@ class FeatureBuilder:
             *self._follow_columns(hist, items),
             *self._user_columns(request, items),
             *(self._tag_columns(hist, items) if self.config.tag_features else []),
+            *(self._channels.columns(hist, candidates, self.score_columns) if self._channels is not None else []),
             *(candidates.score(c) for c in self.score_columns),
             *(candidates.flags[f].astype(np.float32) if f in candidates.flags
               else np.full(len(items), np.nan, np.float32) for f in self.flag_columns),
@@ -248,6 +255,7 @@ class FeatureBuilder:
         t = self._tables
         arrays: dict[str, Any] = {f.name: getattr(t, f.name) for f in fields(t) if f.init and f.name != "follow"}
         arrays.update(self._tags.arrays() if self._tags is not None else {})
+        arrays.update(self._channels.arrays() if self._channels is not None else {})
         np.savez(directory / "features.npz", **arrays, follow_data=t.follow.data,
                  follow_indices=t.follow.indices, follow_indptr=t.follow.indptr)
         meta = {"config": self.config.model_dump(), "feature_names": self.feature_names,
@@ -272,6 +280,9 @@ class FeatureBuilder:
         follow = sparse.csr_matrix(
             (arrays.pop("follow_data"), arrays.pop("follow_indices"), arrays.pop("follow_indptr")), shape=(n, n))
         tag_arrays = {k: arrays.pop(k) for k in [k for k in arrays if k.startswith(TAG_PREFIX)]}
+        channel_arrays = {k: arrays.pop(k) for k in [k for k in arrays if k.startswith(CHANNEL_PREFIX)]}
+        if fb.config.channel_features:
+            fb._channels = ChannelTables.from_arrays(channel_arrays, n, fb.config)
         if fb.config.tag_features:
             fb._tags = check_tags(fb.config, ItemTags.from_arrays(tag_arrays, meta.get("tags", {})), n)
         fb._t = _Tables(follow=follow, **arrays)

@@ -108,10 +108,22 @@ def train_coarse(
         "best_iteration": best,
         **_valid_ndcg(va, pred, config.eval_at, n_users=len(va_all)),
         "feature_importance_top10": {builder.feature_names[i]: round(float(gain[i]), 3) for i in top},
+        "feature_importance_gain": importance_table(builder.feature_names, gain),
         "seconds": round(time.perf_counter() - started, 2),
     }
     _save(out_dir, booster, best, builder, report, config, seed, split)
     return report
+
+
+def importance_table(names: list[str], gain: np.ndarray) -> dict[str, dict[str, float]]:
+    """Every feature's total split gain and its share of the total, largest first (ties by name order).
+
+    >>> importance_table(["a", "b", "c"], np.array([1.0, 3.0, 0.0]))
+    {'b': {'gain': 3.0, 'share': 0.75}, 'a': {'gain': 1.0, 'share': 0.25}, 'c': {'gain': 0.0, 'share': 0.0}}
+    """
+    total = float(gain.sum()) or 1.0
+    return {names[i]: {"gain": round(float(gain[i]), 3), "share": round(float(gain[i]) / total, 4)}
+            for i in np.argsort(-gain, kind="stable")}
 
 
 def _train_users(split: Split, config: CoarseConfig, seed: int) -> np.ndarray | None:

@@ -160,6 +160,11 @@ def evaluate_pipeline(
     report_extra: dict[str, Any] = {}
     if "llm" in ran:
         report_extra["llm_cost"] = llm_cost(pipeline, split, phase, run, depths.get("llm"))
+    recall_stage = next((st for spec, st in pipeline.stages if spec.enabled and spec.kind == "recall"), None)
+    if recall_stage is not None and hasattr(recall_stage, "channel_lists"):
+        from recall.extra_channels import channel_candidate_recall
+
+        report_extra["channel_recall"] = channel_candidate_recall(recall_stage, split, phase)
     t2 = time.perf_counter()
     costs = policy_costs(pipeline, split, phase, per_user, n_boot=n_boot, seed=settings.seed)
     report_extra["policy_s"] = round(time.perf_counter() - t2, 2)

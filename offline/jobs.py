@@ -103,14 +103,16 @@ def train_stages(
     for stage in (s for s in STAGE_ORDER if s in stages):
         stage_dir = _stage_dir(settings, artifact_dir, stage)
         meta = _read_meta(stage_dir)
-        if not force and meta is not None and meta.get("split_id") == split_id:
+        config_id = _config_id(settings, stage)
+        if (not force and meta is not None and meta.get("split_id") == split_id
+                and meta.get("config_id") == config_id):
             report[stage] = {"reused": True, **meta.get("report", {})}
             continue
         t0 = time.perf_counter()
         rep = _TRAINERS[stage](settings, artifact_dir, split, progress)
         rep["seconds"] = round(time.perf_counter() - t0, 2)
         report[stage] = rep
-        _write_meta(stage_dir, rep, split_id)
+        _write_meta(stage_dir, rep, split_id, config_id)
         force = True  # a retrained stage invalidates every stage trained on its output
     return report
 
@@ -138,10 +140,23 @@ def _read_meta(directory: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def _write_meta(directory: Path, report: dict[str, Any], split_id: str) -> None:
+def _config_id(settings: Any, stage: str) -> str:
+    """Digest of the config section a stage is trained from: a changed setting (or a new default,
+    e.g. a recall channel switched on) retrains the stage instead of serving stale artifacts."""
+    import hashlib
+
+    section = {"recall": "recall", "recall_holdout": "recall", "coarse": "coarse", "llm": "llm",
+               "fusion": "fusion"}[stage]
+    config = getattr(settings, section, None)
+    blob = json.dumps(config.model_dump(mode="json") if config is not None else None, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _write_meta(directory: Path, report: dict[str, Any], split_id: str, config_id: str = "") -> None:
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / ".stage.json.tmp"
-    tmp.write_text(json.dumps({"split_id": split_id, "report": report}, indent=2, default=_json_default))
+    tmp.write_text(json.dumps({"split_id": split_id, "config_id": config_id, "report": report}, indent=2,
+                              default=_json_default))
     tmp.replace(directory / "stage.json")  # last write: marks the stage complete
 
 

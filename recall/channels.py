@@ -70,7 +70,7 @@ class PopularityChannel:
             yield block[~np.isin(block, exclude)]
 
 
-def _clean(
+def clean_channel(
     ids: np.ndarray, scores: np.ndarray, excluded: np.ndarray, name: str
 ) -> tuple[np.ndarray, np.ndarray]:
     ids = np.asarray(ids, dtype=np.int64).ravel()
@@ -140,7 +140,7 @@ def merge_channels(
     if bad := {k: v for k, v in quotas.items() if v < 0}:
         raise ValueError(f"quotas must be >= 0, got {bad}")
     excluded = np.asarray(exclude, dtype=np.int64).ravel()
-    cleaned = [_clean(ids, scores, excluded, name) for name, ids, scores in channels]
+    cleaned = [clean_channel(ids, scores, excluded, name) for name, ids, scores in channels]
     caps = [quotas.get(name, depth) for name in names]
     weights = [max(cap, 1e-9) for cap in caps]  # a quota of 0 never wins a slot
     lists = [ids for ids, _ in cleaned]

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from recall.channels import PopularityChannel, merge_channels
+from recall.channels import Channel, PopularityChannel, merge_channels
 from recall.config import RecallConfig
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request
@@ -53,6 +53,8 @@ class RecallStage:
         self._vectors = np.zeros((0, self.config.dim), dtype=np.float32)
         self._index: Any = None
         self._popularity: PopularityChannel | None = None
+        self._extra: list[Any] = []  # recall.item_models.NeighbourChannel, in config.extra_channels order
+        self._tuned_shares: dict[str, float] = {}
         self._version = "unloaded"
 
     def load(self, artifact_dir: Any, subdir: str = "recall") -> None:
@@ -64,6 +66,7 @@ class RecallStage:
         import torch
 
         from offline.split import Split
+        from recall.extra_channels import load_channels
         from recall.features import UserVocab
         from recall.index import ItemIndex
         from recall.towers import UserTower
@@ -90,6 +93,7 @@ class RecallStage:
             raise ValueError(f"{root / 'split'} has {len(popularity)} items but the recall model has {len(vectors)}")
         self._tower, self._vocab, self._vectors, self._index = tower, vocab, vectors, index
         self._popularity = PopularityChannel(popularity)
+        self._extra, self._tuned_shares = load_channels(recall_dir, self.config)
         self._version = hashlib.sha256((recall_dir / MODEL_FILE).read_bytes()).hexdigest()[:12]
 
     @property
@@ -126,19 +130,46 @@ class RecallStage:
             raise RuntimeError("RecallStage.run called before load(artifact_dir)")
         history = self._known(request.history)
         exclude = np.unique(request.excluded)
-        share = self.config.popularity_share if len(history) else self.config.cold_popularity_share
-        n_pop = int(round(self.depth * share))
         vector = self.user_vectors([history], [request.user_attrs])
+        return self.merge(self.channel_lists(history, exclude, vector), exclude, cold=not len(history))
+
+    @property
+    def shares(self) -> dict[str, float]:
+        """Depth share of each extra channel: ``config.channel_shares`` if set, else the tuned ones."""
+        given = self.config.channel_shares
+        source = self._tuned_shares if given is None else given
+        return {name: float(source.get(name, 0.0)) for name in self.config.extra_channels}
+
+    def channel_lists(self, history: np.ndarray, exclude: np.ndarray, vector: np.ndarray) -> list[Channel]:
+        """Every channel's own list (up to ``depth`` items each) for a known ``history``, excluded
+        items removed, and the ``[1, dim]`` user ``vector``: two-tower, extra channels, popularity."""
+        if self._index is None or self._popularity is None:
+            raise RuntimeError("RecallStage.channel_lists called before load(artifact_dir)")
         k = min(self.depth + len(exclude), self.n_items)
         scores, ids = self._index.search(vector, k)
-        pop_ids, pop_scores = self._popularity.candidates(exclude, self.depth)
-        channels = [(TWO_TOWER, ids[0], scores[0]), (PopularityChannel.name, pop_ids, pop_scores)]
-        if not len(history):
-            channels.reverse()  # a cold user's vector rests on attributes alone: popularity leads
-        return merge_channels(
-            channels, self.depth, exclude, quotas={TWO_TOWER: self.depth - n_pop, PopularityChannel.name: n_pop},
-            order=self.config.merge_order,
-        )
+        lists: list[Channel] = [(TWO_TOWER, ids[0], scores[0])]
+        lists += [(c.name, *c.candidates(history, exclude, self.depth)) for c in self._extra]
+        return [*lists, (PopularityChannel.name, *self._popularity.candidates(exclude, self.depth))]
+
+    def merge(self, lists: list[Channel], exclude: np.ndarray, cold: bool,
+              shares: Mapping[str, float] | None = None) -> Candidates:
+        """Merge ``channel_lists`` output with quotas: ``shares`` (default ``self.shares``) of the
+        depth per extra channel, ``popularity_share`` (``cold_popularity_share`` for an empty
+        history, where popularity leads and extra channels get no slots) for popularity, the
+        rest for the two-tower."""
+        quotas = self.quotas([name for name, _, _ in lists[1:-1]], cold, shares)
+        if cold:  # a cold user's vector rests on attributes alone: popularity leads
+            lists = [lists[-1], *lists[:-1]]
+        return merge_channels(lists, self.depth, exclude, quotas=quotas, order=self.config.merge_order)
+
+    def quotas(self, extra: Sequence[str], cold: bool, shares: Mapping[str, float] | None = None) -> dict[str, int]:
+        """Slots per channel at this depth (see ``merge``): extra channels, then two-tower, popularity."""
+        shares = self.shares if shares is None else shares
+        n_pop = int(round(self.depth * (self.config.cold_popularity_share if cold else self.config.popularity_share)))
+        quotas = {name: 0 if cold else int(round(self.depth * shares.get(name, 0.0))) for name in extra}
+        quotas[TWO_TOWER] = max(self.depth - n_pop - sum(quotas.values()), 0)
+        quotas[PopularityChannel.name] = n_pop
+        return quotas
 
     def more(self, request: Request, size: int) -> Iterator[np.ndarray]:
         """Candidates beyond ``run``'s depth, for a list the rules left short (``recsys.pipeline``

@@ -19,6 +19,16 @@ seed 42, 1 CPU thread, text embeddings cached): 28 epochs (best 22) in 103 s; va
 Recall@200 0.480). The recall stage at depth 200 with a 10% popularity share reaches test
 Recall@200 0.829.
 
+Threads (issue 18): training used one of two cores because ``train_threads`` defaulted to 1,
+and it did so because 2 threads ran several times slower: libgomp's idle workers spin-wait
+after every parallel region (torch's and faiss's own libgomp copies each), which on a shared
+box stalls every barrier. Per step the time is in the full-softmax matmul and log-softmax over
+the catalog (~55%) and dropout's bernoulli (~9%), big enough ops for two threads to help once
+the workers sleep instead of spin (``recall/__init__`` sets ``OMP_WAIT_POLICY=PASSIVE``).
+Measured on ML-100K in one run (seed 42, box otherwise idle but for tests): 1 thread 155 s,
+2 threads 117 s, identical epochs and metrics. ``max_train_s`` still caps a fit on a busy box
+(the holdout fit hit its 240 s cap in every seed of the issue-18 runs at 1 thread).
+
 Deliberately left out: hyper-parameter search, hard-negative mining, multi-process loading.
 """
 
@@ -39,9 +49,11 @@ from tqdm import tqdm
 
 from offline.split import Split
 from recall.config import RecallConfig
+from recall.extra_channels import train_channels
 from recall.features import ItemFeatures, UserVocab
 from recall.index import ItemIndex
 from recall.scoring import full_ranking_metrics, user_vectors
+from recall.stage import DEFAULT_DEPTH
 from recall.towers import BOS, PAD, ItemTower, UserTower
 
 MODEL_FILE, SPEC_FILE, VECTORS_FILE, INDEX_DIR, REPORT_FILE = (
@@ -199,9 +211,13 @@ def _fit(run: _Run, config: RecallConfig, seed: int, t0: float, progress: bool) 
 
 def train_two_tower(
     split: Split, out_dir: Path, config: RecallConfig, *, sequences: list[np.ndarray] | None = None,
-    early_stop_targets: np.ndarray | None = None, progress: bool = True, seed: int = 42,
+    early_stop_targets: np.ndarray | None = None, progress: bool = True, seed: int = 42, depth: int = DEFAULT_DEPTH,
 ) -> dict[str, Any]:
     """Train, save the artifacts to ``out_dir`` and return the report.
+
+    With extra channels on (``RecallConfig.extra_channels``), they are fitted on the same
+    sequences and their shares of ``depth`` tuned on the early-stopping targets
+    (``recall.extra_channels.train_channels``; ``out_dir.parent`` must hold ``split/``).
 
     Trains on ``sequences`` (default ``split.train_sequences``) and early-stops on
     ``early_stop_targets`` (default ``split.valid``) ranked from those sequences with them
@@ -219,6 +235,11 @@ def train_two_tower(
         report["test"] = run.evaluate(test_hist, split.test)
     report["train_s"] = round(time.perf_counter() - t0, 1)
     save_artifacts(out_dir, run.item_tower, run.user_tower, run.item_vectors(), run.vocab, config, report)
+    if config.extra_channels:
+        t1 = time.perf_counter()
+        report["channels"] = train_channels(split, out_dir.parent, out_dir.name, run.seqs, run.targets, config, depth)
+        report["channels"]["seconds"] = round(time.perf_counter() - t1, 1)
+        (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2))
     return report
 
 

@@ -80,6 +80,8 @@ def evaluate(
     k_core: c.KCoreOpt = 5, synthetic_users: c.SynthUsersOpt = 600, synthetic_items: c.SynthItemsOpt = 1200,
     phase: Annotated[str, typer.Option(help="valid or test.")] = "test",
     retrain: Annotated[bool, typer.Option(help="Retrain every stage first.")] = False,
+    seeds: Annotated[int, typer.Option(min=1, help="Train and evaluate N times (seeds s, s+1, ... in "
+                                       "<artifacts>/seed-<s>/, one split); report mean, sd, per seed.")] = 1,
     out: c.OutOpt = None,
 ) -> None:
     """Train (or reuse) every stage, then measure each stage and the fused result."""
@@ -92,6 +94,12 @@ def evaluate(
     art = c.artifact_dir(settings, data, artifacts)
     split = _prepare(data, fmt, art, k_core, synthetic_users, synthetic_items, settings)
     wanted = DEFAULT_STAGES + (("llm",) if _llm_enabled(settings) else ())
+    if seeds > 1:
+        from offline.seeds import evaluate_seeds
+
+        c.write_report(evaluate_seeds(settings, art, split, n_seeds=seeds, stages=wanted, phase=phase,
+                                      retrain=retrain), out)
+        return
     train_report = train_stages(settings, art, split, stages=wanted, force=retrain)
     report = evaluate_pipeline(settings, art, split, phase=phase)  # type: ignore[arg-type]
     report["timings"]["train_s"] = {k: v.get("seconds") for k, v in train_report.items()}

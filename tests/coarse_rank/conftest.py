@@ -12,7 +12,8 @@ from coarse_rank.train import train_coarse
 from offline.split import Split
 from tests.coarse_rank.toy import PopularityStage, chain_split
 
-TOY_CONFIG = CoarseConfig(n_estimators=60, min_child_samples=10, early_stopping_rounds=15, train_positions=1)
+TOY_CONFIG = CoarseConfig(n_estimators=60, min_child_samples=10, early_stopping_rounds=15, train_positions=1,
+                          channel_features=False)  # the base features; tests/coarse_rank/test_channel_features.py covers the rest
 
 
 @pytest.fixture(scope="session")

@@ -36,8 +36,8 @@ def split():
 
 
 def fitted(split, **cfg) -> FeatureBuilder:
-    config = CoarseConfig(**{"cooc_window": 2, "last_n": 2, "attribute_prior": 0.0,
-                             "recency_half_life_days": 10 / 86_400, **cfg})
+    config = CoarseConfig(**{"cooc_window": 2, "last_n": 2, "attribute_prior": 0.0,  # the base features:
+                             "recency_half_life_days": 10 / 86_400, "channel_features": False, **cfg})  # test_channel_features
     return FeatureBuilder(config).fit(split, score_columns=["recall_pop"], flag_columns=["src_pop"])
 
 

@@ -47,7 +47,7 @@ def split():
 
 
 def tagged(split, **cfg) -> FeatureBuilder:
-    config = CoarseConfig(tag_features=True, last_n=2, **cfg)
+    config = CoarseConfig(tag_features=True, last_n=2, channel_features=False, **cfg)
     return FeatureBuilder(config).fit(split, score_columns=["recall_pop"], flag_columns=["src_pop"],
                                       tags=ItemTags.from_tags(tags_frame(), EMBEDDINGS, 5))
 
@@ -57,7 +57,7 @@ def test_item_tags_doctest():
 
 
 def test_default_feature_list_is_unchanged(split):
-    fb = FeatureBuilder(CoarseConfig()).fit(split, score_columns=["recall_pop"])
+    fb = FeatureBuilder(CoarseConfig(channel_features=False)).fit(split, score_columns=["recall_pop"])
     assert list(FEATURES) == DEFAULT_NAMES and fb.feature_names == [*DEFAULT_NAMES, "recall_pop"]
 
 

@@ -49,10 +49,15 @@ def test_tiny_cascade_trains_evaluates_and_is_reused(tmp_path: Path):
     assert dec["rules"] + dec["fusion"] + dec["stage_order"] == pytest.approx(dec["final_minus_coarse"], abs=3e-5)
     assert dec["stage_order"] == 0.0  # no rules and no fusion: exactly coarse's own top 10
 
+    # a changed setting (here the recall popularity share) retrains that stage and everything after it
+    changed = train_stages(Settings.build({**TINY, "recall": {**TINY["recall"], "popularity_share": 0.2}}), art, split)
+    assert not any(r.get("reused") for r in changed.values())
+
     # fusion weights belong to the rule set they were tuned under: a new rule set retunes them
     mine = tmp_path / "mine.yaml"
     mine.write_text("version: mine-1\nrules:\n  - {id: one, kind: blocklist, items: {item_ids: ['i0001']}}\n")
-    retuned = train_stages(Settings.build({**TINY, "rules": {"ruleset": str(mine)}}), art, split)
+    retuned = train_stages(Settings.build({**TINY, "recall": {**TINY["recall"], "popularity_share": 0.2},
+                                           "rules": {"ruleset": str(mine)}}), art, split)
     assert retuned["recall"]["reused"] and retuned["coarse"]["reused"] and not retuned["fusion"].get("reused")
 
 

@@ -1,0 +1,187 @@
+"""The recall stage's extra channels: fit, save, load, and their depth shares tuned on valid.
+
+``recall.train.train_two_tower`` (the one training entry point of the recall stage) calls
+``train_channels`` after the two-tower when ``RecallConfig.extra_channels`` is not empty:
+
+1. fit each channel's matrix (``recall.item_models``) on the *same* sequences the two-tower
+   trained on (for ``recall_holdout`` that is the shortened ones, so no coarse-ranker label
+   feeds a channel) and save it as ``<recall_dir>/channels/<name>.npz``;
+2. load the freshly written stage, build every channel's own list once per early-stopping
+   user (history = training sequence, target = the held-out next item: the *valid* item for
+   ``recall/``, never a test item), and pick the channel shares that maximise candidate
+   recall at the stage depth over a small grid (``SHARE_GRID`` per channel, the two-tower
+   keeping at least ``MIN_TWO_TOWER_SHARE``); ties go to the smaller total extra share;
+3. write ``channels.json``: the shares, the whole grid's recall, each channel's own
+   candidate recall at the depth, and the matrix sizes.
+
+``channel_candidate_recall`` gives the same per-channel figures on any phase for the eval
+report. Deliberately left out: tuning the popularity share (kept from the config) and any
+score-level blending (the coarse ranker weighs channels through its features).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import sparse
+
+from recall.channels import PopularityChannel, clean_channel
+from recall.config import RecallConfig
+from recall.item_models import NeighbourChannel, covisitation, item_model
+
+CHANNELS_DIR, CHANNELS_FILE = "channels", "channels.json"
+SHARE_GRID = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
+MIN_TWO_TOWER_SHARE = 0.3
+
+
+def fit_channels(sequences: list[np.ndarray], n_items: int, config: RecallConfig) -> dict[str, Any]:
+    """``{name: (kind, W, last_n)}`` for every channel ``config`` turns on (see ``recall.item_models``)."""
+    out: dict[str, Any] = {}
+    if config.covisit_channel:
+        w = covisitation(sequences, n_items, window=config.covisit_window, backward=config.covisit_backward,
+                         top_k=config.neighbours)
+        out["covisit"] = ("covisit", w, config.covisit_last_n)
+    if config.item_model != "off":
+        kind, w = item_model(sequences, n_items, kind=config.item_model, top_k=config.neighbours,
+                             l2=config.ease_l2, shrink=config.knn_shrink, max_dense=config.ease_max_items)
+        out["item_model"] = (kind, w, config.item_model_last_n)
+    return out
+
+
+def train_channels(split: Any, stage_root: Path, subdir: str, sequences: list[np.ndarray], targets: np.ndarray,
+                   config: RecallConfig, depth: int) -> dict[str, Any]:
+    """Fit, save and tune the extra channels of ``<stage_root>/<subdir>`` (see module doc); the report.
+
+    ``stage_root`` must hold the ``split/`` the stage loads its popularity from, and
+    ``<subdir>`` the two-tower artifacts just written.
+    """
+    from recall.stage import RecallStage
+    from recsys.config import StageSpec
+
+    recall_dir = Path(stage_root) / subdir
+    n_items = len(np.load(recall_dir / "item_vectors.npy", mmap_mode="r"))
+    fitted = fit_channels(sequences, n_items, config)
+    (recall_dir / CHANNELS_DIR).mkdir(parents=True, exist_ok=True)
+    meta: dict[str, Any] = {"channels": {}, "shares": {name: 0.0 for name in fitted}}
+    for name, (kind, w, last_n) in fitted.items():
+        sparse.save_npz(recall_dir / CHANNELS_DIR / f"{name}.npz", w)
+        meta["channels"][name] = {"kind": kind, "last_n": last_n, "nnz": int(w.nnz),
+                                  "mbytes": round((w.data.nbytes + w.indices.nbytes + w.indptr.nbytes) / 2**20, 2)}
+    _write(recall_dir, meta)  # provisional (zero shares) so the stage loads for tuning
+    stage = RecallStage(StageSpec(name="recall", kind="recall", depth=depth), None)
+    stage.config = config.model_copy(update={"channel_shares": None})
+    stage.load(stage_root, subdir=subdir)
+    # the stage serves test-time popularity (valid items counted); tuning must not count them
+    stage._popularity = PopularityChannel(split.item_popularity("valid"))
+    users = np.flatnonzero(np.asarray(targets) >= 0)
+    lists, excludes = channel_lists_for(stage, [sequences[u] for u in users], [split.user_attrs(u) for u in users])
+    tgt = np.asarray(targets)[users]
+    meta.update(tune_shares(stage, lists, excludes, tgt))
+    meta["own_recall"] = own_recall(lists, excludes, tgt, depth)
+    _write(recall_dir, meta)
+    return {k: v for k, v in meta.items() if k != "grid"}
+
+
+def channel_lists_for(stage: Any, histories: list[np.ndarray], attrs: list[dict[str, Any]],
+                      ) -> tuple[list[list[Any]], list[np.ndarray]]:
+    """Every channel's own list per history (``RecallStage.channel_lists``), user vectors in one batch."""
+    known = [stage._known(h) for h in histories]
+    vectors = stage.user_vectors(known, attrs)
+    excludes = [np.unique(np.asarray(h, dtype=np.int64)) for h in histories]
+    lists = [stage.channel_lists(h, ex, vectors[i:i + 1]) for i, (h, ex) in enumerate(zip(known, excludes, strict=True))]
+    return lists, excludes
+
+
+def own_recall(lists: list[list[Any]], excludes: list[np.ndarray], targets: np.ndarray, depth: int
+               ) -> dict[str, float]:
+    """Share of users whose target is in each channel's own top ``depth`` once excluded items
+    are dropped (the channel's candidate recall, as if it filled every slot)."""
+    names = [name for name, _, _ in lists[0]] if lists else []
+    hits = np.zeros(len(names))
+    for ls, ex, t in zip(lists, excludes, targets, strict=True):
+        hits += [t in clean_channel(ids, sc, ex, name)[0][:depth] for name, ids, sc in ls]
+    return {f"{name}@{depth}": round(float(hits[c] / max(len(lists), 1)), 5) for c, name in enumerate(names)}
+
+
+def tune_shares(stage: Any, lists: list[list[Any]], excludes: list[np.ndarray], targets: np.ndarray
+                ) -> dict[str, Any]:
+    """The grid search of the module doc: ``{"shares", "valid_recall", "grid"}``."""
+    names = list(stage.config.extra_channels)
+    room = 1.0 - stage.config.popularity_share - MIN_TWO_TOWER_SHARE
+    grid = [dict(zip(names, combo, strict=True)) for combo in itertools.product(SHARE_GRID, repeat=len(names))
+            if sum(combo) <= room + 1e-9]
+    cleaned = [[clean_channel(ids, sc, ex, name)[0] for name, ids, sc in ls] for ls, ex in zip(lists, excludes, strict=True)]
+    results: list[dict[str, Any]] = []
+    for shares in grid:
+        quotas = stage.quotas(names, cold=False, shares=shares)
+        if stage.config.merge_order == "priority":
+            caps = [quotas[name] for name, _, _ in lists[0]] if lists else []
+            hits = [t in priority_items(cl, caps, stage.depth) for cl, t in zip(cleaned, targets, strict=True)]
+        else:
+            hits = [t in stage.merge(ls, ex, cold=False, shares=shares).items
+                    for ls, ex, t in zip(lists, excludes, targets, strict=True)]
+        results.append({"shares": shares, "recall": round(float(np.mean(hits)) if hits else 0.0, 5)})
+    best = max(results, key=lambda r: (r["recall"], -sum(r["shares"].values())))
+    return {"shares": best["shares"], "valid_recall": best["recall"], "grid": results}
+
+
+def priority_items(cleaned: list[np.ndarray], caps: list[int], depth: int) -> np.ndarray:
+    """The items ``merge_channels(..., order="priority")`` returns for already cleaned channel
+    lists (``recall.channels.clean_channel``) and per-channel caps, as a set in merge order, without
+    the per-slot loop: each channel in turn takes its next ``cap`` items not yet taken, then
+    the first channel fills what is left (the quota search runs this thousands of times).
+
+    >>> priority_items([np.array([1, 2, 3, 4]), np.array([2, 5, 6])], [2, 2], 5).tolist()
+    [1, 2, 5, 6, 3]
+    """
+    taken = np.zeros(0, dtype=np.int64)
+    for ids, cap in zip(cleaned, caps, strict=True):
+        free = ids[~np.isin(ids, taken)][: max(min(cap, depth - len(taken)), 0)]
+        taken = np.concatenate([taken, free])
+    if cleaned and len(taken) < depth:
+        taken = np.concatenate([taken, cleaned[0][~np.isin(cleaned[0], taken)][: depth - len(taken)]])
+    return taken
+
+
+def channel_candidate_recall(stage: Any, split: Any, phase: str) -> dict[str, float]:
+    """Each channel's own candidate recall at the stage depth, and the merged list's, on ``phase``.
+
+    For the eval report: ``report["channel_recall"] = channel_candidate_recall(pipeline.stage("recall"),
+    split, phase)``. A user with an empty history counts as a miss for the history-based channels.
+    """
+    histories = [split.history(u, phase) for u in range(split.n_users)]
+    attrs = [split.user_attrs(u) for u in range(split.n_users)]
+    lists, excludes = channel_lists_for(stage, histories, attrs)
+    targets = np.asarray(split.targets(phase))
+    out = own_recall(lists, excludes, targets, stage.depth)
+    merged = [t in stage.merge(ls, ex, cold=not len(stage._known(h))).items
+              for ls, ex, h, t in zip(lists, excludes, histories, targets, strict=True)]
+    out[f"merged@{stage.depth}"] = round(float(np.mean(merged)), 5)
+    return out
+
+
+def load_channels(recall_dir: Path, config: RecallConfig) -> tuple[list[NeighbourChannel], dict[str, float]]:
+    """The extra channels ``config`` turns on, from ``recall_dir``, and their tuned shares."""
+    names = config.extra_channels
+    if not names:
+        return [], {}
+    path = Path(recall_dir) / CHANNELS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: recall channels {list(names)} are on but were not trained here "
+                                "(retrain recall with them on)")
+    meta = json.loads(path.read_text())
+    if missing := [n for n in names if n not in meta["channels"]]:
+        raise FileNotFoundError(f"{path}: channels {missing} are on but were not trained here")
+    channels = [NeighbourChannel(n, sparse.load_npz(Path(recall_dir) / CHANNELS_DIR / f"{n}.npz").tocsr(),
+                                 meta["channels"][n]["last_n"]) for n in names]
+    return channels, {n: float(meta["shares"].get(n, 0.0)) for n in names}
+
+
+def _write(recall_dir: Path, meta: dict[str, Any]) -> None:
+    tmp = recall_dir / f".{CHANNELS_FILE}.tmp"
+    tmp.write_text(json.dumps(meta, indent=2))
+    tmp.replace(recall_dir / CHANNELS_FILE)

@@ -1,0 +1,208 @@
+"""Item-to-item models behind the non-neural recall channels, and the channel that serves them.
+
+Each model is one sparse ``[n_items, n_items]`` matrix ``W`` (row a = the items a points to,
+with a weight); a user's score for item b is ``sum_a w_a * W[a, b]`` over (some of) their
+history items a. Three builders:
+
+- ``covisitation``: how often b was visited within ``window`` steps of a in the same user's
+  time-ordered sequence, each pair weighted ``1 / distance`` (position decay) and
+  ``backward`` when b came *before* a. The production "co-visitation matrix" of session
+  recommenders (Ludewig & Jannach 2018, session-kNN; the OTTO/RecSys-challenge candidates).
+- ``item_knn``: cosine similarity of item columns of the binary user x item matrix with a
+  shrink term (Sarwar et al. 2001), computed in row blocks and cut to the top ``top_k``
+  neighbours per item, so memory is ``n_items * top_k`` entries, never ``n_items ** 2``:
+  100K items x 200 neighbours = 20M entries (~160 MB as float32 + int32 CSR).
+- ``ease``: the closed-form EASE^R item model (Steck 2019, "Embarrassingly shallow
+  autoencoders"): ``P = (X'X + l2 I)^-1``, ``B = -P / diag(P)``, ``diag(B) = 0``. It needs a
+  dense ``n x n`` inverse (float32: 4 n^2 bytes, twice during inversion), so
+  ``item_model`` falls back to ``item_knn`` above ``max_dense`` items (default 10,000:
+  ~0.8 GB peak); its rows are cut to the top ``top_k`` weights like the kNN's.
+
+``NeighbourChannel`` serves any such ``W`` from the user's last ``last_n`` items with
+recency-decayed weights ``1 / (1 + k)`` for the k-th most recent (``last_n=None``: the whole
+history, weight 1 each, EASE's plain ``x_u B``). Measured on ML-100K valid (recall@200 /
+NDCG@10 of the channel alone): co-visitation window 10, last 10 items: 0.802 / 0.115;
+EASE l2=500 from the whole history 0.737 / 0.074, from the decayed last 50 items 0.791 /
+0.119; item-kNN (shrink 10, whole history) 0.630 / 0.067; the two-tower (seed 42) 0.818 / 0.103.
+
+Deliberately left out: time-decayed pair weights (timestamps are not in the training
+sequences; position decay stands in), and re-fitting at serving time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from scipy import sparse
+
+BLOCK_CELLS = 1 << 24  # dense cells per kNN block: 64 MB of float32 whatever the catalog size
+
+
+def _flatten(sequences: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(owner row, item) arrays of the concatenated sequences, in sequence order."""
+    lengths = np.array([len(s) for s in sequences], dtype=np.int64)
+    owner = np.repeat(np.arange(len(sequences), dtype=np.int64), lengths)
+    items = np.concatenate([np.asarray(s, dtype=np.int64) for s in sequences]) if len(sequences) else owner
+    return owner, items
+
+
+def top_k_rows(mat: sparse.csr_matrix | np.ndarray, top_k: int) -> sparse.csr_matrix:
+    """Keep the ``top_k`` largest entries of each row (ties to the lower column), as float32 CSR.
+
+    >>> top_k_rows(np.array([[0., 3., 1., 3.], [2., 0., 0., 0.]]), 2).toarray().tolist()
+    [[0.0, 3.0, 0.0, 3.0], [2.0, 0.0, 0.0, 0.0]]
+    """
+    if top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    csr = sparse.csr_matrix(mat, dtype=np.float32)
+    csr.eliminate_zeros()
+    rows, cols, vals = [], [], []
+    for r in range(csr.shape[0]):
+        lo, hi = csr.indptr[r], csr.indptr[r + 1]
+        c, v = csr.indices[lo:hi], csr.data[lo:hi]
+        keep = np.lexsort((c, -v))[:top_k]
+        rows.append(np.full(len(keep), r, dtype=np.int64))
+        cols.append(c[keep])
+        vals.append(v[keep])
+    out = sparse.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                            shape=csr.shape, dtype=np.float32) if rows else sparse.csr_matrix(csr.shape, dtype=np.float32)
+    out.sort_indices()
+    return out
+
+
+def covisitation(
+    sequences: Sequence[np.ndarray], n_items: int, *, window: int = 3, backward: float = 0.5, top_k: int = 200,
+) -> sparse.csr_matrix:
+    """W[a, b] = sum over pairs (a at i, b at j) of one sequence, 1 <= |i - j| <= window, a != b,
+    of ``1 / |i - j|``, times ``backward`` when j < i; each row cut to its ``top_k`` entries.
+
+    >>> covisitation([np.array([0, 1, 2])], 3, window=2, backward=0.5).toarray().tolist()
+    [[0.0, 1.0, 0.5], [0.5, 0.0, 1.0], [0.25, 0.5, 0.0]]
+    """
+    if window < 1:
+        raise ValueError(f"covisitation: window must be >= 1, got {window}")
+    owner, items = _flatten(sequences)
+    rows, cols, vals = [], [], []
+    for d in range(1, window + 1):  # one vectorised pass per distance
+        same = (owner[d:] == owner[:-d]) & (items[d:] != items[:-d])
+        a, b = items[:-d][same], items[d:][same]
+        rows += [a, b]
+        cols += [b, a]
+        vals += [np.full(len(a), 1.0 / d, np.float32), np.full(len(a), backward / d, np.float32)]
+    mat = sparse.coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                            shape=(n_items, n_items)).tocsr()
+    mat.sum_duplicates()
+    return top_k_rows(mat, top_k)
+
+
+def user_item_matrix(sequences: Sequence[np.ndarray], n_items: int) -> sparse.csr_matrix:
+    """Binary ``[n_users, n_items]`` CSR (repeats count once)."""
+    owner, items = _flatten(sequences)
+    x = sparse.csr_matrix((np.ones(len(items), np.float32), (owner, items)), shape=(len(sequences), n_items))
+    x.data[:] = 1.0
+    return x
+
+
+def item_knn(sequences: Sequence[np.ndarray], n_items: int, *, top_k: int = 200, shrink: float = 10.0
+             ) -> sparse.csr_matrix:
+    """Top-``top_k`` cosine neighbours per item: ``|U_a & U_b| / (sqrt(|U_a| |U_b|) + shrink)``.
+
+    >>> (1000 * item_knn([np.array([0, 1]), np.array([0, 1, 2])], 3, shrink=0.0).toarray()).round().tolist()
+    [[0.0, 1000.0, 707.0], [1000.0, 0.0, 707.0], [707.0, 707.0, 0.0]]
+    """
+    x = user_item_matrix(sequences, n_items)
+    xt = x.T.tocsr()
+    norms = np.sqrt(np.asarray(x.sum(axis=0)).ravel())
+    block = max(1, BLOCK_CELLS // max(n_items, 1))
+    parts = []
+    for start in range(0, n_items, block):
+        stop = min(start + block, n_items)
+        sim = (xt[start:stop] @ x).toarray()
+        sim /= norms[start:stop, None] * norms[None, :] + shrink + 1e-12
+        sim[np.arange(stop - start), np.arange(start, stop)] = 0.0
+        parts.append(_dense_top_k(sim, top_k))
+    return sparse.vstack(parts, format="csr") if parts else sparse.csr_matrix((0, n_items), dtype=np.float32)
+
+
+def ease(sequences: Sequence[np.ndarray], n_items: int, *, l2: float = 500.0, top_k: int = 200
+         ) -> sparse.csr_matrix:
+    """EASE^R weights (see module doc), each row cut to its ``top_k`` largest weights."""
+    x = user_item_matrix(sequences, n_items)
+    gram = (x.T @ x).toarray().astype(np.float32)
+    gram[np.diag_indices(n_items)] += l2
+    p = np.linalg.inv(gram)
+    del gram
+    b = p / -np.diag(p)[None, :]
+    b[np.diag_indices(n_items)] = 0.0
+    return _dense_top_k(b, top_k)
+
+
+def item_model(sequences: Sequence[np.ndarray], n_items: int, *, kind: str, top_k: int, l2: float,
+               shrink: float, max_dense: int) -> tuple[str, sparse.csr_matrix]:
+    """(the kind actually fitted, W): ``ease`` up to ``max_dense`` items, ``knn`` beyond or when asked."""
+    if kind not in ("ease", "knn"):
+        raise ValueError(f"item model kind must be 'ease' or 'knn', got {kind!r}")
+    if kind == "ease" and n_items <= max_dense:
+        return "ease", ease(sequences, n_items, l2=l2, top_k=top_k)
+    return "knn", item_knn(sequences, n_items, top_k=top_k, shrink=shrink)
+
+
+def _dense_top_k(block: np.ndarray, top_k: int) -> sparse.csr_matrix:
+    """Rows of a dense block cut to their ``top_k`` largest positive entries (argpartition, no full sort)."""
+    n_rows, n_cols = block.shape
+    k = min(top_k, n_cols)
+    idx = np.argpartition(-block, k - 1, axis=1)[:, :k] if k < n_cols else np.tile(np.arange(n_cols), (n_rows, 1))
+    vals = np.take_along_axis(block, idx, axis=1)
+    keep = vals > 0
+    rows = np.repeat(np.arange(n_rows), keep.sum(axis=1))
+    out = sparse.csr_matrix((vals[keep].astype(np.float32), (rows, idx[keep])), shape=(n_rows, n_cols))
+    out.sort_indices()
+    return out
+
+
+class NeighbourChannel:
+    """A recall channel over an item-to-item matrix ``W`` (see module doc).
+
+    ``last_n=None`` reads the whole history with weight 1 per distinct item; an int reads
+    the last ``last_n`` items, the k-th most recent (k = 0, 1, ...) with weight ``1 / (1 + k)``.
+    """
+
+    def __init__(self, name: str, weights: sparse.csr_matrix, last_n: int | None) -> None:
+        if weights.shape[0] != weights.shape[1]:
+            raise ValueError(f"channel {name!r}: weights must be square, got {weights.shape}")
+        if last_n is not None and last_n < 1:
+            raise ValueError(f"channel {name!r}: last_n must be >= 1 or None, got {last_n}")
+        self.name, self.weights, self.last_n = name, sparse.csr_matrix(weights, dtype=np.float32), last_n
+
+    @property
+    def n_items(self) -> int:
+        return self.weights.shape[0]
+
+    def query(self, history: np.ndarray) -> sparse.csr_matrix:
+        """The ``[1, n_items]`` query row for ``history`` (time order, oldest first)."""
+        h = np.asarray(history, dtype=np.int64)
+        h = h[(h >= 0) & (h < self.n_items)]
+        if self.last_n is None:
+            items, w = np.unique(h), None
+        else:
+            recent = h[::-1][: self.last_n]
+            items, first = np.unique(recent, return_index=True)  # an item seen twice counts at its latest
+            w = (1.0 / (1.0 + first)).astype(np.float32)
+        w = np.ones(len(items), np.float32) if w is None else w
+        return sparse.csr_matrix((w, (np.zeros(len(items), np.int64), items)), shape=(1, self.n_items))
+
+    def scores(self, history: np.ndarray) -> np.ndarray:
+        """Dense float32 scores of every item for ``history`` (0 where no history item points to it)."""
+        return (self.query(history) @ self.weights).toarray().ravel().astype(np.float32)
+
+    def candidates(self, history: np.ndarray, exclude: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Up to ``n`` items with a positive score, best first (ties to the lower index), none excluded."""
+        s = self.scores(history)
+        ex = np.asarray(exclude, dtype=np.int64)
+        s[ex[(ex >= 0) & (ex < self.n_items)]] = 0.0
+        pos = np.flatnonzero(s > 0)
+        if len(pos) > n:
+            pos = pos[np.argpartition(-s[pos], n - 1)[:n]]
+        order = pos[np.lexsort((pos, -s[pos]))]
+        return order.astype(np.int64), s[order]

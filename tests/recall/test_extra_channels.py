@@ -1,0 +1,140 @@
+"""The recall stage's extra channels: trained with the two-tower, shares tuned on valid, served."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from recall.channels import clean_channel, merge_channels
+from recall.config import RecallConfig
+from recall.extra_channels import (
+    CHANNELS_FILE,
+    MIN_TWO_TOWER_SHARE,
+    SHARE_GRID,
+    channel_candidate_recall,
+    priority_items,
+)
+from recall.stage import RecallStage
+from recall.train import train_two_tower
+from recsys.config import StageSpec
+from recsys.contract import Candidates, Request
+from tests.recall.two_tower_factories import successor_split, tiny_config
+
+DEPTH = 12
+ON = {"covisit_channel": True, "item_model": "ease", "ease_l2": 10.0, "covisit_window": 2}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, object, dict]:
+    split = successor_split()
+    root = tmp_path_factory.mktemp("art")
+    split.save(root / "split")
+    report = train_two_tower(split, root / "recall", tiny_config(max_epochs=5, **ON), progress=False, depth=DEPTH)
+    return root, split, report
+
+
+def _stage(root: Path, **params) -> RecallStage:
+    stage = RecallStage(StageSpec(name="recall", kind="recall", depth=DEPTH, params={**ON, **params}), None)
+    stage.load(root)
+    return stage
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_priority_items_is_the_priority_merge(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    lists = [(f"c{c}", rng.integers(-1, 30, size=rng.integers(0, 25)), rng.random(25)) for c in range(3)]
+    lists = [(n, ids, s[: len(ids)]) for n, ids, s in lists]
+    exclude = rng.integers(0, 30, size=4)
+    caps = [int(x) for x in rng.integers(0, 10, size=3)]
+    merged = merge_channels(lists, 15, exclude, quotas={n: c for (n, _, _), c in zip(lists, caps, strict=True)},
+                            order="priority")
+    cleaned = [clean_channel(ids, s, np.asarray(exclude), n)[0] for n, ids, s in lists]
+    assert priority_items(cleaned, caps, 15).tolist() == merged.items.tolist()
+
+
+def test_channels_are_off_by_default_and_shares_validated() -> None:
+    assert RecallConfig().extra_channels == ()
+    assert RecallConfig(covisit_channel=True, item_model="knn").extra_channels == ("covisit", "item_model")
+    with pytest.raises(ValueError, match="unknown channel or share"):
+        RecallConfig(channel_shares={"ann": 0.1})
+    with pytest.raises(ValueError, match="exceed 1"):
+        RecallConfig(channel_shares={"covisit": 0.5, "item_model": 0.5})
+
+
+def test_training_saves_channels_and_tunes_shares_on_valid(trained) -> None:
+    root, _, report = trained
+    meta = json.loads((root / "recall" / CHANNELS_FILE).read_text())
+    assert set(meta["channels"]) == {"covisit", "item_model"} and meta["channels"]["item_model"]["kind"] == "ease"
+    assert (root / "recall" / "channels" / "covisit.npz").is_file()
+    room = 1.0 - RecallConfig().popularity_share - MIN_TWO_TOWER_SHARE
+    assert all(sum(g["shares"].values()) <= room + 1e-9 for g in meta["grid"])
+    assert len(meta["grid"]) == sum(a + b <= room + 1e-9 for a in SHARE_GRID for b in SHARE_GRID)
+    best = max(g["recall"] for g in meta["grid"])
+    assert meta["valid_recall"] == best
+    chosen = next(g for g in meta["grid"] if g["shares"] == meta["shares"])
+    assert chosen["recall"] == best  # and no grid point with the same recall has a smaller total share
+    assert min(sum(g["shares"].values()) for g in meta["grid"] if g["recall"] == best) == sum(meta["shares"].values())
+    assert set(meta["own_recall"]) == {f"{c}@{DEPTH}" for c in ("two_tower", "covisit", "item_model", "popularity")}
+    assert report["channels"]["shares"] == meta["shares"]
+
+
+def test_stage_serves_the_channels_with_quotas(trained) -> None:
+    root, split, _ = trained
+    stage = _stage(root, channel_shares={"covisit": 0.25, "item_model": 0.25})
+    assert stage.quotas(["covisit", "item_model"], cold=False) == {
+        "covisit": 3, "item_model": 3, "two_tower": 12 - 1 - 6, "popularity": 1}
+    assert stage.quotas(["covisit", "item_model"], cold=True) == {
+        "covisit": 0, "item_model": 0, "two_tower": 12 - 10, "popularity": 10}
+    out = stage.run(Request(user_id="u", history=np.array([3, 4, 5])), Candidates.empty())
+    assert {"src_two_tower", "src_covisit", "src_item_model", "src_popularity"} <= set(out.flags)
+    covisit = [c for c in stage._extra if c.name == "covisit"][0]
+    ids, _ = covisit.candidates(np.array([3, 4, 5]), np.array([3, 4, 5]), 3)
+    assert ids[0] == 6  # every sequence goes 5 -> 6: the strongest forward pair
+    assert not set(out.items) & {3, 4, 5} and len(out.items) == DEPTH
+
+
+def test_tuned_shares_are_served_when_none_given(trained) -> None:
+    root, _, _ = trained
+    tuned = json.loads((root / "recall" / CHANNELS_FILE).read_text())["shares"]
+    assert _stage(root).shares == tuned
+    off = RecallStage(StageSpec(name="recall", kind="recall", depth=DEPTH), None)
+    off.load(root)  # channels off: trained artifacts ignored, two columns only
+    out = off.run(Request(user_id="u", history=np.array([3, 4, 5])), Candidates.empty())
+    assert set(out.flags) == {"src_two_tower", "src_popularity"}
+
+
+def test_channel_candidate_recall_matches_the_served_lists(trained) -> None:
+    root, split, _ = trained
+    stage = _stage(root, channel_shares={"covisit": 0.2, "item_model": 0.2})
+    got = channel_candidate_recall(stage, split, "test")
+    assert set(got) == {f"{c}@{DEPTH}" for c in ("two_tower", "covisit", "item_model", "popularity", "merged")}
+    served = [split.test[u] in stage.run(Request(user_id="u", history=split.history(u, "test"),
+                                                 user_attrs=split.user_attrs(u)), Candidates.empty()).items
+              for u in range(split.n_users)]
+    assert got[f"merged@{DEPTH}"] == round(float(np.mean(served)), 5)
+
+
+def test_missing_channel_artifacts_are_named(tmp_path: Path, trained) -> None:
+    root, _, _ = trained
+    bare = tmp_path / "bare"
+    (bare / "recall").mkdir(parents=True)
+    for f in (root / "recall").iterdir():
+        if f.name not in (CHANNELS_FILE, "channels"):
+            (bare / "recall" / f.name).symlink_to(f)
+    (bare / "split").symlink_to(root / "split")
+    with pytest.raises(FileNotFoundError, match=CHANNELS_FILE):
+        _stage(bare)
+
+
+def test_own_recall_counts_a_channel_after_its_excluded_items() -> None:
+    from recall.extra_channels import own_recall
+
+    f = np.ones(3, np.float32)
+    lists = [[("a", np.array([5, 1, 2]), f), ("b", np.array([2, 7, 1]), f)],
+             [("a", np.array([3, 4, 6]), f), ("b", np.array([6, 3, 4]), f)]]
+    # user 0: excluded 5, target 2 -> a's top 2 is [1, 2] (hit), b's [2, 7] (hit); user 1: target 6
+    got = own_recall(lists, [np.array([5]), np.array([9])], np.array([2, 6]), 2)
+    assert got == {"a@2": 0.5, "b@2": 1.0}

@@ -1,0 +1,97 @@
+"""Item-to-item matrices and the neighbour channel, values worked out by hand."""
+
+from __future__ import annotations
+
+import doctest
+
+import numpy as np
+import pytest
+
+from recall import item_models
+from recall.item_models import NeighbourChannel, covisitation, ease, item_knn, item_model, top_k_rows
+
+
+def arr(*xs: int) -> np.ndarray:
+    return np.array(xs, dtype=np.int64)
+
+
+def test_docstring_examples() -> None:
+    assert doctest.testmod(item_models).failed == 0
+
+
+def test_covisitation_counts_by_hand() -> None:
+    # user 0: 0 1 2 0 (item 0 twice), user 1: 2 1. window 2, backward 0.5, pair weight 1/distance.
+    w = covisitation([arr(0, 1, 2, 0), arr(2, 1)], 3, window=2, backward=0.5).toarray()
+    # u0 distance 1: 0->1, 1->2, 2->0 weigh 1 (and 1->0, 2->1, 0->2 weigh .5 backward);
+    # u0 distance 2: 0->2, 1->0 weigh .5 (2->0, 0->1 weigh .25); u1: 2->1 weighs 1 (1->2 .5)
+    expected = np.array([
+        [0.0, 1.0 + 0.25, 0.5 + 0.5],
+        [0.5 + 0.5, 0.0, 1.0 + 0.5],
+        [1.0 + 0.25, 0.5 + 1.0, 0.0],
+    ])
+    np.testing.assert_allclose(w, expected, rtol=1e-6)
+    # nothing across users: with window 5 the pair (u0's last 0, u1's first 2) still is not counted
+    wide = covisitation([arr(0), arr(2)], 3, window=5).toarray()
+    assert wide.sum() == 0.0
+
+
+def test_covisitation_rejects_bad_window_and_prunes_rows() -> None:
+    with pytest.raises(ValueError, match="window must be >= 1, got 0"):
+        covisitation([arr(0, 1)], 2, window=0)
+    w = covisitation([arr(0, 1, 2, 3)], 4, window=3, backward=0.0, top_k=1).toarray()
+    assert w.tolist() == [[0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1], [0, 0, 0, 0]]
+
+
+def test_top_k_rows_breaks_ties_to_the_lower_column() -> None:
+    got = top_k_rows(np.array([[1.0, 2.0, 2.0, 2.0]]), 2).toarray()
+    assert got.tolist() == [[0.0, 2.0, 2.0, 0.0]]
+    with pytest.raises(ValueError, match="top_k must be >= 1"):
+        top_k_rows(np.eye(2), 0)
+
+
+def test_item_knn_cosine_with_shrink() -> None:
+    # users {0,1}, {0,1,2}, {2}: |U0|=2, |U1|=2, |U2|=2; U0&U1=2, U0&U2=1, U1&U2=1
+    w = item_knn([arr(0, 1), arr(0, 1, 2), arr(2)], 3, shrink=1.0).toarray()
+    np.testing.assert_allclose(w, [[0, 2 / 3, 1 / 3], [2 / 3, 0, 1 / 3], [1 / 3, 1 / 3, 0]], rtol=1e-6)
+    assert item_knn([arr(0, 1), arr(0, 1, 2), arr(2)], 3, shrink=1.0, top_k=1).nnz == 3
+
+
+def test_ease_closed_form_by_hand() -> None:
+    # X = [[1,1],[1,0]]: G + I = [[3,1],[1,2]], P = 1/5 [[2,-1],[-1,3]], B_ij = -P_ij / P_jj
+    w = ease([arr(0, 1), arr(0)], 2, l2=1.0).toarray()
+    np.testing.assert_allclose(w, [[0.0, 1 / 3], [1 / 2, 0.0]], rtol=1e-5)
+
+
+def test_item_model_falls_back_to_knn_above_the_dense_limit() -> None:
+    seqs = [arr(0, 1), arr(0, 1, 2), arr(2)]
+    kind, w = item_model(seqs, 3, kind="ease", top_k=5, l2=1.0, shrink=1.0, max_dense=2)
+    assert kind == "knn"
+    np.testing.assert_allclose(w.toarray(), item_knn(seqs, 3, shrink=1.0).toarray())
+    assert item_model(seqs, 3, kind="ease", top_k=5, l2=1.0, shrink=1.0, max_dense=3)[0] == "ease"
+    with pytest.raises(ValueError, match="'ease' or 'knn'"):
+        item_model(seqs, 3, kind="svd", top_k=5, l2=1.0, shrink=1.0, max_dense=3)
+
+
+def test_neighbour_channel_decays_recent_items_and_excludes() -> None:
+    w = np.zeros((5, 5), np.float32)
+    w[2, 4], w[3, 4], w[3, 0], w[1, 0] = 1.0, 1.0, 4.0, 9.0
+    channel = NeighbourChannel("covisit", w, last_n=2)
+    # history ... 1, 3, 2: the last two are 2 (weight 1) and 3 (weight 1/2); item 1 is out of reach
+    scores = channel.scores(arr(1, 3, 2))
+    np.testing.assert_allclose(scores, [2.0, 0.0, 0.0, 0.0, 1.5])
+    ids, s = channel.candidates(arr(1, 3, 2), exclude=arr(1, 3, 2), n=5)
+    assert ids.tolist() == [0, 4] and s.tolist() == [2.0, 1.5]
+    assert channel.candidates(arr(1, 3, 2), exclude=arr(0), n=5)[0].tolist() == [4]
+    assert channel.candidates(arr(1, 3, 2), exclude=arr(), n=1)[0].tolist() == [0]
+    # an item seen twice counts once, at its latest position: 3 is the most recent here
+    np.testing.assert_allclose(NeighbourChannel("c", w, 2).scores(arr(3, 2, 3)), [4.0, 0, 0, 0, 1.5])
+    # whole history, weight 1 each
+    np.testing.assert_allclose(NeighbourChannel("m", w, None).scores(arr(1, 3, 2, 3)), [13.0, 0, 0, 0, 2.0])
+    assert NeighbourChannel("m", w, None).candidates(arr(), arr(), 3)[0].tolist() == []
+
+
+def test_neighbour_channel_rejects_bad_shapes() -> None:
+    with pytest.raises(ValueError, match="square"):
+        NeighbourChannel("x", np.zeros((2, 3)), None)
+    with pytest.raises(ValueError, match="last_n must be >= 1"):
+        NeighbourChannel("x", np.zeros((2, 2)), 0)
