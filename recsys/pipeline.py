@@ -137,7 +137,7 @@ class Pipeline:
 
     def _backfill(
         self, request: Request, served: Candidates, tails: list[tuple[str, Candidates]], skip: set[str],
-        traces: list[StageTrace], judged: set[int] = frozenset(),  # type: ignore[assignment]
+        traces: list[StageTrace], judged: set[int],
     ) -> tuple[Candidates, str]:
         """Fill a list the policy stages left short: reach deeper, best source first.
 
@@ -155,7 +155,7 @@ class Pipeline:
         blocks = _backfill_blocks(request, tails, self.stages, skip)
         seen = set(served.items.tolist()) | set(np.asarray(request.excluded).tolist()) | set(judged)
         out, added, reason = served, 0, "no more candidates pass the rules"
-        for source, items in blocks:
+        for items in blocks:
             if request.remaining_s() <= 0:
                 reason = "request deadline reached while backfilling"
                 break
@@ -163,7 +163,7 @@ class Pipeline:
             if not len(fresh):
                 continue
             seen.update(fresh.tolist())
-            trial = _append(out, fresh, source)
+            trial = _append(out, fresh)
             for _spec, stage in policies:
                 trial = stage.run(request, trial)
             added += len(trial) - len(out)
@@ -309,18 +309,18 @@ BACKFILL_BLOCK = 256  # items per backfill block from a stage's ``more`` (popula
 
 def _backfill_blocks(
     request: Request, tails: list[tuple[str, Candidates]], stages: Sequence[tuple[StageSpec, Stage]], skip: set[str],
-) -> Iterator[tuple[str, np.ndarray]]:
-    """(source, item indices) blocks for ``Pipeline._backfill``: the latest stage's cut-off first."""
-    for name, tail in reversed(tails):
-        yield name, tail.items
+) -> Iterator[np.ndarray]:
+    """Item-index blocks for ``Pipeline._backfill``: the latest stage's cut-off first, then ``more``."""
+    for _name, tail in reversed(tails):
+        yield tail.items
     for spec, stage in stages:
         more = getattr(stage, "more", None)
         if spec.enabled and spec.name not in skip and more is not None:
             for block in more(request, BACKFILL_BLOCK):
-                yield f"{spec.name}:more", np.asarray(block, dtype=np.int64)
+                yield np.asarray(block, dtype=np.int64)
 
 
-def _append(served: Candidates, items: np.ndarray, source: str) -> Candidates:
+def _append(served: Candidates, items: np.ndarray) -> Candidates:
     """``served`` followed by ``items`` (no scores: NaN in every column), flagged ``backfill``."""
     n = len(items)
     nan = np.full(n, np.nan, dtype=np.float32)
