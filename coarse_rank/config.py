@@ -55,7 +55,7 @@ class CoarseConfig(BaseModel):
         "item tags (coarse_rank.with_tags.train_coarse_tags writes such a model to <artifact_dir>/coarse_tags).",
     )
     channel_features: bool = Field(
-        default=False,
+        default=True,
         description="Add coarse_rank.channel_features.CHANNEL_FEATURES (co-visitation and item-model scores of "
         "every candidate, fitted on the builder's interactions) and one rank_<channel> column per recall channel.",
     )

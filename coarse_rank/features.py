@@ -6,7 +6,7 @@ lookups, no per-candidate Python loop. NaN marks a missing value (LightGBM route
 Feature names are stable for a fitted builder: the ``FEATURES`` below, the ``TAG_FEATURES``
 when ``CoarseConfig.tag_features`` is on (looked up in ``coarse_rank.item_tags.ItemTags``,
 saved with the builder), the ``coarse_rank.channel_features`` columns when
-``CoarseConfig.channel_features`` is on, then the recall channel columns seen at fit time
+``CoarseConfig.channel_features`` is on (the default), then the recall channel columns seen at fit time
 (``recall_<channel>`` scores, ``src_<channel>`` flags as 0/1); a channel absent from a
 request reads NaN, an unknown one is ignored.
 

@@ -89,6 +89,8 @@ def build_examples(split: Any, candidate_stage: Stage, *, n_users: int, n_candid
     rng = np.random.default_rng(seed)
     if positives == "valid":
         pool = llm_valid_users(split.n_users, valid_share, seed)
+        if hasattr(split, "valid_trainable"):  # a new item of the cold-item protocol is never a positive
+            pool = pool[split.valid_trainable()[pool]]
     elif positives == "train":
         pool = np.array([u for u, s in enumerate(split.train_sequences) if len(s) >= 2], dtype=np.int64)
     else:

@@ -132,13 +132,32 @@ def resolve_model(cfg: LLMConfig, artifacts_root: Path) -> str:
     return cfg.model  # a hub id; transformers downloads it when the network allows
 
 
+def resolve_precision(precision: str) -> str:
+    """``precision`` with ``auto`` made concrete: bf16 where this machine computes in bf16 natively
+    (a CUDA GPU with bf16, or a CPU with avx512_bf16/AMX as oneDNN reports it), fp32 elsewhere."""
+    if precision != "auto":
+        return precision
+    import torch
+
+    if torch.cuda.is_available():
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    try:
+        native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a torch build without oneDNN: no fast bf16 either
+        native = False
+    return "bf16" if native else "fp32"
+
+
 def load_model(location: str, precision: str = "fp32", threads: int | None = None) -> tuple[Any, Any]:
-    """(model in eval mode, tokenizer) from an HF directory or hub id, cast to ``precision``.
+    """(model in eval mode, tokenizer) from an HF directory or hub id, cast to ``precision``
+    (``auto``: see ``resolve_precision``).
 
     ``int8`` loads a SmoothQuant-calibrated directory (``llm_rerank.quant``) as W8A8.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    precision = resolve_precision(precision)
 
     if threads is not None:
         torch.set_num_threads(threads)
@@ -149,7 +168,7 @@ def load_model(location: str, precision: str = "fp32", threads: int | None = Non
         return model, tokenizer
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}.get(precision)
     if dtype is None:
-        raise ValueError(f"precision must be 'fp32', 'bf16' or 'int8', got {precision!r}")
+        raise ValueError(f"precision must be 'auto', 'fp32', 'bf16' or 'int8', got {precision!r}")
     model = AutoModelForCausalLM.from_pretrained(location, dtype=dtype)
     model.eval()
     tokenizer = AutoTokenizer.from_pretrained(location)

@@ -15,6 +15,12 @@ token changes the key of its block and of every block after it. Only full blocks
   (a recomputation), never raised; ``RedisGuard`` skips a dead Redis for a backoff.
 - ``TwoTierCache``: the longest cached chain of blocks, tier 1 first, tier-2 hits promoted.
 
+Counters: every cache keeps its own (``TwoTierCache.stats``) and also adds them to
+``PROCESS_COUNTS``, one monotonic total per process over every cache it ever built (a
+reloaded stage's new cache keeps counting where the old one stopped), which
+``serving.metrics`` turns into Prometheus counters. A lookup is classed by how much of the
+prefix it found: ``full`` (every block), ``partial`` or ``miss`` (none).
+
 Deliberately left out: anything about tensors or models (``llm_rerank.prefix_kv`` encodes
 KV blocks and runs the model); eviction of blocks in the middle of a chain is harmless
 (lookup stops at the first missing block).
@@ -32,6 +38,40 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+LOOKUP_OUTCOMES = ("full", "partial", "miss")
+COUNTER_NAMES = (
+    "lookups", *(f"lookups_{o}" for o in LOOKUP_OUTCOMES), "blocks_requested", "tier1_hits", "tier2_hits",
+    "misses", "stored", "tier2_bytes_read", "tier2_bytes_written", "tier1_evictions", "tier2_evictions",
+    "tier2_errors",
+)
+
+
+class ProcessCounts:
+    """Monotonic per-process totals of every prefix cache's counters; thread-safe.
+
+    >>> c = ProcessCounts(); c.add(lookups=1, tier1_hits=3); c.snapshot()["tier1_hits"]
+    3
+    """
+
+    def __init__(self) -> None:
+        self._counts = dict.fromkeys(COUNTER_NAMES, 0)
+        self._lock = threading.Lock()
+
+    def add(self, **deltas: int) -> None:
+        unknown = set(deltas) - set(self._counts)
+        if unknown:
+            raise ValueError(f"unknown prefix-cache counter(s) {sorted(unknown)}; known: {list(COUNTER_NAMES)}")
+        with self._lock:
+            for name, n in deltas.items():
+                self._counts[name] += n
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+
+PROCESS_COUNTS = ProcessCounts()
 
 
 def block_keys(tokens: Sequence[int], block_tokens: int, namespace: str = "") -> list[str]:
@@ -80,10 +120,14 @@ class Tier1:
                 self.bytes -= old[1]
             self._data[key] = (value, nbytes)
             self.bytes += nbytes
+            evicted = 0
             while self.bytes > self.max_bytes:
                 _, (_, size) = self._data.popitem(last=False)
                 self.bytes -= size
-                self.evictions += 1
+                evicted += 1
+            self.evictions += evicted
+        if evicted:
+            PROCESS_COUNTS.add(tier1_evictions=evicted)
 
     def clear(self) -> None:
         with self._lock:
@@ -120,6 +164,7 @@ class RedisTier:
             return self.guard.call(fn)
         except (RedisUnavailable, redis.exceptions.RedisError) as exc:
             self.errors += 1
+            PROCESS_COUNTS.add(tier2_errors=1)
             log.debug("tier-2 KV cache unavailable: %s", exc)
             return None
 
@@ -160,6 +205,7 @@ class RedisTier:
                 if old:
                     self.client.delete(*[self.prefix + k for k in old])
                 self.evictions += len(old)
+                PROCESS_COUNTS.add(tier2_evictions=len(old))
         self._call(write)
 
 
@@ -174,20 +220,20 @@ class TwoTierCache:
                  decode: Callable[[bytes], Any], size: Callable[[Any], int]):
         self.tier1, self.tier2 = tier1, tier2
         self.encode, self.decode, self.size = encode, decode, size
-        self.counts = {"lookups": 0, "blocks_requested": 0, "tier1_hits": 0, "tier2_hits": 0, "misses": 0,
-                       "stored": 0, "tier2_bytes_read": 0, "tier2_bytes_written": 0}
+        self.counts = {"lookups": 0, **{f"lookups_{o}": 0 for o in LOOKUP_OUTCOMES}, "blocks_requested": 0,
+                       "tier1_hits": 0, "tier2_hits": 0, "misses": 0, "stored": 0, "tier2_bytes_read": 0,
+                       "tier2_bytes_written": 0}
+        self._lock = threading.Lock()
 
     def lookup(self, keys: Sequence[str]) -> list[Any]:
         """Values of the longest run ``keys[:n]`` that is cached (tier 1, else tier 2)."""
-        self.counts["lookups"] += 1
-        self.counts["blocks_requested"] += len(keys)
         found: list[Any] = []
         for key in keys:
             value = self.tier1.get(key)
             if value is None:
                 break
             found.append(value)
-        self.counts["tier1_hits"] += len(found)
+        tier1_hits, tier2_hits, bytes_read = len(found), 0, 0
         rest = list(keys[len(found):])
         if rest and self.tier2 is not None:
             for key, raw in zip(rest, self.tier2.get_many(rest), strict=True):
@@ -196,20 +242,29 @@ class TwoTierCache:
                 value = self.decode(raw)
                 self.tier1.put(key, value, self.size(value))  # promote
                 found.append(value)
-                self.counts["tier2_hits"] += 1
-                self.counts["tier2_bytes_read"] += len(raw)
-        self.counts["misses"] += len(keys) - len(found)
+                tier2_hits += 1
+                bytes_read += len(raw)
+        outcome = "full" if keys and len(found) == len(keys) else "partial" if found else "miss"
+        self._count(lookups=1, **{f"lookups_{outcome}": 1}, blocks_requested=len(keys), tier1_hits=tier1_hits,
+                    tier2_hits=tier2_hits, tier2_bytes_read=bytes_read, misses=len(keys) - len(found))
         return found
 
     def store(self, items: Sequence[tuple[str, Any]]) -> None:
         """Put freshly computed blocks in both tiers."""
         for key, value in items:
             self.tier1.put(key, value, self.size(value))
+        written = 0
         if self.tier2 is not None and items:
             raw = [(k, self.encode(v)) for k, v in items]
-            self.counts["tier2_bytes_written"] += sum(len(b) for _, b in raw)
+            written = sum(len(b) for _, b in raw)
             self.tier2.put_many(raw)
-        self.counts["stored"] += len(items)
+        self._count(stored=len(items), tier2_bytes_written=written)
+
+    def _count(self, **deltas: int) -> None:
+        with self._lock:  # concurrent requests share one stage and so one cache
+            for name, n in deltas.items():
+                self.counts[name] += n
+        PROCESS_COUNTS.add(**deltas)
 
     def clear_tier1(self) -> None:
         self.tier1.clear()

@@ -183,14 +183,17 @@ def _set_threads(threads: int | None) -> None:
 def _ranking_metrics(scores: Sequence[np.ndarray], ref: Sequence[np.ndarray], cases: Sequence[Case]) -> dict:
     from scipy.stats import spearmanr
 
-    overlap, rho, ndcg = [], [], []
-    for s, r, (_, items, target) in zip(scores, ref, cases, strict=True):
+    from offline.metrics import PAD, per_user_metrics
+
+    overlap, rho = [], []
+    ranking = np.full((len(cases), 10), PAD, dtype=np.int64)
+    for row, (s, r, (_, items, _target)) in enumerate(zip(scores, ref, cases, strict=True)):
         top, top_ref = np.argsort(-s, kind="stable")[:10], np.argsort(-r, kind="stable")[:10]
         overlap.append(len(set(top) & set(top_ref)) / len(top_ref))
         rho.append(float(spearmanr(s, r).statistic) if np.ptp(r) > 0 and np.ptp(s) > 0 else 1.0)
-        order = items[np.argsort(-s, kind="stable")][:10]
-        hit = np.flatnonzero(order == target)
-        ndcg.append(1.0 / np.log2(hit[0] + 2.0) if len(hit) else 0.0)
+        order = items[top]
+        ranking[row, : len(order)] = order
+    ndcg = per_user_metrics(ranking, np.array([int(c[2]) for c in cases], dtype=np.int64), 10)["ndcg@10"]
     return {"top10_overlap_vs_fp32": float(np.mean(overlap)), "spearman_vs_fp32": float(np.mean(rho)),
             "ndcg@10": float(np.mean(ndcg))}
 

@@ -19,6 +19,10 @@ separate the user's next item from the candidate stage's other top items?
   (the weight chosen on one half of the users and measured on the other, both ways: no user scores
   a weight picked on itself), with a paired-bootstrap 95% CI of each against the stage order.
   ``valid_users`` measures a random subsample instead (seeded; the report says which).
+- **likelihood / PMI**: each candidate scored by the log-likelihood of its title after the
+  user's prompt (the backbone's own belief of what comes next), and that minus the title's
+  likelihood after the same frame with no history (PMI: the popularity prior taken out); both
+  also fused with the stage order like the probe.
 - **cost**: per valid request, the prefix pass (a cold prefix) and the candidate passes (all a
   request with a warm prefix pays), p50/p99 in ms, fp32 on the configured threads.
 
@@ -54,43 +58,108 @@ class ProbeData:
     label: np.ndarray  # [rows] 1 = the held item
     group: np.ndarray  # [rows] request index
     position: np.ndarray  # [rows] rank in the candidate stage's order (0 = first)
+    title_loglik: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [rows] log P(title | user's prompt)
+    title_prior: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [rows] log P(title | no history)
     cost_ms: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))  # [requests, (prefix, candidates)]
     tokens: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [requests] prompt tokens
 
 
+def _suffix_pass(model: Any, prefix: Any, suffixes: Sequence[Sequence[int]], slots: Sequence[Any],
+                 pad_id: int) -> tuple[Any, Any]:
+    """(answer-position states [B, H], summed log-probability of each suffix's title tokens [B]).
+
+    One decoder pass over the suffixes continuing the cached prefix; the LM head runs only on the
+    positions that predict a title token (Gemma 3's 262k vocabulary makes the full head costly).
+    """
+    import torch
+
+    from llm_rerank.scoring import suffix_hidden
+
+    hidden, last, ids = suffix_hidden(model, prefix, suffixes, pad_id)
+    head = model.get_output_embeddings()
+    rows, cols, targets = [], [], []
+    for b, spans in enumerate(slots):
+        start, end = spans[0]
+        for t in range(start, end):  # position t - 1 predicts token t (start >= 1: the opener comes first)
+            rows.append(b)
+            cols.append(t - 1)
+            targets.append(int(ids[b, t]))
+    loglik = torch.zeros(len(suffixes))
+    if rows:
+        logp = torch.log_softmax(head(hidden[rows, cols]).float(), dim=-1)
+        picked = logp[torch.arange(len(rows)), torch.tensor(targets)]
+        loglik.index_add_(0, torch.tensor(rows), picked)
+    return hidden[torch.arange(len(suffixes)), last], loglik
+
+
 def collect(stage: Any, cases: Sequence[tuple[Any, np.ndarray, int]], progress: bool = True,
-            desc: str = "probe") -> ProbeData:
-    """Run each (request, candidates in stage order, held item) through the pointwise prompt."""
+            desc: str = "probe", prior: dict[int, float] | None = None) -> ProbeData:
+    """Run each (request, candidates in stage order, held item) through the pointwise prompt.
+
+    Besides the answer-position state and the zero-shot ``logit(Yes) - logit(No)``, each row gets
+    the log-likelihood of the candidate's title after the user's prompt and, once per item (kept in
+    ``prior`` across calls), after the same frame with no history: their difference is the PMI
+    score, the likelihood with each title's popularity prior taken out. ``prior=None`` skips the
+    priors (the probe's train requests need only the states).
+    """
     import torch
     from tqdm import tqdm
 
-    from llm_rerank.scoring import run_prefix, suffix_states
+    from llm_rerank.scoring import run_prefix
 
     model, prompts = stage.model, stage.prompts
     yes, no = prompts.yes_no
     head = model.get_output_embeddings()
-    states, zero, label, group, position, cost, tokens = [], [], [], [], [], [], []
+    priors = prior
+    bs = stage.cfg.batch_size
+    states, zero, label, group, position, cost, tokens, loglik = [], [], [], [], [], [], [], []
+    empty_prefix: Any = None
     for g, (request, items, held) in enumerate(tqdm(cases, desc=desc, disable=not progress, unit="user")):
         parts = stage.build_prompt(request, items)
         with torch.inference_mode():
             t0 = time.perf_counter()
             prefix = run_prefix(model, parts.prefix)
             t1 = time.perf_counter()
-            h = torch.cat([suffix_states(model, prefix, parts.suffixes[i : i + stage.cfg.batch_size],
-                                         stage.scorer.pad_id)
-                           for i in range(0, len(parts.suffixes), stage.cfg.batch_size)])
-            logits = head(h).float()  # the LM head on the answer positions only (Gemma 3: 262k vocabulary)
+            h, ll = [], []
+            for i in range(0, len(parts.suffixes), bs):
+                a, b = _suffix_pass(model, prefix, parts.suffixes[i : i + bs], parts.slots[i : i + bs],
+                                    stage.scorer.pad_id)
+                h.append(a)
+                ll.append(b)
+            hs = torch.cat(h)
+            logits = head(hs).float()  # the LM head on the answer positions only (Gemma 3: 262k vocabulary)
             cost.append(((t1 - t0) * 1000, (time.perf_counter() - t1) * 1000))
             tokens.append(len(parts.prefix) + sum(len(x) for x in parts.suffixes))
-        states.append(h.float().numpy())
+            todo = [] if priors is None else [j for j, i in enumerate(items) if int(i) not in priors]
+            if todo:  # the title's prior: same frame, no history, no user attributes
+                bare = stage.build_prompt(replace_history(request), items[todo])
+                if empty_prefix is None:
+                    empty_prefix = run_prefix(model, bare.prefix)
+                for i in range(0, len(todo), bs):
+                    _, b = _suffix_pass(model, empty_prefix, bare.suffixes[i : i + bs], bare.slots[i : i + bs],
+                                        stage.scorer.pad_id)
+                    for j, v in zip(todo[i : i + bs], b.tolist(), strict=True):
+                        priors[int(items[j])] = float(v)  # type: ignore[index]
+        states.append(hs.float().numpy())
         zero.append((logits[:, yes] - logits[:, no]).numpy())
+        loglik.append(torch.cat(ll).numpy())
         label.append((np.asarray(items) == held).astype(np.int8))
         group.append(np.full(len(items), g))
         position.append(np.arange(len(items)))
     if not states:
         raise ValueError("llm probe: no request to collect (no eligible user)")
+    all_items = np.concatenate([np.asarray(c[1]) for c in cases])
     return ProbeData(np.concatenate(states), np.concatenate(zero), np.concatenate(label),
-                     np.concatenate(group), np.concatenate(position), np.asarray(cost), np.asarray(tokens))
+                     np.concatenate(group), np.concatenate(position), np.concatenate(loglik).astype(np.float64),
+                     np.array([priors[int(i)] if priors is not None else np.nan for i in all_items]),
+                     np.asarray(cost), np.asarray(tokens))
+
+
+def replace_history(request: Any) -> Any:
+    """``request`` with no history and no user attributes (the frame a title's prior is read in)."""
+    import dataclasses
+
+    return dataclasses.replace(request, history=request.history[:0], user_attrs={})
 
 
 def request_cost(data: ProbeData) -> dict[str, Any]:
@@ -126,14 +195,18 @@ def fit_probe(train: ProbeData, c: float = 0.01, seed: int = 0) -> Callable[[Pro
 
 def per_request_ndcg(data: ProbeData, scores: np.ndarray, k: int = K) -> np.ndarray:
     """NDCG@k of the held item (0 when absent) per request, ranking rows by ``scores`` (ties: stage order)."""
-    out = np.zeros(int(data.group.max()) + 1)
+    from offline.metrics import PAD, per_user_metrics
+
+    n = int(data.group.max()) + 1
+    ranking = np.full((n, int(np.bincount(data.group).max())), PAD, dtype=np.int64)
+    target = np.full(n, len(data.label), dtype=np.int64)  # a row no ranking holds: no hit
     for g in np.unique(data.group):
         rows = np.flatnonzero(data.group == g)
-        order = rows[np.lexsort((data.position[rows], -scores[rows]))]
-        hit = np.flatnonzero(data.label[order] == 1)
-        if len(hit) and hit[0] < k:
-            out[g] = 1.0 / np.log2(hit[0] + 2)
-    return out
+        ranking[g, : len(rows)] = rows[np.lexsort((data.position[rows], -scores[rows]))]
+        held = rows[data.label[rows] == 1]
+        if len(held):
+            target[g] = held[0]
+    return per_user_metrics(ranking, target, k)[f"ndcg@{k}"]
 
 
 def random_expectation(data: ProbeData, k: int = K) -> np.ndarray:
@@ -193,8 +266,14 @@ def train_cases(split: Any, candidates_for: Callable[[int, np.ndarray], tuple[An
 
 def probe_backbone(settings: Any, artifact_dir: Path, *, model: str | None = None, train_users: int = 800,
                    valid_users: int | None = None, candidates: int | None = None, c: float = 0.01,
-                   seed: int = 0, min_history: int = 5, progress: bool = True) -> dict[str, Any]:
-    """The whole check (see the module doc); returns the JSON report."""
+                   seed: int = 0, min_history: int = 5, held_only: bool = False,
+                   progress: bool = True) -> dict[str, Any]:
+    """The whole check (see the module doc); returns the JSON report.
+
+    ``held_only`` measures only valid users whose held item is among the candidates (the others
+    score 0 under every order, so they add cost and no contrast); the report gives the share of
+    such users, by which the NDCGs scale back to all users.
+    """
     from llm_rerank.backbone import resolve_model
     from llm_rerank.perf import _set_threads, candidate_source, make_stage
     from offline.bootstrap import paired_bootstrap
@@ -208,41 +287,78 @@ def probe_backbone(settings: Any, artifact_dir: Path, *, model: str | None = Non
     llm = settings.llm.with_overrides({"model": model}) if model else settings.llm
     location = resolve_model(llm, Path(settings.artifacts_dir))  # a catalogue name, a directory or a hub id
     candidates_for, source = candidate_source(split, artifact_dir, settings, "valid")
-    stage = make_stage(settings, artifact_dir, model=location, use_adapted=False, scoring="pointwise",
+    valid_cases, held_in = [], 0
+    for u in range(split.n_users):  # candidates first (cheap, no LLM): held_only needs them to draw users
+        request, items = candidates_for(u, split.history(u, "valid"))
+        items = np.asarray(items[:n_cands], dtype=np.int64)
+        held = int(split.valid[u])
+        held_in += int(held in set(items.tolist()))
+        if not held_only or held in set(items.tolist()):
+            valid_cases.append((request, items, held))
+    pool = len(valid_cases)
+    if valid_users is not None and valid_users < pool:
+        pick = np.sort(np.random.default_rng([seed, 0x9B2]).choice(pool, valid_users, replace=False))
+        valid_cases = [valid_cases[i] for i in pick]
+    stage = make_stage(settings, artifact_dir, model=location, use_adapted=False, scoring="pointwise", precision="fp32",
                        kv={"enabled": False}, batching={"enabled": False}, backend="local")
     _set_threads(settings.llm.threads)
-    train = collect(stage, train_cases(split, candidates_for, train_users, n_cands, seed, min_history), progress, "probe train")
-    users = np.arange(split.n_users)
-    if valid_users is not None and valid_users < split.n_users:
-        users = np.sort(np.random.default_rng([seed, 0x9B2]).choice(split.n_users, valid_users, replace=False))
-    valid_cases = []
-    for u in users:
-        request, items = candidates_for(int(u), split.history(int(u), "valid"))
-        valid_cases.append((request, np.asarray(items[:n_cands], dtype=np.int64), int(split.valid[int(u)])))
-    valid = collect(stage, valid_cases, progress, "probe valid")
+    train = collect(stage, train_cases(split, candidates_for, train_users, n_cands, seed, min_history), progress,
+                    "probe train")
+    valid = collect(stage, valid_cases, progress, "probe valid", prior={})
     probe = fit_probe(train, c, seed)(valid)
+    pmi = valid.title_loglik - valid.title_prior
     stage_order = per_request_ndcg(valid, -valid.position.astype(np.float64))
-    fused, weights = cross_fitted_fusion(valid, probe, seed)
-    fused_zero, zero_weights = cross_fitted_fusion(valid, valid.zero_shot, seed)
-    rows = {"stage_order": stage_order, "zero_shot": per_request_ndcg(valid, valid.zero_shot),
-            "probe": per_request_ndcg(valid, probe), "random": random_expectation(valid),
-            "stage+probe": fused, "stage+zero_shot": fused_zero}
-    vs_stage = {}
-    for name in ("zero_shot", "probe", "random", "stage+probe", "stage+zero_shot"):
-        boot = paired_bootstrap(stage_order, rows[name], n_boot=2000, seed=seed)
-        vs_stage[name] = {"mean": round(boot["mean"], 5), "ci95": [round(x, 5) for x in boot["ci95"]]}
-    boot = paired_bootstrap(rows["random"], rows["probe"], n_boot=2000, seed=seed)
+    scores = {"zero_shot": valid.zero_shot, "probe": probe, "likelihood": valid.title_loglik, "pmi": pmi,
+              "popularity": split.item_popularity("valid")[np.concatenate([c[1] for c in valid_cases])].astype(np.float64)}
+    rows: dict[str, np.ndarray] = {"stage_order": stage_order, "random": random_expectation(valid)}
+    weights: dict[str, list[float]] = {}
+    for name, score in scores.items():
+        rows[name] = per_request_ndcg(valid, score)
+    for name in ("zero_shot", "probe", "likelihood", "pmi"):
+        rows[f"stage+{name}"], weights[name] = cross_fitted_fusion(valid, scores[name], seed)
+    vs_stage, vs_random = {}, {}
+    for name, v in rows.items():
+        if name != "stage_order":
+            boot = paired_bootstrap(stage_order, v, n_boot=2000, seed=seed)
+            vs_stage[name] = {"mean": round(boot["mean"], 5), "ci95": [round(x, 5) for x in boot["ci95"]]}
+        if name in scores:
+            boot = paired_bootstrap(rows["random"], v, n_boot=2000, seed=seed)
+            vs_random[name] = {"mean": round(boot["mean"], 5), "ci95": [round(x, 5) for x in boot["ci95"]]}
+    from scipy.stats import spearmanr
+
+    pop = scores["popularity"]
     return {"model": location, "candidates_from": source, "candidates": n_cands,
             "train_requests": int(train.group.max()) + 1, "valid_users": len(valid_cases),
-            "valid_sample": {"users": len(valid_cases), "of": int(split.n_users), "seed": seed,
-                             "random": len(valid_cases) < split.n_users},
+            "valid_sample": {"users": len(valid_cases), "of": pool, "seed": seed,
+                             "random": len(valid_cases) < pool, "held_only": held_only},
+            "held_in_candidates_share": round(held_in / split.n_users, 5),
             "valid_held_in_candidates": int(sum(valid.label[valid.group == g].any() for g in np.unique(valid.group))),
             "ndcg@10": {name: round(float(v.mean()), 5) for name, v in rows.items()},
-            "vs_stage_order": vs_stage,
-            "probe_vs_random": {"mean": round(boot["mean"], 5), "ci95": [round(x, 5) for x in boot["ci95"]]},
-            "fusion_weight_per_half": weights, "zero_shot_fusion_weight_per_half": zero_weights,
+            "vs_stage_order": vs_stage, "vs_random": vs_random,
+            "fusion_weight_per_half": weights,
+            "spearman_vs_popularity": {n: round(float(spearmanr(scores[n], pop).statistic), 4)
+                                       for n in ("zero_shot", "probe", "likelihood", "pmi")},
             "cost_per_request": {**request_cost(valid), "threads": torch_threads()}, "c": c,
             "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def compare(reports: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per backbone: NDCG@10 of each scorer and of the stage fused with it, CI vs the stage
+    order, and the cost per request (the side-by-side table of ``recsys bench llm-probe``)."""
+    table = []
+    for name, r in reports.items():
+        row: dict[str, Any] = {"backbone": name, "stage_order": r["ndcg@10"]["stage_order"],
+                               "random": r["ndcg@10"]["random"]}
+        for key in ("zero_shot", "likelihood", "pmi", "probe", "stage+zero_shot", "stage+likelihood",
+                    "stage+pmi", "stage+probe"):
+            row[key] = {"ndcg@10": r["ndcg@10"][key], "vs_stage": r["vs_stage_order"][key]["ci95"],
+                        **({"vs_random": r["vs_random"][key]["ci95"]} if key in r["vs_random"] else {})}
+        cost = r["cost_per_request"]
+        row["cold_ms_p50_p99"] = [cost["cold_prefix_ms"]["p50"], cost["cold_prefix_ms"]["p99"]]
+        row["warm_ms_p50_p99"] = [cost["warm_prefix_ms"]["p50"], cost["warm_prefix_ms"]["p99"]]
+        row["users"] = r["valid_users"]
+        table.append(row)
+    return table
 
 
 def torch_threads() -> int:

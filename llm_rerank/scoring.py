@@ -134,6 +134,17 @@ def run_prefix(model: Any, prefix: Sequence[int]) -> PrefixState:
     return PrefixState(kv=kv, length=len(prefix))
 
 
+def extend_prefix(model: Any, state: PrefixState, tokens: Sequence[int]) -> PrefixState:
+    """``state`` continued by ``tokens`` (batch 1): a two-level prefix, e.g. a shared instruction
+    computed once, then one item's text (``offline.tagging.label_scores``); ``state`` is not mutated."""
+    if not tokens:
+        raise ValueError("extend_prefix: no tokens to add")
+    ids, _, kwargs = _continuation(state, [list(tokens)], 0)
+    model(input_ids=ids, logits_to_keep=1, **kwargs)
+    kv = [(getattr(layer, "keys"), getattr(layer, "values")) for layer in kwargs["cache"].layers]  # noqa: B009
+    return PrefixState(kv=kv, length=state.length + len(tokens))
+
+
 def _continuation(state: PrefixState, suffixes: Sequence[Sequence[int]], pad_id: int) -> tuple[Any, Any, dict]:
     """(ids [B, T] right-padded, last real index per row, model kwargs continuing ``state``'s prefix)."""
     import torch
@@ -163,6 +174,15 @@ def suffix_states(model: Any, state: PrefixState, suffixes: Sequence[Sequence[in
     ids, last, kwargs = _continuation(state, suffixes, pad_id)
     out = model.get_decoder()(input_ids=ids, **kwargs)
     return out.last_hidden_state[torch.arange(ids.shape[0]), last]
+
+
+def suffix_hidden(model: Any, state: PrefixState, suffixes: Sequence[Sequence[int]], pad_id: int
+                  ) -> tuple[Any, Any, Any]:
+    """(final hidden states [B, T, H] of every suffix position, last real index per row [B], the
+    right-padded ids [B, T]), continuing the cached prefix: for reading logits at chosen positions
+    (a title's likelihood, ``llm_rerank.probe``) without the LM head over every position."""
+    ids, last, kwargs = _continuation(state, suffixes, pad_id)
+    return model.get_decoder()(input_ids=ids, **kwargs).last_hidden_state, last, ids
 
 
 def pointwise_from_logits(logits: Any, yes_id: int, no_id: int) -> np.ndarray:

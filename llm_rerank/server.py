@@ -14,7 +14,8 @@ One process loads the model and serves, on loopback by default:
 - ``GET /v1/models``, ``GET /health``.
 
 So ``llm_rerank.remote`` is the same client for this worker (CPU, CI) and ``vllm serve`` (GPU).
-Run: ``python -m llm_rerank.server --model DIR [--precision bf16] [--port 8100]``.
+Run: ``python -m llm_rerank.server --model NAME|DIR [--precision bf16] [--port 8100]`` (NAME: a
+catalogue backbone, ``llm_rerank.catalogue``).
 
 Deliberately left out: sampling (temperature is ignored: scoring and tagging are greedy),
 streaming, authentication (bind to loopback or a private network).
@@ -28,6 +29,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -233,11 +235,16 @@ def create_app(worker: LLMWorker) -> FastAPI:
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
-    from llm_rerank.backbone import load_model
+    from llm_rerank.backbone import load_model, resolve_model
+    from llm_rerank.config import LLMConfig
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", required=True, help="HF model directory (a calibrated one for int8)")
-    ap.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "int8"])
+    ap.add_argument("--model", required=True, help="a catalogue backbone (llm_rerank.catalogue: smollm2-135m-instruct, "
+                    "gemma3-270m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b; converted once under --artifacts/models), "
+                    "an HF model directory (a calibrated one for int8) or a hub id")
+    ap.add_argument("--artifacts", default="artifacts", help="where catalogue backbones are converted (models/)")
+    ap.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "int8"],
+                    help="auto: bf16 where the machine computes it natively, else fp32")
     ap.add_argument("--name", default=None, help="served model name (default: the directory name)")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8100)
@@ -245,7 +252,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--window-ms", type=float, default=10.0)
     ap.add_argument("--max-batch", type=int, default=8)
     args = ap.parse_args(argv)
-    model, tok = load_model(args.model, args.precision, args.threads)
+    try:
+        location = resolve_model(LLMConfig(model=args.model), Path(args.artifacts))
+    except (ValueError, FileNotFoundError) as exc:
+        ap.exit(2, f"error: {' '.join(str(exc).split())}\n")
+    model, tok = load_model(location, args.precision, args.threads)
     name = args.name or args.model.rstrip("/").split("/")[-1]
     worker = LLMWorker(model, tok, name, window_ms=args.window_ms, max_batch=args.max_batch)
     uvicorn.run(create_app(worker), host=args.host, port=args.port, log_level="warning")

@@ -63,11 +63,12 @@ class LLMRerankStage:
         self.residual_beta: float | None = None  # adapted with AdaptConfig.residual: served letters + beta * z
         self.template: PromptTemplate = self.cfg.prompt or DEFAULT
         self._weights = ""  # weights digest of the loaded model
+        self.precision = self.cfg.precision  # what load() actually loaded ("auto" made concrete)
 
     # -- loading -----------------------------------------------------------------------
     def load(self, artifact_dir: Any) -> None:
         """Load the adapted model (``<artifact_dir>/llm``) or the base one, and item titles."""
-        from llm_rerank.backbone import load_model, resolve_model, weights_digest
+        from llm_rerank.backbone import load_model, resolve_model, resolve_precision, weights_digest
         from offline.split import Split
 
         artifact_dir = Path(artifact_dir)
@@ -91,7 +92,8 @@ class LLMRerankStage:
             self.remote = RemoteLLM(self.cfg.base_url, self.cfg.served_model, self.cfg.http_timeout_s)
             self.attach(None, AutoTokenizer.from_pretrained(location), titles)
         else:
-            model, tokenizer = load_model(location, self.cfg.precision, self.cfg.threads)
+            self.precision = resolve_precision(self.cfg.precision)
+            model, tokenizer = load_model(location, self.precision, self.cfg.threads)
             self.attach(model, tokenizer, titles)
         self.model_location = location
 
@@ -133,7 +135,7 @@ class LLMRerankStage:
         return BlockPrefixCache.build(model, block_tokens=kv.block_tokens, tier1_bytes=kv.tier1_bytes,
                                       # blocks are keyed by token ids, which hold the instruction: KV of
                                       # equal tokens is equal under any template, so it is not in the key
-                                      namespace=f"{self._weights}-{PROMPT_VERSION}|{self.cfg.precision}",
+                                      namespace=f"{self._weights}-{PROMPT_VERSION}|{self.precision}",
                                       redis_client=client,
                                       kv_dtype=kv.kv_dtype, prefix=kv.tier2_prefix, ttl_s=kv.tier2_ttl_s,
                                       max_entries=kv.tier2_max_entries)

@@ -26,18 +26,17 @@ SCORED = ("recall", "coarse", "llm")  # stages whose own order is measured
 
 
 def requests_for(split: Split, phase: Phase, k: int = K) -> list[Request]:
-    return [
-        Request(user_id=str(split.vocab.user_ids[u]), k=k, user_idx=u, history=split.history(u, phase),
-                user_attrs=split.user_attrs(u), request_id=f"eval-{phase}-{u}")
-        for u in range(split.n_users)
-    ]
+    return [requests_for_user(split, u, phase, k) for u in range(split.n_users)]
 
 
-def run_cascade(pipeline: Any, split: Split, phase: Phase, progress: bool = True, until: str | None = None) -> dict:
-    """Run every user's request; return per-stage top-k rankings, candidate sets and timings."""
+def run_cascade(pipeline: Any, split: Split, phase: Phase, progress: bool = True, until: str | None = None,
+                requests: list[Request] | None = None) -> dict:
+    """Run every user's request (or ``requests``: row i of each result is ``requests[i]``); return
+    per-stage top-k rankings, candidate sets and timings."""
     from tqdm import tqdm
 
-    n = split.n_users
+    requests = requests_for(split, phase) if requests is None else requests
+    n = len(requests)
     tops = {s: np.full((n, K), -1, dtype=np.int64) for s in (*SCORED, "final")}
     cands: dict[str, list[np.ndarray]] = {s: [np.zeros(0, np.int64)] * n for s in SCORED}
     kept: dict[str, list[Candidates]] = {s: [Candidates.empty()] * n for s in SCORED}
@@ -46,10 +45,7 @@ def run_cascade(pipeline: Any, split: Split, phase: Phase, progress: bool = True
     total_ms = np.zeros(n)
     served = np.zeros(n, dtype=np.int64)  # items in each user's final list
     short_reasons: dict[str, int] = {}
-    for req in tqdm(requests_for(split, phase), desc=f"eval {phase}", disable=not progress, unit="user"):
-        u = req.user_idx
-        assert u is not None
-
+    for u, req in enumerate(tqdm(requests, desc=f"eval {phase}", disable=not progress, unit="user")):
         def observe(name: str, c: Candidates, u: int = u) -> None:
             if name in SCORED:
                 cands[name][u] = c.items
@@ -110,6 +106,83 @@ def list_completeness(run: dict, k: int = K) -> dict[str, Any]:
             "empty_share": round(empty / n, 5) if n else 0.0, "short_reasons": run["short_reasons"]}
 
 
+HISTORY_SLICES = {"1-5": (1, 5), "6-20": (6, 20), ">20": (21, 10**9)}
+
+
+def short_history(pipeline: Any, split: Split, phase: Phase, run: dict, *, min_users: int = 100,
+                  sample: int = 300, seed: int = 0, n_boot: int = 2000, progress: bool = True) -> dict[str, Any]:
+    """Every stage on test users sliced by the length of their input history (1-5, 6-20, > 20).
+
+    A slice with at least ``min_users`` users of that history length is measured on them, from the
+    main pass ``run``. A slice with fewer (a 5-core dataset has no user with 1-5 items) is built by
+    truncation: up to ``sample`` users drawn (seeded) among those with a longer history, each sent
+    as a user the trained models do not know (no user index, no attributes) whose history is only
+    its last L items, L drawn uniformly within the slice; the target is unchanged. That is how a new
+    user arrives at serving time. Left in: item-side statistics (co-visitation, popularity) were
+    fitted on logs that include these users' full train sequences.
+
+    Per slice and stage: NDCG@10, Recall@10, users, and the paired-bootstrap CI of each stage
+    against the one before it (recall -> coarse -> llm -> final).
+    """
+    import dataclasses
+
+    targets = split.targets(phase)
+    length = np.array([len(split.history(u, phase)) for u in range(split.n_users)])
+    rng = np.random.default_rng([seed, 0x5107])
+    out: dict[str, Any] = {"min_users": min_users, "slices": {}}
+    for name, (lo, hi) in HISTORY_SLICES.items():
+        users = np.flatnonzero((length >= lo) & (length <= hi) & (targets >= 0))
+        if len(users) >= min_users:
+            tops, truncated = {s: run["tops"][s][users] for s in run["tops"]}, False
+            ok = {s for s in run["tops"] if (run["tops"][s][users] >= 0).any()}
+        else:
+            pool = np.flatnonzero((length > hi) & (targets >= 0)) if hi < 10**9 else np.zeros(0, np.int64)
+            if len(pool) == 0:
+                out["slices"][name] = {"users": int(len(users)), "truncated": False,
+                                       "skipped": f"{len(users)} users (< {min_users}) and none longer to truncate"}
+                continue
+            users = np.sort(rng.choice(pool, size=min(sample, len(pool)), replace=False))
+            requests = []
+            for u in users:
+                keep = int(rng.integers(lo, min(hi, length[u]) + 1))
+                hist = split.history(int(u), phase)[-keep:]
+                requests.append(dataclasses.replace(
+                    requests_for_user(split, int(u), phase), user_idx=None, user_attrs={}, history=hist,
+                    exclude=hist, user_id=f"short-{name}-{u}", request_id=f"eval-short-{name}-{u}"))
+            sub = run_cascade(pipeline, split, phase, progress=progress, requests=requests)
+            tops, truncated = sub["tops"], True
+            ok = {st for st, c in sub["status"].items() if c.get("ok", 0) > 0} | {"final"}
+        stages = [s for s in (*SCORED, "final") if s in ok]
+        row = {"users": int(len(users)), "truncated": truncated,
+               **slice_table(tops, targets[users], stages, seed=seed, n_boot=n_boot)}
+        out["slices"][name] = row
+    return out
+
+
+def slice_table(tops: dict[str, np.ndarray], targets: np.ndarray, stages: list[str], *, seed: int = 0,
+                n_boot: int = 2000) -> dict[str, Any]:
+    """NDCG@10 and Recall@10 of each stage's top-10 ``tops[stage]`` (rows = the slice's users) and the
+    paired-bootstrap CI of each stage against the one before it in ``stages``."""
+    from offline.bootstrap import paired_bootstrap
+    from offline.metrics import per_user_metrics
+
+    if len(targets) == 0:
+        return {"users": 0, "stages": {}, "deltas": {}}
+    metrics = {s: per_user_metrics(tops[s], targets, K) for s in stages}
+    out: dict[str, Any] = {"users": int(len(targets)), "stages": {
+        s: {f"ndcg@{K}": round(float(m[f"ndcg@{K}"].mean()), 5), f"recall@{K}": round(float(m[f"recall@{K}"].mean()), 5)}
+        for s, m in metrics.items()}, "deltas": {}}
+    for before, after in zip(stages, stages[1:], strict=False):
+        r = paired_bootstrap(metrics[before][f"ndcg@{K}"], metrics[after][f"ndcg@{K}"], n_boot=n_boot, seed=seed)
+        out["deltas"][f"{after}_vs_{before}"] = {"mean": round(r["mean"], 5), "ci95": [round(x, 5) for x in r["ci95"]]}
+    return out
+
+
+def requests_for_user(split: Split, u: int, phase: Phase, k: int = K) -> Request:
+    return Request(user_id=str(split.vocab.user_ids[u]), k=k, user_idx=u, history=split.history(u, phase),
+                   user_attrs=split.user_attrs(u), request_id=f"eval-{phase}-{u}")
+
+
 def _pct(values: list[float] | np.ndarray) -> dict[str, float]:
     v = np.asarray(values, dtype=np.float64)
     if len(v) == 0:
@@ -165,6 +238,10 @@ def evaluate_pipeline(
         from recall.extra_channels import channel_candidate_recall
 
         report_extra["channel_recall"] = channel_candidate_recall(recall_stage, split, phase)
+    t3 = time.perf_counter()
+    report_extra["short_history"] = short_history(pipeline, split, phase, run, seed=settings.seed, n_boot=n_boot,
+                                                  progress=progress)
+    report_extra["short_history"]["seconds"] = round(time.perf_counter() - t3, 2)
     t2 = time.perf_counter()
     costs = policy_costs(pipeline, split, phase, per_user, n_boot=n_boot, seed=settings.seed)
     report_extra["policy_s"] = round(time.perf_counter() - t2, 2)
@@ -271,7 +348,8 @@ def policy_costs(pipeline: Any, split: Split, phase: Phase, per_user: dict[str, 
 
     if not policies:
         return {"note": "no policy stage in this pipeline"}
-    rule_ids = [r.id for r in policies[0]._active.rules] if getattr(policies[0], "_active", None) else []
+    active = getattr(policies[0], "active", None)
+    rule_ids = [r.id for r in active.rules] if active is not None else []
     per_rule = {}
     for rid in rule_ids:
         per_rule[rid] = ci(served_without({rid}), base)  # cost = what switching it off gains back
@@ -336,7 +414,8 @@ def tune_fusion(settings: Any, artifact_dir: Path, split: Split, *, progress: bo
             captured.append(c)
 
     held = llm_trained_users(pipeline)  # their valid item trained the LLM: tuning on them would flatter it
-    requests = [r for r in requests_for(split, "valid") if r.user_idx not in held]
+    trainable = split.valid_trainable()  # a new item of the cold-item protocol is never learnt from
+    requests = [r for r in requests_for(split, "valid") if r.user_idx not in held and trainable[r.user_idx]]
     for req in tqdm(requests, desc="fusion (valid)", disable=not progress, unit="user"):
         pipeline.run(req, until=before_fusion, observe=capture)
     targets = [int(split.valid[r.user_idx]) for r in requests if r.user_idx is not None]

@@ -97,6 +97,16 @@ class Split:
             return self.test
         raise ValueError(f"targets exist for 'valid' and 'test' only, got {phase!r}")
 
+    @property
+    def unseen_items(self) -> np.ndarray:
+        """Items whose interactions training must not see (the new items of ``offline.cold_items``);
+        steps that learn from valid items skip the users whose valid item is one of them."""
+        return np.asarray(self.protocol.get("cold_items", {}).get("items", []), dtype=np.int64)
+
+    def valid_trainable(self) -> np.ndarray:
+        """Bool per user: their valid item may be learnt from (not an ``unseen_items`` one)."""
+        return ~np.isin(self.valid, self.unseen_items)
+
     def item_popularity(self, phase: Phase = "valid") -> np.ndarray:
         """Interaction counts per item over what a model may see before ``phase``'s targets."""
         counts = np.bincount(self.train["item_idx"].to_numpy(), minlength=self.n_items).astype(np.float64)

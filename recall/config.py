@@ -1,4 +1,5 @@
-"""Configuration of the recall stage (two-tower model, faiss index, popularity channel).
+"""Configuration of the recall stage (two-tower model, faiss index, popularity, co-visitation and
+item-model channels).
 
 Defaults are tuned on ML-100K (5-core, leave-one-out, full ranking) to train in a few
 minutes on one CPU core; see ``recall.train`` for the measured figures.
@@ -60,12 +61,11 @@ class RecallConfig(BaseModel):
         0.8, ge=0.0, le=1.0, description="Popularity share for a user with an empty history."
     )
 
-    # -- extra channels (issue 18): off by default for now. Measured on ML-100K over 3 paired seeds
-    # (with coarse.channel_features): coarse NDCG@10 0.1059 +- 0.0037 -> 0.1158 +- 0.0021, positive on
-    # every seed (reports/h18_seeds_ml100k_*.json); switching the default on waits for the tests that
-    # assume the base features and for training from an unsaved split (see the issue notes).
+    # -- extra channels (issue 18), on by default. Measured on ML-100K over 3 paired seeds (with
+    # coarse.channel_features): coarse NDCG@10 0.1059 +- 0.0037 -> 0.1158 +- 0.0021, positive on every
+    # seed (reports/h18_seeds_ml100k_*.json). Switch one off with covisit_channel: false / item_model: off.
     covisit_channel: bool = Field(
-        False, description="Add the co-visitation channel (recall.item_models.covisitation) beside the two-tower."
+        True, description="Add the co-visitation channel (recall.item_models.covisitation) beside the two-tower."
     )
     covisit_window: int = Field(10, ge=1, le=50, description="Co-visitation pairs are at most this many steps apart.")
     covisit_backward: float = Field(
@@ -73,7 +73,7 @@ class RecallConfig(BaseModel):
     )
     covisit_last_n: int = Field(10, ge=1, le=200, description="Most recent history items the co-visitation query reads.")
     item_model: Literal["off", "ease", "knn"] = Field(
-        "off", description="Add an item-model channel: EASE (dense, up to ease_max_items items, item-kNN beyond) "
+        "ease", description="Add an item-model channel: EASE (dense, up to ease_max_items items, item-kNN beyond) "
         "or item-kNN (cosine, top-k neighbours per item)."
     )
     item_model_last_n: int = Field(

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from scipy import sparse
 
-from recall.channels import PopularityChannel, clean_channel
+from recall.channels import clean_channel
 from recall.config import RecallConfig
 from recall.item_models import NeighbourChannel, covisitation, item_model
 
@@ -56,8 +56,8 @@ def train_channels(split: Any, stage_root: Path, subdir: str, sequences: list[np
                    config: RecallConfig, depth: int) -> dict[str, Any]:
     """Fit, save and tune the extra channels of ``<stage_root>/<subdir>`` (see module doc); the report.
 
-    ``stage_root`` must hold the ``split/`` the stage loads its popularity from, and
-    ``<subdir>`` the two-tower artifacts just written.
+    ``<stage_root>/<subdir>`` must hold the two-tower artifacts just written; ``split`` may live
+    in memory only (the stage is loaded with its valid-time popularity, not ``<stage_root>/split``).
     """
     from recall.stage import RecallStage
     from recsys.config import StageSpec
@@ -74,9 +74,8 @@ def train_channels(split: Any, stage_root: Path, subdir: str, sequences: list[np
     _write(recall_dir, meta)  # provisional (zero shares) so the stage loads for tuning
     stage = RecallStage(StageSpec(name="recall", kind="recall", depth=depth), None)
     stage.config = config.model_copy(update={"channel_shares": None})
-    stage.load(stage_root, subdir=subdir)
-    # the stage serves test-time popularity (valid items counted); tuning must not count them
-    stage._popularity = PopularityChannel(split.item_popularity("valid"))
+    # the served stage counts valid items in its popularity (test time); tuning must not count them
+    stage.load_from(recall_dir, split.item_popularity("valid"))
     users = np.flatnonzero(np.asarray(targets) >= 0)
     lists, excludes = channel_lists_for(stage, [sequences[u] for u in users], [split.user_attrs(u) for u in users])
     tgt = np.asarray(targets)[users]

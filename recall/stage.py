@@ -1,13 +1,16 @@
-"""The recall stage: two-tower ANN search merged with the popularity channel.
+"""The recall stage: two-tower ANN search merged with the co-visitation, item-model and popularity channels.
 
 At request time the user tower encodes the request's most recent history (and attributes)
 into one vector (the tower is inductive: a user unknown at training time, or one with no
-history at all, still gets a vector); the faiss index returns the nearest items; excluded
-items are dropped; ``recall.channels.merge_channels`` merges them with the most popular
-items, the popularity channel getting ``popularity_share`` of the depth
-(``cold_popularity_share`` for an empty history, where the two-tower vector rests on the
-attributes alone). By default (``merge_order: priority``) the two-tower order stays on top
-and popularity fills the tail; for a cold user popularity leads.
+history at all, still gets a vector); the faiss index returns the nearest items; the extra
+channels (``recall.item_models.NeighbourChannel``: co-visitation and EASE/item-kNN, on by
+default, ``RecallConfig.extra_channels``) score items from the recent history; excluded
+items are dropped; ``recall.channels.merge_channels`` merges the lists, each extra channel
+getting its share of the depth (tuned on valid at training time, ``recall.extra_channels``)
+and the popularity channel ``popularity_share`` (``cold_popularity_share`` for an empty
+history, where the two-tower vector rests on the attributes alone). By default
+(``merge_order: priority``) the two-tower order stays on top, the extra channels' quotas
+follow, and popularity fills the tail; for a cold user popularity leads.
 
 Artifacts: ``<artifact_dir>/recall`` as written by ``recall.train`` and the popularity
 counts of ``<artifact_dir>/split`` (every interaction visible at test time). Architecture
@@ -61,21 +64,29 @@ class RecallStage:
         """Load the user tower, item vectors, faiss index and popularity counts (once, at start-up).
 
         ``subdir`` selects another trained copy, e.g. ``recall_holdout`` (trained without each
-        user's last training item) when producing coarse-ranker training candidates.
+        user's last training item) when producing coarse-ranker training candidates. The
+        popularity counts are the test-time ones of ``<artifact_dir>/split``.
         """
+        from offline.split import Split
+
+        root = Path(artifact_dir)
+        _check_trained(root / subdir)  # the missing model is the error to name, before the split
+        self.load_from(root / subdir, Split.load(root / "split").item_popularity("test"))
+
+    def load_from(self, recall_dir: Path, popularity: np.ndarray) -> None:
+        """``load`` from one trained directory and given popularity counts per item, no split on disk:
+        training tunes the channel shares this way, with the in-memory split's valid-time counts
+        (``recall.extra_channels.train_channels``)."""
         import torch
 
-        from offline.split import Split
         from recall.extra_channels import load_channels
         from recall.features import UserVocab
         from recall.index import ItemIndex
         from recall.towers import UserTower
         from recall.train import INDEX_DIR, MODEL_FILE, SPEC_FILE, VECTORS_FILE
 
-        root = Path(artifact_dir)
-        recall_dir = root / subdir
-        if not (recall_dir / SPEC_FILE).is_file():
-            raise FileNotFoundError(f"{recall_dir / SPEC_FILE}: no trained recall model here (run training first)")
+        recall_dir = Path(recall_dir)
+        _check_trained(recall_dir)
         spec = json.loads((recall_dir / SPEC_FILE).read_text())
         arch = RecallConfig.model_validate(spec["config"])
         vocab = UserVocab.from_json(spec["user_vocab"])
@@ -88,9 +99,9 @@ class RecallStage:
         if index.ntotal != len(vectors) or len(vectors) != spec["n_items"]:
             raise ValueError(f"{recall_dir}: index holds {index.ntotal} items, item_vectors {len(vectors)}, "
                              f"model.json says {spec['n_items']}")
-        popularity = Split.load(root / "split").item_popularity("test")
         if len(popularity) != len(vectors):
-            raise ValueError(f"{root / 'split'} has {len(popularity)} items but the recall model has {len(vectors)}")
+            raise ValueError(f"{recall_dir}: popularity counts {len(popularity)} items but the recall model has "
+                             f"{len(vectors)}")
         self._tower, self._vocab, self._vectors, self._index = tower, vocab, vectors, index
         self._popularity = PopularityChannel(popularity)
         self._extra, self._tuned_shares = load_channels(recall_dir, self.config)
@@ -181,3 +192,10 @@ class RecallStage:
     def _known(self, history: np.ndarray) -> np.ndarray:
         h = np.asarray(history, dtype=np.int64)
         return h[(h >= 0) & (h < self.n_items)]
+
+
+def _check_trained(recall_dir: Path) -> None:
+    from recall.train import SPEC_FILE
+
+    if not (recall_dir / SPEC_FILE).is_file():
+        raise FileNotFoundError(f"{recall_dir / SPEC_FILE}: no trained recall model here (run training first)")

@@ -217,7 +217,7 @@ def train_two_tower(
 
     With extra channels on (``RecallConfig.extra_channels``), they are fitted on the same
     sequences and their shares of ``depth`` tuned on the early-stopping targets
-    (``recall.extra_channels.train_channels``; ``out_dir.parent`` must hold ``split/``).
+    (``recall.extra_channels.train_channels``; ``split`` need not be saved anywhere).
 
     Trains on ``sequences`` (default ``split.train_sequences``) and early-stops on
     ``early_stop_targets`` (default ``split.valid``) ranked from those sequences with them

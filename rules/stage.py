@@ -81,6 +81,11 @@ class RulesStage:
         self.ruleset, self.items = ruleset, items
         self._active, self.skipped = resolution.ruleset, resolution.skipped
 
+    @property
+    def active(self) -> RuleSet | None:
+        """The rule set in force on this catalog (``ruleset`` minus the rules skipped here)."""
+        return self._active
+
     def version(self) -> str:
         return self.ruleset.version if self.ruleset is not None else "unloaded"
 

@@ -78,7 +78,7 @@ class OnlineBackend:
         recommender.online = OnlineState(
             self.client, self.guard, self.ns, recommender.catalog.histories,
             history_max_len=cfg.history_max_len, stream_maxlen=cfg.events_stream_maxlen,
-            dedup_ttl_s=cfg.event_dedup_ttl_s,
+            dedup_ttl_s=cfg.event_dedup_ttl_s, unknown_history_ttl_s=cfg.unknown_history_ttl_s,
         )
         self.rules, self.prompts = RulesApplier(recommender.pipeline), PromptApplier(recommender.pipeline)
         prompts = self.prompts

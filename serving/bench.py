@@ -11,12 +11,22 @@ meant to look like a real front end rather than a cold loop over every user:
   a random catalog item: they bump that user's history version, so its next recommendation
   misses the cache and runs the pipeline again;
 - every run sends its own ``context`` (``{"bench_run": tag}``), so one run never reuses the
-  cache entries of an earlier run.
+  cache entries of an earlier run; ``llm`` (true/false) pins every call to one path.
 
-Latency figures are client-side wall times of successful recommendations only; events are
-counted apart. ``bench_serve`` starts one embedded Redis, then per ``llm_share`` one server
-subprocess, and runs every concurrency level against it. ``start_server_subprocess`` starts
-a real uvicorn process on a free loopback port.
+Latency figures are client-side wall times of successful recommendations only, overall and
+per answer path (``by_path``: cache hits apart from pipeline answers); events are counted apart.
+
+``bench_serve`` measures each path on its own (issue 19: the old rows labelled "LLM share"
+ran with no LLM loaded, and most of their calls were cache hits):
+
+- ``light_nocache``: a server with the result cache off, every call ``llm: false``;
+- ``llm``: the same server, the LLM stage loaded (checked on ``/readyz``; a configured LLM that
+  failed to load is an error, not a row), each user's first call (cold prefix) and a second
+  one that misses the result cache (warm prefix), see ``serving.bench_llm_path``;
+- ``cache_mix``: a server with the result cache on, the Zipf mix per ``llm_share``, its
+  cache hits reported apart from the calls that ran the pipeline.
+
+``start_server_subprocess`` starts a real uvicorn process on a free loopback port.
 
 Deliberately left out: asserting targets (the caller writes the JSON report and judges),
 open-loop load generation.
@@ -41,6 +51,7 @@ import httpx
 import numpy as np
 
 from recsys.settings import Settings
+from serving.bench_llm_path import bench_llm_path, latency_summary, llm_stage_names, served_llm_settings
 from serving.run import APP_FACTORY, server_env
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -69,6 +80,7 @@ def bench_run(
     run_tag: str = "run",
     seed: int = 0,
     timeout_s: float = 30.0,
+    llm: bool | None = None,
 ) -> dict[str, Any]:
     """One timed run of the mix described in the module docstring; the report dict."""
     if not user_ids or not item_ids:
@@ -79,27 +91,29 @@ def bench_run(
     t_start = time.perf_counter()
     traffic = drive(base_url, user_ids, item_ids, seconds=seconds, concurrency=concurrency,
                     max_requests=max_requests, k=k, event_share=event_share, zipf_s=zipf_s, seed=seed,
-                    run_tag=run_tag, timeout_s=timeout_s)
+                    run_tag=run_tag, timeout_s=timeout_s, llm=llm)
     latencies = [ms for _, ms in traffic.records if ms is not None]
     report = summarise(latencies, traffic.errors, traffic.paths, concurrency, time.perf_counter() - t_start)
+    report["by_path"] = {path: latency_summary(ms) for path, ms in sorted(traffic.path_ms.items())}
     report["events"] = dict(traffic.events)
     return report
 
 
 class Traffic(NamedTuple):
     """What ``drive`` saw: per recommendation (seconds since start, latency ms or None on error),
-    error kinds, event statuses and serving paths (cache/light/llm/fallback)."""
+    error kinds, event statuses, serving paths (cache/light/llm/fallback) and latencies per path."""
 
     records: list[tuple[float, float | None]]
     errors: Counter[str]
     events: Counter[str]
     paths: Counter[str]
+    path_ms: dict[str, list[float]]
 
 
 def drive(
     base_url: str, user_ids: Sequence[str], item_ids: Sequence[str], *, seconds: float, concurrency: int,
     max_requests: int, k: int = 10, event_share: float = 0.05, zipf_s: float = 1.1, seed: int = 0,
-    run_tag: str = "run", timeout_s: float = 30.0,
+    run_tag: str = "run", timeout_s: float = 30.0, llm: bool | None = None,
 ) -> Traffic:
     """``concurrency`` closed-loop clients for ``seconds`` (at most ``max_requests`` calls in all).
 
@@ -108,7 +122,7 @@ def drive(
     order = np.random.default_rng(seed).permutation(len(user_ids))
     users = [user_ids[i] for i in order]
     probs = zipf_weights(len(users), zipf_s)
-    traffic = Traffic([], Counter(), Counter(), Counter())
+    traffic = Traffic([], Counter(), Counter(), Counter(), {})
     lock = threading.Lock()
     budget = [max_requests]
     t_start = time.monotonic()
@@ -126,7 +140,7 @@ def drive(
                 if rng.random() < event_share:
                     _send_event(client, user, item_ids[int(rng.integers(len(item_ids)))], rng, traffic.events, lock)
                     continue
-                _send_recommend(client, user, k, run_tag, t_start, traffic, lock)
+                _send_recommend(client, user, k, run_tag, t_start, traffic, lock, llm)
 
     threads = [threading.Thread(target=client_loop, args=(w,)) for w in range(concurrency)]
     for t in threads:
@@ -137,11 +151,14 @@ def drive(
 
 
 def _send_recommend(client: httpx.Client, user: str, k: int, tag: str, t_start: float, traffic: Traffic,
-                    lock: threading.Lock) -> None:
+                    lock: threading.Lock, llm: bool | None = None) -> None:
     t0 = time.monotonic()
     path = ""  # set whenever kind stays None
+    body: dict[str, Any] = {"user_id": user, "k": k, "context": {"bench_run": tag}}
+    if llm is not None:
+        body["llm"] = llm
     try:
-        resp = client.post("/v1/recommend", json={"user_id": user, "k": k, "context": {"bench_run": tag}})
+        resp = client.post("/v1/recommend", json=body)
         kind = None if resp.status_code == 200 else f"http_{resp.status_code}"
         if kind is None:
             path = resp.json()["path"]
@@ -152,6 +169,7 @@ def _send_recommend(client: httpx.Client, user: str, k: int, tag: str, t_start: 
         traffic.records.append((t0 - t_start, (t1 - t0) * 1000 if kind is None else None))
         if kind is None:
             traffic.paths[path] += 1
+            traffic.path_ms.setdefault(path, []).append((t1 - t0) * 1000)
         else:
             traffic.errors[kind] += 1
 
@@ -169,36 +187,69 @@ def _send_event(client: httpx.Client, user: str, item: str, rng: np.random.Gener
 
 def bench_serve(
     settings: Settings, artifact_dir: Path, user_ids: Sequence[str], item_ids: Sequence[str], *,
-    seconds: float = 10.0, concurrencies: Sequence[int] = (1, 4, 8), llm_shares: Sequence[float] = (0.0, 0.3, 1.0),
-    app_factory: str = APP_FACTORY, **run_kwargs: Any,
+    seconds: float = 10.0, concurrencies: Sequence[int] = (1, 4, 8), llm_concurrencies: Sequence[int] = (1, 4),
+    llm_users: int = 16, llm_shares: Sequence[float] = (0.0,), app_factory: str = APP_FACTORY, **run_kwargs: Any,
 ) -> dict[str, Any]:
-    """Every (llm_share, concurrency) run against real server subprocesses sharing one Redis."""
+    """The three sections of the module docstring against real server subprocesses sharing one Redis.
+
+    ``llm`` is ``{"skipped": reason}`` when the settings enable no LLM stage; a configured LLM stage
+    that fails to load raises ``RuntimeError``; ``llm_shares`` above 0 without one raise ``ValueError``.
+    """
     from serving.redis_state import EmbeddedRedis, redis_url
 
-    runs = []
-    llm_names = {spec.name for spec in settings.pipeline.stages if spec.kind == "llm"}
+    llm_names = llm_stage_names(settings)
+    if any(s > 0 for s in llm_shares) and not llm_names:
+        raise ValueError(f"llm_shares {list(llm_shares)} need an enabled LLM stage; the config has none "
+                         "(try configs/pipeline_llm.yaml)")
+    report: dict[str, Any] = {"seconds_per_run": seconds, "served_llm": served_llm_settings(settings)}
     embedded = None if redis_url(settings) else EmbeddedRedis()
     try:
         if embedded is not None:
             settings = settings.model_copy(update={"redis_url": embedded.start()})
+        with start_server_subprocess(_serving(settings, result_cache_ttl_s=0.0), artifact_dir,
+                                     app_factory=app_factory) as url:
+            loaded = _require_loaded(url, llm_names)
+            report["light_nocache"] = [
+                {"concurrency": conc, **bench_run(url, user_ids, item_ids, seconds=seconds, concurrency=conc,
+                                                  run_tag=f"light-c{conc}-{time.time():.0f}", llm=False,
+                                                  **run_kwargs)}
+                for conc in concurrencies]
+            if llm_names:
+                report["llm"] = bench_llm_path(url, user_ids, llm_concurrencies, llm_users,
+                                               k=run_kwargs.get("k", 10), stage=llm_names[0])
+            else:
+                report["llm"] = {"skipped": "no enabled LLM stage in the config (try configs/pipeline_llm.yaml)"}
+        report["cache_mix"] = []
         for share in llm_shares:
-            serving = settings.serving.model_copy(update={"llm_share": float(share)})
-            run_settings = settings.model_copy(update={"serving": serving})
-            with start_server_subprocess(run_settings, artifact_dir, app_factory=app_factory) as url:
-                serving_now = httpx.get(url + "/readyz", timeout=10).json()["versions"]  # enabled, loaded stages
+            with start_server_subprocess(_serving(settings, llm_share=float(share)), artifact_dir,
+                                         app_factory=app_factory) as url:
+                loaded = _require_loaded(url, llm_names)
                 for conc in concurrencies:
                     tag = f"share{share}-c{conc}-{time.time():.0f}"
                     rep = bench_run(url, user_ids, item_ids, seconds=seconds, concurrency=conc, run_tag=tag,
                                     **run_kwargs)
-                    runs.append({"concurrency": conc, "llm_share": float(share), **rep,
-                                 "llm_stage_loaded": any(n in serving_now for n in llm_names)})
+                    report["cache_mix"].append({"llm_share": float(share), "llm_stage_loaded": loaded, **rep})
     finally:
         if embedded is not None:
             embedded.close()
-    return {"runs": runs, "seconds_per_run": seconds,
-            "mix": {"users": f"zipf(s={run_kwargs.get('zipf_s', 1.1)}) over real user ids",
-                    "event_share": run_kwargs.get("event_share", 0.05), "k": run_kwargs.get("k", 10),
-                    "result_cache_ttl_s": settings.serving.result_cache_ttl_s}}
+    report["mix"] = {"users": f"zipf(s={run_kwargs.get('zipf_s', 1.1)}) over real user ids",
+                     "event_share": run_kwargs.get("event_share", 0.05), "k": run_kwargs.get("k", 10),
+                     "result_cache_ttl_s": settings.serving.result_cache_ttl_s}
+    return report
+
+
+def _serving(settings: Settings, **serving: Any) -> Settings:
+    return settings.model_copy(update={"serving": settings.serving.model_copy(update=serving)})
+
+
+def _require_loaded(url: str, llm_names: Sequence[str]) -> bool:
+    """Whether the server runs its LLM stage(s); raises when one is configured but did not load."""
+    ready = httpx.get(url + "/readyz", timeout=10).json()
+    missing = [n for n in llm_names if n not in ready["versions"]]
+    if missing:
+        raise RuntimeError(f"LLM stage(s) {missing} configured but not loaded, so no row would measure them: "
+                           f"{ready.get('degraded_stages')}")
+    return bool(llm_names)
 
 
 def summarise(

@@ -51,6 +51,10 @@ class ServingConfig(BaseModel):
         description="Event types appended to the user's history (impressions are not).",
     )
     events_stream_maxlen: int = Field(100_000, ge=100, description="Approximate cap of the events stream (XADD MAXLEN ~).")
+    unknown_history_ttl_s: int = Field(
+        30 * 86_400, ge=0, description="Expiry of the Redis history of a user the split does not know, renewed by "
+        "each of their events (0 = never): events from made-up or one-off ids must not grow Redis forever. Known "
+        "users' histories do not expire (they would re-seed from the split and lose their online events).")
     event_dedup_ttl_s: int = Field(86_400, ge=1, description="How long an event_id is remembered to drop duplicates.")
     versions_poll_s: float = Field(0.5, gt=0, le=60, description="How often a worker checks the active rules/prompt versions.")
     admin_api_key: SecretStr | None = Field(

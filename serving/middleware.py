@@ -151,6 +151,8 @@ def json_body_problem(content_type: str | None, body: bytes, max_depth: int) -> 
     'JSON nested deeper than 2 levels'
     >>> json_body_problem("application/json", b'{"a": [1, -Infinity]}', 2).detail
     [{'type': 'finite_number', 'loc': ['body', 'a', 1], 'msg': 'Input should be a finite number', 'input': '-Infinity'}]
+    >>> json_body_problem("application/json", b'{"k": 5, "k": 50}', 2).detail[0]["msg"]
+    "Key 'k' appears more than once in one object (which value counts is ambiguous)"
     """
     if not body:
         return None  # a body-less POST (/admin/reload); a route that needs one answers 422
@@ -163,8 +165,17 @@ def json_body_problem(content_type: str | None, body: bytes, max_depth: int) -> 
         return BodyProblem(400, f"body is not valid UTF-8: byte {body[exc.start]:#04x} at offset {exc.start}",
                            "body_not_utf8")
     too_deep = BodyProblem(400, f"JSON nested deeper than {max_depth} levels", "body_too_deep")
+    duplicates: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        out = dict(items)
+        if len(out) < len(items) and not duplicates:
+            seen: set[str] = set()
+            duplicates.extend(k for k, _ in items if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        return out
+
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=pairs)
     except json.JSONDecodeError:
         return None  # FastAPI's own 422 "json_invalid" names the position
     except RecursionError:
@@ -173,6 +184,11 @@ def json_body_problem(content_type: str | None, body: bytes, max_depth: int) -> 
         return BodyProblem(400, f"body holds a number Python does not convert: {exc}", "number_too_long")
     if _deeper_than(data, max_depth):
         return too_deep
+    if duplicates:  # json.loads keeps the last value silently; a client meaning the first gets the wrong answer
+        key = duplicates[0]
+        return BodyProblem(422, [{"type": "duplicate_key", "loc": ["body", key], "input": key,
+                                  "msg": f"Key {key!r} appears more than once in one object (which value counts "
+                                         "is ambiguous)"}], "duplicate_key")
     try:
         json.dumps(data, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError as exc:

@@ -20,8 +20,10 @@ the same user, or a crash between two writes, cannot duplicate or lose half an e
 Every call goes through the worker's ``RedisGuard`` and raises ``RedisUnavailable`` when Redis
 is down; ``serving.service`` then serves from the split's in-memory histories (degraded).
 
-Deliberately left out: expiry of the histories of unknown users who sent events (bounded by
-write traffic, not reads), consumers of the event stream.
+The history of a user the split does not know expires ``unknown_history_ttl_s`` after their
+last event (``EXPIRE`` on both keys, renewed by each event); a known user's never does.
+
+Deliberately left out: consumers of the event stream.
 """
 
 from __future__ import annotations
@@ -64,20 +66,25 @@ end
 return {v, redis.call('LRANGE', KEYS[1], 0, -1)}
 """
 # KEYS: seen, stream, hist, ver. ARGV: dedup ttl, stream maxlen, max_len, item to append ('' = none),
-# n_seed, seed items..., then the stream entry's field/value pairs.
+# n_seed, history ttl in s (0 = none: a known user), seed items..., then the stream entry's field/value pairs.
 _INGEST = _PUSH + """
 if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then return {'duplicate', '', ''} end
 local n = tonumber(ARGV[5])
+local ttl = tonumber(ARGV[6])
 local fields = {}
-for i = 6 + n, #ARGV do fields[#fields + 1] = ARGV[i] end
+for i = 7 + n, #ARGV do fields[#fields + 1] = ARGV[i] end
 local id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', unpack(fields))
 local ver = ''
 if ARGV[4] ~= '' then
   local max_len = tonumber(ARGV[3])
-  if not redis.call('GET', KEYS[4]) then seed(KEYS[3], KEYS[4], max_len, 6, n) end
+  if not redis.call('GET', KEYS[4]) then seed(KEYS[3], KEYS[4], max_len, 7, n) end
   redis.call('RPUSH', KEYS[3], ARGV[4])
   redis.call('LTRIM', KEYS[3], -max_len, -1)
   ver = tostring(redis.call('INCR', KEYS[4]))
+  if ttl > 0 then
+    redis.call('EXPIRE', KEYS[3], ttl)
+    redis.call('EXPIRE', KEYS[4], ttl)
+  end
 end
 return {'accepted', id, ver}
 """
@@ -95,10 +102,11 @@ class OnlineState:
 
     def __init__(
         self, client: redis.Redis, guard: RedisGuard, ns: str, seeds: HistoryStore, *,
-        history_max_len: int, stream_maxlen: int, dedup_ttl_s: int,
+        history_max_len: int, stream_maxlen: int, dedup_ttl_s: int, unknown_history_ttl_s: int = 0,
     ):
         self.client, self.guard, self.ns, self.seeds = client, guard, ns, seeds
         self.history_max_len, self.stream_maxlen, self.dedup_ttl_s = history_max_len, stream_maxlen, dedup_ttl_s
+        self.unknown_history_ttl_s = unknown_history_ttl_s
         self._read = client.register_script(_READ)
         self._ingest = client.register_script(_INGEST)
 
@@ -136,7 +144,8 @@ class OnlineState:
                 f"{self.ns}:hist:{user_id}", f"{self.ns}:hver:{user_id}"]
         pairs = [v for kv in fields.items() for v in kv]
         args = [self.dedup_ttl_s, self.stream_maxlen, self.history_max_len,
-                "" if item_idx is None else int(item_idx), len(seed), *seed, *pairs]
+                "" if item_idx is None else int(item_idx), len(seed),
+                self.unknown_history_ttl_s if user_idx is None else 0, *seed, *pairs]
         status, stream_id, version = self.guard.call(lambda: self._ingest(keys=keys, args=args))
         status = status.decode()
         return IngestResult(

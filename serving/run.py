@@ -83,6 +83,7 @@ def serve(
     workers = workers or settings.serving.workers
     if workers < 1:
         raise ValueError(f"serve: workers must be >= 1, got {workers}")
+    check_rules(settings, Path(artifact_dir))
     with shared_state(settings, workers) as settings:
         if workers == 1:
             from serving.app import create_app
@@ -91,6 +92,21 @@ def serve(
             return
         os.environ.update(server_env(settings, Path(artifact_dir)))
         uvicorn.run(APP_FACTORY, factory=True, host=host, port=port, workers=workers, log_config=log_config())
+
+
+def check_rules(settings: Settings, artifact_dir: Path) -> None:
+    """Refuse to start (``RulesError``, a ValueError naming the stage, rule and attribute) when a
+    policy stage's rule set cannot judge this catalog: the workers would load, fail that
+    fail-closed stage and answer 503 to every request while looking up."""
+    from recsys.config import POLICY_KINDS
+    from recsys.registry import build_stage
+
+    for spec in settings.pipeline.stages:
+        if spec.enabled and spec.kind in POLICY_KINDS:
+            try:
+                build_stage(spec, settings).load(artifact_dir)
+            except ValueError as exc:
+                raise type(exc)(f"stage {spec.name!r}: {exc}") from exc
 
 
 @contextmanager

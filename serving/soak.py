@@ -96,8 +96,9 @@ def soak(
                       max_requests=max_requests, run_tag="warmup", **mix)
             rss_start = process_rss_mb(pid)
             t0 = time.perf_counter()
-            records, errors, events, _ = drive(url, user_ids, item_ids, seconds=seconds, concurrency=concurrency,
-                                               max_requests=max_requests, run_tag=f"soak-{time.time():.0f}", **mix)
+            traffic = drive(url, user_ids, item_ids, seconds=seconds, concurrency=concurrency,
+                            max_requests=max_requests, run_tag=f"soak-{time.time():.0f}", **mix)
+            records, errors, events = traffic.records, traffic.errors, traffic.events
             wall_s = time.perf_counter() - t0
             rss_end = process_rss_mb(pid)
             redis_mb = process_rss_mb(embedded.proc.pid) if embedded is not None and embedded.proc else None

@@ -9,8 +9,9 @@
   (below 0.001 by convention) means the assignment or logging is broken and no other
   number of the experiment can be trusted.
 
-Tail probabilities use ``math.erfc`` for the normal and the regularised upper incomplete
-gamma (``scipy.special.gammaincc``) for chi-square.
+Distributions come from scipy (``scipy.stats.norm``, ``binomtest(...).proportion_ci`` for
+Wilson, ``chisquare`` for the SRM test), imported inside the functions: ``scipy.stats`` costs
+~0.3 s to import and the serving app imports this package's experiment assignment.
 
 Deliberately left out: sequential testing, variance reduction (CUPED), and clustered
 (delta-method) variances for per-impression CTR: impressions of one user are treated as
@@ -25,24 +26,13 @@ from collections.abc import Mapping
 SRM_ALPHA = 0.001
 
 
-def norm_sf(z: float) -> float:
-    """P(Z > z) for a standard normal Z.
+def z_two_sided(alpha: float) -> float:
+    """z with P(|Z| > z) = alpha (1.959964 for alpha = 0.05)."""
+    from scipy.stats import norm  # heavy import (see the module doc)
 
-    >>> round(norm_sf(1.959963985), 6)
-    0.025
-    """
-    return 0.5 * math.erfc(z / math.sqrt(2.0))
-
-
-def norm_ppf_two_sided(alpha: float) -> float:
-    """z with P(|Z| > z) = alpha (1.959964 for alpha = 0.05), by bisection on ``norm_sf``."""
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
-    lo, hi = 0.0, 40.0
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if 2 * norm_sf(mid) > alpha else (lo, mid)
-    return (lo + hi) / 2
+    return float(norm.isf(alpha / 2))
 
 
 def _check_counts(successes: int, n: int) -> None:
@@ -56,15 +46,15 @@ def wilson_interval(successes: int, n: int, alpha: float = 0.05) -> tuple[float,
     >>> [round(x, 4) for x in wilson_interval(10, 100)]
     [0.0552, 0.1744]
     """
+    from scipy.stats import binomtest  # heavy import (see the module doc)
+
     _check_counts(successes, n)
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     if n == 0:
         return 0.0, 1.0
-    z = norm_ppf_two_sided(alpha)
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+    ci = binomtest(successes, n).proportion_ci(confidence_level=1 - alpha, method="wilson")
+    return max(0.0, float(ci.low)), min(1.0, float(ci.high))
 
 
 def two_proportion_ztest(x_a: int, n_a: int, x_b: int, n_b: int) -> tuple[float, float]:
@@ -83,8 +73,10 @@ def two_proportion_ztest(x_a: int, n_a: int, x_b: int, n_b: int) -> tuple[float,
     diff = x_b / n_b - x_a / n_a
     if se == 0:  # both arms all-0 or all-1: no evidence of a difference
         return 0.0, 1.0
+    from scipy.stats import norm  # heavy import (see the module doc)
+
     z = diff / se
-    return z, min(1.0, 2 * norm_sf(abs(z)))
+    return z, min(1.0, float(2 * norm.sf(abs(z))))
 
 
 def diff_interval(x_a: int, n_a: int, x_b: int, n_b: int, alpha: float = 0.05) -> tuple[float, float]:
@@ -95,22 +87,13 @@ def diff_interval(x_a: int, n_a: int, x_b: int, n_b: int, alpha: float = 0.05) -
         raise ValueError(f"diff_interval: both arms need observations, got n_a={n_a}, n_b={n_b}")
     pa, pb = x_a / n_a, x_b / n_b
     se = math.sqrt(pa * (1 - pa) / n_a + pb * (1 - pb) / n_b)
-    z = norm_ppf_two_sided(alpha)
+    z = z_two_sided(alpha)
     return pb - pa - z * se, pb - pa + z * se
 
 
 def relative_lift(p_a: float, p_b: float) -> float | None:
     """(p_b - p_a) / p_a, None when the control rate is 0."""
     return None if p_a == 0 else (p_b - p_a) / p_a
-
-
-def chi2_sf(x: float, df: int) -> float:
-    """P(X > x) for X ~ chi-square(df): Q(df/2, x/2), the regularised upper incomplete gamma."""
-    from scipy.special import gammaincc
-
-    if df < 1:
-        raise ValueError(f"chi2_sf: df must be >= 1, got {df}")
-    return float(gammaincc(df / 2.0, max(x, 0.0) / 2.0))
 
 
 def srm_check(observed: Mapping[str, int], expected_shares: Mapping[str, float],
@@ -128,10 +111,18 @@ def srm_check(observed: Mapping[str, int], expected_shares: Mapping[str, float],
     n = sum(observed.values())
     if n == 0:
         raise ValueError("srm_check: no users observed")
+    from scipy.stats import chisquare  # heavy import (see the module doc)
+
     expected = {arm: n * s / total_share for arm, s in expected_shares.items()}
-    chi2 = sum((observed.get(arm, 0) - e) ** 2 / e for arm, e in expected.items() if e > 0)
-    df = max(1, sum(1 for e in expected.values() if e > 0) - 1)
-    p = 0.0 if unknown else chi2_sf(chi2, df)
+    arms = [arm for arm, e in expected.items() if e > 0]
+    if len(arms) > 1:
+        test = chisquare([observed.get(arm, 0) for arm in arms], [expected[arm] for arm in arms],
+                         sum_check=False)  # users of unconfigured arms are left out of both sides
+        chi2, p = float(test.statistic), float(test.pvalue)
+    else:
+        chi2, p = 0.0, 1.0
+    df = max(1, len(arms) - 1)
+    p = 0.0 if unknown else p
     return {"chi2": chi2, "df": df, "p_value": p, "mismatch": bool(unknown) or p < alpha,
             "observed": {arm: int(observed.get(arm, 0)) for arm in [*expected, *unknown]},
             "expected": expected, "unexpected_arms": unknown, "alpha": alpha}

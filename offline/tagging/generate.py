@@ -19,6 +19,7 @@ Deliberately left out: chunking, resuming and files (``offline.tagging.job``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +35,7 @@ class TaggerSettings:
     """What decoding depends on; part of the output version."""
 
     domain: str = "movie"
-    precision: str = "bf16"
+    precision: str = "auto"  # llm_rerank.backbone.resolve_precision
     max_new_tokens: int = 128  # ML-100K tags average 114 new tokens; at 80, 44% of items needed the retry
     title_chars: int = 60
     embed_max_tokens: int = 64
@@ -44,15 +45,16 @@ class TaggerSettings:
 class GrammarLogits:
     """A transformers logits processor applying one xgrammar matcher per batch row."""
 
-    def __init__(self, compiled: Any, batch: int, prefill: str) -> None:
+    def __init__(self, compiled: Any, prefills: Sequence[str]) -> None:
+        """One matcher per row, each having accepted its row's prefill (the JSON written so far)."""
         import xgrammar as xgr
 
-        self.xgr = xgr
-        self.matchers = [xgr.GrammarMatcher(compiled) for _ in range(batch)]
-        for m in self.matchers:
+        self.xgr, self.compiled, self.prefills = xgr, compiled, list(prefills)
+        self.matchers = [xgr.GrammarMatcher(compiled) for _ in prefills]
+        for m, prefill in zip(self.matchers, prefills, strict=True):
             if not m.accept_string(prefill):
                 raise ValueError(f"grammar rejects the prefill {prefill!r}")
-        self.bitmask = xgr.allocate_token_bitmask(batch, compiled.tokenizer_info.vocab_size)
+        self.bitmask = xgr.allocate_token_bitmask(len(prefills), compiled.tokenizer_info.vocab_size)
         self.started = False
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
@@ -119,20 +121,24 @@ class Tagger:
                         "new_tokens": int(tokens[i]), "hidden": pooled[i]})
         return out
 
-    def _generate(self, prompts: list[str], max_new: int) -> tuple[list[str], list[int]]:
+    def _generate(self, prompts: list[str], max_new: int,
+                  prefills: Sequence[str] | None = None) -> tuple[list[str], list[int]]:
+        """Greedy grammar-constrained continuations; each text starts with its row's prefill (the
+        tail of its prompt: ``PREFILL``, or the closed fields ``offline.tagging.logits`` decided)."""
         import torch
 
+        prefills = [PREFILL] * len(prompts) if prefills is None else list(prefills)
         self.tok.padding_side = "left"
         enc = self.tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        processor = GrammarLogits(self.compiled, len(prompts), PREFILL)
+        processor = GrammarLogits(self.compiled, prefills)
         with torch.inference_mode():
             out = self.model.generate(**enc, max_new_tokens=max_new, do_sample=False, logits_processor=[processor],
                                       eos_token_id=self.stop_ids, pad_token_id=self.tok.pad_token_id)
         new = out[:, enc["input_ids"].shape[1]:]
         texts, counts = [], []
-        for row in new.tolist():
+        for prefill, row in zip(prefills, new.tolist(), strict=True):
             ids = [t for t in row if t not in self.stop_ids and t != self.tok.pad_token_id]
-            texts.append(PREFILL + self.tok.decode(ids, skip_special_tokens=True))
+            texts.append(prefill + self.tok.decode(ids, skip_special_tokens=True))
             counts.append(len(ids))
         return texts, counts
 

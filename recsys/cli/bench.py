@@ -50,34 +50,40 @@ def bench_lists(
 @bench_app.command("serve")
 def bench_serve(
     data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
-    seconds: Annotated[float, typer.Option(min=0.5, help="Duration of each run.")] = 10.0,
-    concurrency: Annotated[str, typer.Option(help="Concurrent clients per run, comma-separated.")] = "1,4,8",
-    llm_share: Annotated[str, typer.Option(help="serving.llm_share values, comma-separated (one server each).")]
-    = "0,0.3,1.0",
+    seconds: Annotated[float, typer.Option(min=0.5, help="Duration of each light / cache-mix run.")] = 10.0,
+    concurrency: Annotated[str, typer.Option(help="Concurrent clients of the light and cache-mix runs, "
+                                                  "comma-separated.")] = "1,4,8",
+    llm_concurrency: Annotated[str, typer.Option(help="Concurrent clients of the LLM-path rows.")] = "1,4",
+    llm_users: Annotated[int, typer.Option(min=1, help="Users per LLM row (each: one cold, one warm call).")] = 16,
+    llm_share: Annotated[str, typer.Option(help="serving.llm_share of the cache-mix runs, comma-separated (one "
+                                                "server each; above 0 needs an LLM stage in --config).")] = "0",
     max_requests: Annotated[int, typer.Option(min=1, help="Cap on calls per run.")] = 200_000,
     out: c.OutOpt = None,
 ) -> None:
-    """Start the server on loopback per LLM share; drive it with a realistic mix; report latency per run.
+    """Light path without the result cache, LLM path (cold and warm prefix) with the LLM loaded, cache mix.
 
-    Mix (see serving.bench): Zipf-distributed real users, 5 % click events, one cache context per run.
+    The LLM rows need an enabled LLM stage (--config configs/pipeline_llm.yaml); see serving.bench.
     """
     from offline.split import Split
     from serving.bench import bench_serve as run
 
     try:
         levels = [int(v) for v in concurrency.split(",") if v.strip()]
+        llm_levels = [int(v) for v in llm_concurrency.split(",") if v.strip()]
         shares = [float(v) for v in llm_share.split(",") if v.strip()]
     except ValueError:
-        c.fail(f"--concurrency takes integers and --llm-share numbers, comma-separated; got {concurrency!r}, "
-               f"{llm_share!r}")
-    if not levels or min(levels) < 1 or not shares or not all(0.0 <= s <= 1.0 for s in shares):
-        c.fail(f"--concurrency values must be >= 1 and --llm-share values in [0, 1]; got {levels}, {shares}")
+        c.fail(f"--concurrency/--llm-concurrency take integers and --llm-share numbers, comma-separated; got "
+               f"{concurrency!r}, {llm_concurrency!r}, {llm_share!r}")
+    if (not levels or min(levels) < 1 or not llm_levels or min(llm_levels) < 1 or not shares
+            or not all(0.0 <= s <= 1.0 for s in shares)):
+        c.fail(f"concurrency values must be >= 1 and --llm-share values in [0, 1]; got {levels}, {llm_levels}, "
+               f"{shares}")
     settings, art = c.trained(config, data, artifacts)
     split = Split.load(art / "split")
     users = [str(u) for u in split.vocab.user_ids]
     items = [str(i) for i in split.vocab.item_ids]
-    report = run(settings, art, users, items, seconds=seconds, concurrencies=levels, llm_shares=shares,
-                 max_requests=max_requests)
+    report = run(settings, art, users, items, seconds=seconds, concurrencies=levels, llm_concurrencies=llm_levels,
+                 llm_users=llm_users, llm_shares=shares, max_requests=max_requests)
     report["dataset"] = art.name
     c.write_report(report, out)
 

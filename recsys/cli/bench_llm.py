@@ -51,33 +51,67 @@ def bench_llm(
 
 def bench_llm_probe(
     data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
-    model: Annotated[str | None, typer.Option(help="Backbone to probe: a catalogue name (llm_rerank.catalogue: "
-                                                   "smollm2-135m-instruct, gemma3-270m, qwen2.5-coder-0.5b, "
-                                                   "qwen2.5-coder-1.5b), an HF directory or hub id (default: "
-                                                   "llm.model, not the adapted one).")] = None,
+    model: Annotated[list[str] | None, typer.Option(help="Backbone to probe, repeatable (side by side in one "
+                                                         "report): a catalogue name (llm_rerank.catalogue: "
+                                                         "smollm2-135m-instruct, gemma3-270m, qwen2.5-coder-0.5b, "
+                                                         "qwen2.5-coder-1.5b), an HF directory or hub id (default: "
+                                                         "llm.model, not the adapted one).")] = None,
     train_users: Annotated[int, typer.Option(min=2, help="Train-split requests the probe is fitted on.")] = 800,
     valid_users: Annotated[int | None, typer.Option(min=2, help="Valid users measured: a random subsample drawn "
                                                                 "with --seed (default: all).")] = None,
+    held_only: Annotated[bool, typer.Option(help="Measure only valid users whose held item is among the "
+                                                 "candidates (the others score 0 under every order).")] = False,
     seed: Annotated[int | None, typer.Option(help="Seed of the user samples and the probe (default: the "
                                                   "settings' seed).")] = None,
     candidates: Annotated[int | None, typer.Option(min=2, max=100, help="Top candidates per request "
                                                                         "(default llm.candidates).")] = None,
+    min_history: Annotated[int, typer.Option(min=1, help="Probe-training users need more train items than this.")]
+    = 5,
     c_reg: Annotated[float, typer.Option("--c", min=1e-6, help="Inverse L2 strength of the probe.")] = 0.01,
     threads: Annotated[int | None, typer.Option(min=1, help="torch intra-op threads.")] = None,
+    include: Annotated[list[Path] | None, typer.Option(help="Earlier llm-probe reports whose backbones join this "
+                                                           "report's table (e.g. a slow backbone probed on a "
+                                                           "smaller sample; each row says its users).")] = None,
     out: c.OutOpt = None,
 ) -> None:
-    """Linear probe of the backbone's answer-position state: held item vs the stage's other top items."""
-    from llm_rerank.probe import probe_backbone
+    """Linear probe of the backbone's answer-position state, its zero-shot, title likelihood and PMI
+    scores: held item vs the stage's other top items; several --model side by side."""
+    from llm_rerank.probe import compare, probe_backbone
 
     settings, art = c.trained(config, data, artifacts)
     if threads is not None:
         settings = settings.model_copy(update={"llm": settings.llm.with_overrides({"threads": threads})})
-    try:
-        report = probe_backbone(settings, art, model=model, train_users=train_users, valid_users=valid_users,
-                                candidates=candidates, c=c_reg, seed=settings.seed if seed is None else seed)
-    except ValueError as exc:
-        c.fail(str(exc))
-    c.write_report(report, out)
+    names = list(model or [None])  # type: ignore[list-item]
+    earlier: dict[str, dict] = {}
+    for path in include or []:
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            c.fail(f"--include {path}: not a readable llm-probe report ({exc})")
+        found: dict[str, dict] | None = doc.get("backbones") if isinstance(doc, dict) else None
+        if not found and isinstance(doc, dict) and "model" in doc and "ndcg@10" in doc:
+            found = {doc["model"]: doc}
+        if not found:
+            c.fail(f"--include {path}: not an llm-probe report (no 'backbones' and no 'model'/'ndcg@10')")
+        assert found is not None  # c.fail above exits
+        earlier.update(found)
+    reports: dict[str, dict] = {}
+    for name in names:
+        try:
+            reports[name or settings.llm.model] = probe_backbone(
+                settings, art, model=name, train_users=train_users, valid_users=valid_users,
+                candidates=candidates, c=c_reg, seed=settings.seed if seed is None else seed, held_only=held_only,
+                min_history=min_history)
+        except ValueError as exc:
+            c.fail(str(exc))
+        if out is not None and len(names) > 1:  # a long run killed later keeps the backbones it finished
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.with_name(f"{out.stem}.partial.json").write_text(json.dumps(reports, indent=2, default=str))
+    reports = {**earlier, **reports}
+    if len(reports) == 1:
+        c.write_report(next(iter(reports.values())), out)
+    else:
+        c.write_report({"table": compare(reports), "backbones": reports}, out)
 
 
 from recsys.cli.bench import bench_app  # noqa: E402  (bench.py imports this module at its end)

@@ -82,6 +82,11 @@ def evaluate(
     retrain: Annotated[bool, typer.Option(help="Retrain every stage first.")] = False,
     seeds: Annotated[int, typer.Option(min=1, help="Train and evaluate N times (seeds s, s+1, ... in "
                                        "<artifacts>/seed-<s>/, one split); report mean, sd, per seed.")] = 1,
+    cold_items: Annotated[bool, typer.Option(help="Also train a cascade without the items first seen after a "
+                                                  "cutoff and report their slice (offline.cold_items; not with "
+                                                  "--seeds).")] = True,
+    cold_share: Annotated[float, typer.Option(min=0.01, max=0.5, help="Share of items made new by the cutoff.")]
+    = 0.1,
     out: c.OutOpt = None,
 ) -> None:
     """Train (or reuse) every stage, then measure each stage and the fused result."""
@@ -103,6 +108,10 @@ def evaluate(
     train_report = train_stages(settings, art, split, stages=wanted, force=retrain)
     report = evaluate_pipeline(settings, art, split, phase=phase)  # type: ignore[arg-type]
     report["timings"]["train_s"] = {k: v.get("seconds") for k, v in train_report.items()}
+    if cold_items:
+        from offline.cold_items import cold_item_report
+
+        report["cold_items"] = cold_item_report(settings, art, split, share=cold_share, phase=phase)
     c.write_report(report, out)
     lists = report["lists"]
     if lists["empty_share"] > EMPTY_LIST_LIMIT:

@@ -1,6 +1,7 @@
 """``recsys tag``: LLM tagging of the catalog, its adaptation, the embedding job and the ablation.
 
-    recsys tag --data DIR --out FILE.json [--engine local|ray] [--ray-address ADDR]
+    recsys tag --data DIR --out FILE.json [--method generate|logits] [--engine local|ray] [--ray-address ADDR]
+    recsys tag bench-logits --data DIR --out FILE.json [--backbones smollm2-135m-instruct,gemma3-270m]
     recsys tag adapt --data DIR [--holdout 0.5] [--epochs 2]
     recsys tag embed-train --data DIR [--epochs 30]
     recsys tag merge-items --data DIR
@@ -61,6 +62,12 @@ def tag(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, 
         prompt: Annotated[Path | None, typer.Option(
             "--prompt", help="Prompt document (YAML/JSON, the schema PUT /admin/prompts takes; default "
             "llm.prompt from the config, else the built-in prompt).")] = None,
+        method: Annotated[str, typer.Option(
+            "--method", help="generate: the JSON document generated under the schema grammar; logits: closed "
+            "fields from label logits (thresholds calibrated on the items outside tags/holdout.json), only "
+            "free text generated (offline.tagging.logits).")] = "generate",
+        shots: Annotated[int, typer.Option(
+            "--shots", min=0, help="logits: known items shown with their genres in the cached instruction.")] = 0,
         ) -> None:
     """Tag every item of the dataset's split (resumable; rerun after a kill to continue)."""
     if ctx.invoked_subcommand is not None:
@@ -71,6 +78,8 @@ def tag(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, 
 
     if engine not in ("local", "ray"):
         c.fail(f"--engine must be local or ray, got {engine!r}")
+    if method not in ("generate", "logits"):
+        c.fail(f"--method must be generate or logits, got {method!r}")
     settings = c.load_settings(config)
     split, root = _split(settings, data, artifacts)
     tagger = TaggerSettings(domain=settings.llm.domain,
@@ -79,7 +88,8 @@ def tag(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, 
         template = load_prompt_file(prompt) if prompt is not None else settings.llm.prompt
         summary = tag_catalog(split, _model_dir(settings, root, model), root, tagger, engine=engine,  # type: ignore[arg-type]
                               chunk_size=chunk_size, batch_size=batch_size, limit=limit, ray_address=ray_address,
-                              ray_concurrency=ray_concurrency, fresh=fresh, prompt=template)
+                              ray_concurrency=ray_concurrency, fresh=fresh, prompt=template,
+                              method=method, seed=settings.seed, shots=shots)  # type: ignore[arg-type]
     except ValueError as exc:
         c.fail(str(exc))
     c.write_report(summary, out)
@@ -153,3 +163,54 @@ def ablation(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.Ar
     except (ValueError, FileNotFoundError) as exc:
         c.fail(str(exc))
     c.write_report(report, out)
+
+
+@tag_app.command("bench-logits")
+def bench_logits(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
+                 out: c.OutOpt = None, threads: ThreadsOpt = None,
+                 backbones: Annotated[str, typer.Option(
+                     "--backbones", help="Comma-separated catalogue names or model directories tagged by logits.")
+                 ] = "smollm2-135m-instruct,gemma3-270m",
+                 generation_model: Annotated[str, typer.Option(
+                     "--generation-model", help="Backbone of the generation-path row ('' to skip it).")
+                 ] = "smollm2-135m-instruct",
+                 generation_sample: Annotated[int, typer.Option("--generation-sample", min=1)] = 40,
+                 batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 16,
+                 shots: Annotated[int, typer.Option("--shots", min=0)] = 0,
+                 max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=8)] = 128) -> None:
+    """Logits tagging of the whole catalog per backbone beside the generation path, in one run."""
+    from llm_rerank.backbone import resolve_model
+    from offline.loaders import load_dataset
+    from offline.tagging.bench_logits import compare_taggers
+    from offline.tagging.generate import TaggerSettings
+
+    settings = c.load_settings(config)
+    split, _ = _split(settings, data, artifacts)
+    if data is None:
+        c.fail("--data is required: the whole catalog is read from the dataset directory")
+
+    def located(name: str) -> str:
+        return resolve_model(settings.llm.model_copy(update={"model": name}), Path(settings.artifacts_dir))
+
+    try:
+        catalog = load_dataset(data).items
+        models = {name: located(name) for name in (b.strip() for b in backbones.split(",")) if name}
+        report = compare_taggers(split.items, catalog, models, located(generation_model) if generation_model else None,
+                                 generation_sample=generation_sample, seed=settings.seed, batch_size=batch_size,
+                                 shots=shots, checkpoint=lambda partial: _write_quietly(partial, out),
+                                 settings=TaggerSettings(domain=settings.llm.domain, precision="fp32",
+                                                         max_new_tokens=max_new_tokens, threads=threads))
+    except (ValueError, FileNotFoundError) as exc:
+        c.fail(str(exc))
+    c.write_report(report, out)
+
+
+def _write_quietly(report: dict[str, Any], out: Path | None) -> None:
+    """The report so far, written atomically to ``out`` (when given) without printing it."""
+    if out is not None:
+        import json
+
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.tmp")
+        tmp.write_text(json.dumps({**report, "partial": True}, indent=2, default=str) + "\n")
+        tmp.replace(out)

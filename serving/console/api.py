@@ -88,7 +88,7 @@ def line_diff(base: str, head: str) -> list[list[str]]:
     return out
 
 
-@router.get("/{kind}/versions/{version}", dependencies=[AdminDep],
+@router.get("/{kind}/versions/{version:path}", dependencies=[AdminDep],
             responses={**_ADMIN_ERRORS, 404: {"description": "Unknown version."}})
 async def version_document(kind: Kind, version: str, backend: BackendDep) -> dict[str, str]:
     text = await run_in_threadpool(_document, backend, kind, version)

@@ -42,9 +42,10 @@ def test_docstring_examples() -> None:
     assert doctest.testmod(channel_features).failed == 0
 
 
-def test_off_by_default_and_names_when_on(split) -> None:
-    assert not CoarseConfig().channel_features
-    assert "covisit_recent" not in FeatureBuilder().fit(split).feature_names
+def test_on_by_default_and_names(split) -> None:
+    assert CoarseConfig().channel_features
+    assert FeatureBuilder().fit(split).feature_names[len(FEATURES):][:len(CHANNEL_FEATURES)] == [*CHANNEL_FEATURES]
+    assert "covisit_recent" not in FeatureBuilder(CoarseConfig(channel_features=False)).fit(split).feature_names
     assert fitted(split).feature_names == [*FEATURES, *CHANNEL_FEATURES, "rank_pop", "recall_pop", "src_pop"]
 
 

@@ -74,9 +74,11 @@ def _settings(root: Path, model: str, scoring: str, **adapt: object) -> Settings
                   "autocast_bf16": False, "positives": "train", **adapt}}})
 
 
-@pytest.mark.parametrize("scoring", ["listwise", "pointwise"])
-def test_train_checkpoints_resumes_and_serves_merged_model(tmp_path: Path, scoring: str) -> None:
-    model_dir = save_tiny_llm(tmp_path / "tiny")
+@pytest.mark.parametrize(("scoring", "arch"), [("listwise", "llama"), ("pointwise", "llama"), ("listwise", "qwen2"),
+                                               ("listwise", "gemma3")])
+def test_train_checkpoints_resumes_and_serves_merged_model(tmp_path: Path, scoring: str, arch: str) -> None:
+    """Every catalogue architecture (SmolLM2, Qwen2.5, Gemma 3) adapts, resumes and serves merged."""
+    model_dir = save_tiny_llm(tmp_path / "tiny", arch=arch)
     split = tiny_split()
     split.save(tmp_path / "toy" / "split")
     first = train_llm(split, PopularityStage(split), _settings(tmp_path, str(model_dir), scoring, max_steps=2),

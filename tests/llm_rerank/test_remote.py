@@ -104,3 +104,13 @@ def test_dead_server_raises_stage_error(served: tuple[str, Path]) -> None:
                    http_timeout_s=1.0)
     with pytest.raises(StageError, match="LLM server"):
         stage.score(Request(user_id="u0", history=np.array([1])), np.array([0, 1]))
+
+
+def test_worker_refuses_a_model_directory_that_is_not_a_model(tmp_path, capsys) -> None:
+    from llm_rerank.server import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--model", str(tmp_path)])
+    assert exit_.value.code == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: ") and "no config.json" in line

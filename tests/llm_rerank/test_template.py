@@ -125,7 +125,7 @@ def test_changed_instruction_changes_the_token_ids_the_model_receives(artifacts:
 
 
 def test_no_cached_prefix_of_the_old_instruction_is_reused(artifacts: Path) -> None:
-    stage = make_stage(artifacts, scoring="pointwise", prefix_cache_size=8)
+    stage = make_stage(artifacts, scoring="pointwise", prefix_cache_size=8, kv={"enabled": False})  # the LRU
     request = Request(user_id="u0", history=np.array([1, 2]), user_attrs={"age": 30})
     items = np.array([0, 3])
     cache = stage.scorer.cache

@@ -48,6 +48,18 @@ def test_tiny_cascade_trains_evaluates_and_is_reused(tmp_path: Path):
     dec = costs["decomposition"]
     assert dec["rules"] + dec["fusion"] + dec["stage_order"] == pytest.approx(dec["final_minus_coarse"], abs=3e-5)
     assert dec["stage_order"] == 0.0  # no rules and no fusion: exactly coarse's own top 10
+    # short histories: a 5-core toy log has no user with 1-5 items, so that slice is built by truncation
+    short = ev["short_history"]["slices"]
+    assert set(short) == {"1-5", "6-20", ">20"}
+    assert short["1-5"]["truncated"] and 0 < short["1-5"]["users"] <= 300
+    for row in short.values():
+        if "skipped" in row:
+            continue
+        assert {"recall", "coarse", "final"} <= set(row["stages"])
+        assert all(0 <= m["ndcg@10"] <= m["recall@10"] <= 1 for m in row["stages"].values())
+        assert set(row["deltas"]) == {"coarse_vs_recall", "final_vs_coarse"}
+        for d in row["deltas"].values():
+            assert d["ci95"][0] <= d["mean"] <= d["ci95"][1]
 
     # a changed setting (here the recall popularity share) retrains that stage and everything after it
     changed = train_stages(Settings.build({**TINY, "recall": {**TINY["recall"], "popularity_share": 0.2}}), art, split)

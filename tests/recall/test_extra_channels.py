@@ -55,9 +55,10 @@ def test_priority_items_is_the_priority_merge(seed: int) -> None:
     assert priority_items(cleaned, caps, 15).tolist() == merged.items.tolist()
 
 
-def test_channels_are_off_by_default_and_shares_validated() -> None:
-    assert RecallConfig().extra_channels == ()
-    assert RecallConfig(covisit_channel=True, item_model="knn").extra_channels == ("covisit", "item_model")
+def test_channels_are_on_by_default_and_shares_validated() -> None:
+    assert RecallConfig().extra_channels == ("covisit", "item_model") and RecallConfig().item_model == "ease"
+    assert RecallConfig(covisit_channel=False, item_model="off").extra_channels == ()
+    assert RecallConfig(covisit_channel=False, item_model="knn").extra_channels == ("item_model",)
     with pytest.raises(ValueError, match="unknown channel or share"):
         RecallConfig(channel_shares={"ann": 0.1})
     with pytest.raises(ValueError, match="exceed 1"):
@@ -100,8 +101,10 @@ def test_tuned_shares_are_served_when_none_given(trained) -> None:
     root, _, _ = trained
     tuned = json.loads((root / "recall" / CHANNELS_FILE).read_text())["shares"]
     assert _stage(root).shares == tuned
-    off = RecallStage(StageSpec(name="recall", kind="recall", depth=DEPTH), None)
-    off.load(root)  # channels off: trained artifacts ignored, two columns only
+    assert RecallStage(StageSpec(name="recall", kind="recall", depth=DEPTH), None).config.channel_shares is None
+    off = RecallStage(StageSpec(name="recall", kind="recall", depth=DEPTH,
+                                params={"covisit_channel": False, "item_model": "off"}), None)
+    off.load(root)  # channels switched off: trained artifacts ignored, two columns only
     out = off.run(Request(user_id="u", history=np.array([3, 4, 5])), Candidates.empty())
     assert set(out.flags) == {"src_two_tower", "src_popularity"}
 

@@ -42,6 +42,24 @@ def test_covisitation_rejects_bad_window_and_prunes_rows() -> None:
     assert w.tolist() == [[0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1], [0, 0, 0, 0]]
 
 
+@pytest.mark.parametrize("chunk_pairs", [1, 37, 1000])
+def test_covisitation_in_user_chunks_is_the_same_matrix(chunk_pairs: int) -> None:
+    rng = np.random.default_rng(chunk_pairs)
+    seqs = [rng.integers(0, 40, size=rng.integers(0, 30)) for _ in range(150)]
+    whole = covisitation(seqs, 40, window=3, top_k=8, chunk_pairs=10**9)
+    chunked = covisitation(seqs, 40, window=3, top_k=8, chunk_pairs=chunk_pairs)
+    assert whole.nnz == 40 * 8 and (whole != chunked).nnz == 0
+
+
+def test_covisitation_pruned_while_accumulating_keeps_each_rows_leader() -> None:
+    # item 0 is followed by 1 in every sequence, by 2..9 once each: 1 leads row 0 in any chunking
+    seqs = [arr(0, 1)] * 30 + [arr(0, k) for k in range(2, 10)]
+    pruned = covisitation(seqs, 10, window=1, backward=0.0, top_k=1, chunk_pairs=2, max_entries=3)
+    assert pruned[0].indices.tolist() == [1] and pruned[0].data.tolist() == [30.0]
+    with pytest.raises(ValueError, match="chunk_pairs"):
+        covisitation(seqs, 10, chunk_pairs=0)
+
+
 def test_top_k_rows_breaks_ties_to_the_lower_column() -> None:
     got = top_k_rows(np.array([[1.0, 2.0, 2.0, 2.0]]), 2).toarray()
     assert got.tolist() == [[0.0, 2.0, 2.0, 0.0]]

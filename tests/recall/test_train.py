@@ -45,6 +45,10 @@ def test_learns_the_successor_and_beats_popularity(split, tmp_path: Path, loss: 
     assert vectors.shape == (split.n_items, 16)
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
     assert json.loads((tmp_path / SPEC_FILE).read_text())["n_items"] == split.n_items
+    # the default channels train from this in-memory split (nothing saved under tmp_path.parent)
+    assert not (tmp_path.parent / "split").exists()
+    assert set(report["channels"]["shares"]) == {"covisit", "item_model"}
+    assert (tmp_path / "channels.json").is_file() and (tmp_path / "channels" / "covisit.npz").is_file()
 
 
 def test_same_seed_same_model(split, tmp_path: Path):

@@ -126,6 +126,17 @@ def test_serve_refuses_a_port_out_of_range(toy_artifacts: Path, port: str, bound
 
 
 
+def test_serve_refuses_a_rule_set_this_catalog_cannot_judge(toy_artifacts: Path, tmp_path: Path) -> None:
+    """A fail-closed rules stage whose rule set reads item categories the catalog lacks used to let the
+    server start and answer 503 to every request; now `recsys serve` exits 2 before starting."""
+    rules = tmp_path / "mine.yaml"
+    rules.write_text("version: mine-1\nrules:\n  - {id: no_horror, kind: category_cap, max_items: 1, category: Horrorr}\n")
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"rules: {{ruleset: {rules}}}\n")
+    res = runner.invoke(app, ["serve", "--config", str(cfg), "--artifacts", str(toy_artifacts), "--port", "1"])
+    _one_line_error(res, "stage 'rules'", "no_horror", "no item carries categories")
+
+
 def test_tag_with_a_bad_prompt_document_is_one_line(toy_artifacts: Path, tmp_path: Path) -> None:
     bad = tmp_path / "prompt.yaml"
     bad.write_text("sytem: Rank these.\n")

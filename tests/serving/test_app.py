@@ -94,6 +94,17 @@ def test_malformed_json_is_refused(client: TestClient) -> None:
     assert resp.json()["detail"][0]["type"] == "json_invalid"
 
 
+def test_a_key_given_twice_is_422_naming_it(client: TestClient) -> None:
+    """``{"k": 5, "k": 50}`` used to be served with k=50 (json.loads keeps the last value silently)."""
+    resp = client.post("/v1/recommend", content=b'{"user_id": "u1", "k": 5, "k": 50}',
+                       headers={"content-type": "application/json"})
+    assert resp.status_code == 422
+    assert [(e["type"], e["loc"]) for e in resp.json()["detail"]] == [("duplicate_key", ["body", "k"])]
+    nested = client.post("/v1/recommend", content=b'{"user_id": "u1", "context": {"a": 1, "a": 2}}',
+                         headers={"content-type": "application/json"})
+    assert nested.status_code == 422 and nested.json()["detail"][0]["loc"] == ["body", "a"]
+
+
 def test_a_validation_error_echoing_a_non_finite_number_is_still_written() -> None:
     """FastAPI's own handler failed on such an error ("Out of range float values"): a 500."""
     error = {"type": "less_than_equal", "loc": ("body", "x"), "msg": "Input should be less than or equal to 1",

@@ -126,6 +126,12 @@ def test_version_documents_and_diffs_need_the_key(online: TestClient) -> None:
     assert ["+", "- id: no_m4"] in diff["lines"] and ["+", "    - m4"] in diff["lines"]
     missing = online.get("/console/api/rules/versions/never", headers=AUTH)
     assert missing.status_code == 404 and missing.json()["detail"] == "rules version 'never' was never published"
+    # a version with a slash in it (say "2026/12 tighter") is fetchable, raw or percent-encoded
+    slashed = {**doc, "version": "2026/12 block"}
+    assert online.put("/admin/rules", content=json.dumps(slashed), headers=AUTH).status_code == 200
+    for path in ("/console/api/rules/versions/2026/12 block", "/console/api/rules/versions/2026%2F12%20block"):
+        got = online.get(path, headers=AUTH)
+        assert got.status_code == 200 and got.json()["version"] == "2026/12 block", path
 
 
 def _experiment_client(toy_dir: Path) -> TestClient:

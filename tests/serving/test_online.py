@@ -75,3 +75,21 @@ def test_reading_unknown_users_writes_no_key(state: OnlineState) -> None:
                                                            f"{state.ns}:hver:alice".encode()]
     state.ingest("e1", "stranger-7", None, 3, {"type": "click"})  # an event makes the user's history real
     assert state.history("stranger-7", None) == (pytest.approx(np.array([3])), 1)
+
+
+def test_unknown_users_history_expires_after_their_last_event(redis_env: str) -> None:
+    """An event from an id the split does not know creates keys that expire; a known user's do not."""
+    client = redis.Redis.from_url(redis_env)
+    seeds = SplitHistories([np.array([5, 6], dtype=np.int64)])
+    state = OnlineState(client, RedisGuard(), f"t-{uuid.uuid4().hex}", seeds, history_max_len=3,
+                        stream_maxlen=100, dedup_ttl_s=60, unknown_history_ttl_s=120)
+    state.ingest("e1", "stranger", None, 3, {"type": "click"})
+    state.ingest("e2", "alice", 0, 4, {"type": "click"})
+    for key in ("hist", "hver"):
+        assert 0 < client.ttl(f"{state.ns}:{key}:stranger") <= 120
+        assert client.ttl(f"{state.ns}:{key}:alice") == -1  # no expiry
+    client.expire(f"{state.ns}:hist:stranger", 5)
+    client.expire(f"{state.ns}:hver:stranger", 5)
+    state.ingest("e3", "stranger", None, 8, {"type": "click"})  # each event renews it
+    assert client.ttl(f"{state.ns}:hver:stranger") > 5
+    assert state.history("stranger", None)[0].tolist() == [3, 8]

@@ -31,7 +31,9 @@ CRITICS = "version: critics-1\nsystem: You pick {domain}s for film critics.\n"
 def llm_app(toy_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClient, Pipeline]]:
     model = save_tiny_llm(tmp_path_factory.mktemp("tiny-llm"))
     llm = StageSpec(name="llm", kind="llm", budget_ms=60_000,
-                    params={"model": str(model), "precision": "fp32", "candidates": 5})
+                    # the whole-prefix LRU, whose entries hold the instruction: the block cache keys blocks
+                    # by token ids, so an old instruction's KV is unreachable by construction
+                    params={"model": str(model), "precision": "fp32", "candidates": 5, "kv": {"enabled": False}})
     pairs = [(RECALL, PopularityRecall), (llm, LLMRerankStage), (RULES, RulesStage)]
     settings = toy_settings(*(spec for spec, _ in pairs), admin_api_key=ADMIN_KEY, versions_poll_s=0.1)
     pipeline = toy_pipeline(toy_dir, settings, pairs)
