@@ -25,13 +25,15 @@ Deliberately left out: new *users* (``offline.evaluate.short_history`` slices by
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from offline.cascade_run import SCORED, memoised, run_cascade, slice_table
+from offline.jobs import DEFAULT_STAGES, split_id, train_stages
 from offline.split import Split
 
 COLD_DIR = "cold-items"
@@ -73,9 +75,7 @@ def cold_split(split: Split, share: float = 0.1) -> Split:
 def prepare_cold(artifact_dir: Path, split: Split, share: float = 0.1) -> tuple[Path, Split]:
     """(directory of the cold cascade, its split), saved once per parent split and share."""
     cold_dir = Path(artifact_dir) / COLD_DIR
-    parent = [(Path(artifact_dir) / "split" / n).read_bytes() for n in ("source.json", "split.json")
-              if (Path(artifact_dir) / "split" / n).exists()]
-    source = {"derived_from": hashlib.sha256(b"".join(parent)).hexdigest()[:16], "cold_share": share}
+    source = {"derived_from": split_id(Path(artifact_dir)), "cold_share": share}
     fp = cold_dir / "split" / "source.json"
     if fp.exists() and json.loads(fp.read_text()) == source and (cold_dir / "split" / "split.json").exists():
         return cold_dir, Split.load(cold_dir / "split")
@@ -88,10 +88,6 @@ def prepare_cold(artifact_dir: Path, split: Split, share: float = 0.1) -> tuple[
 def cold_item_report(settings: Any, artifact_dir: Path, split: Split, *, share: float = 0.1,
                      phase: str = "test", n_boot: int = 2000, progress: bool = True) -> dict[str, Any]:
     """Train the cold cascade (or reuse it) and measure every stage on the cold- and warm-item slices."""
-    import time
-
-    from offline.evaluate import SCORED, memoised, run_cascade, slice_table
-    from offline.jobs import DEFAULT_STAGES, train_stages
     from recsys.registry import build_pipeline
 
     t0 = time.perf_counter()

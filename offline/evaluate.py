@@ -18,57 +18,18 @@ from typing import Any
 
 import numpy as np
 
+from offline.cascade_run import (
+    SCORED,
+    K,
+    list_completeness,
+    memoised,
+    requests_for,
+    requests_for_user,
+    run_cascade,
+    slice_table,
+)
 from offline.split import Phase, Split
-from recsys.contract import Candidates, Request
-
-K = 10
-SCORED = ("recall", "coarse", "llm")  # stages whose own order is measured
-
-
-def requests_for(split: Split, phase: Phase, k: int = K) -> list[Request]:
-    return [requests_for_user(split, u, phase, k) for u in range(split.n_users)]
-
-
-def run_cascade(pipeline: Any, split: Split, phase: Phase, progress: bool = True, until: str | None = None,
-                requests: list[Request] | None = None) -> dict:
-    """Run every user's request (or ``requests``: row i of each result is ``requests[i]``); return
-    per-stage top-k rankings, candidate sets and timings."""
-    from tqdm import tqdm
-
-    requests = requests_for(split, phase) if requests is None else requests
-    n = len(requests)
-    tops = {s: np.full((n, K), -1, dtype=np.int64) for s in (*SCORED, "final")}
-    cands: dict[str, list[np.ndarray]] = {s: [np.zeros(0, np.int64)] * n for s in SCORED}
-    kept: dict[str, list[Candidates]] = {s: [Candidates.empty()] * n for s in SCORED}
-    ms: dict[str, list[float]] = {}
-    status: dict[str, dict[str, int]] = {}
-    total_ms = np.zeros(n)
-    served = np.zeros(n, dtype=np.int64)  # items in each user's final list
-    short_reasons: dict[str, int] = {}
-    for u, req in enumerate(tqdm(requests, desc=f"eval {phase}", disable=not progress, unit="user")):
-        def observe(name: str, c: Candidates, u: int = u) -> None:
-            if name in SCORED:
-                cands[name][u] = c.items
-                kept[name][u] = c
-
-        t0 = time.perf_counter()
-        res = pipeline.run(req, observe=observe, until=until)
-        total_ms[u] = (time.perf_counter() - t0) * 1000
-        for t in res.traces:
-            status.setdefault(t.name, {}).setdefault(t.status, 0)
-            status[t.name][t.status] += 1
-            if t.status == "ok":
-                ms.setdefault(t.name, []).append(t.ms)
-            if t.name in SCORED and t.status == "ok":
-                top = kept[t.name][u].sorted_by(t.name).items[:K]
-                tops[t.name][u, : len(top)] = top
-        final = res.candidates.items[:K]
-        tops["final"][u, : len(final)] = final
-        served[u] = len(final)
-        if res.short_reason:
-            short_reasons[res.short_reason] = short_reasons.get(res.short_reason, 0) + 1
-    return {"tops": tops, "candidates": cands, "kept": kept, "stage_ms": ms, "status": status, "total_ms": total_ms,
-            "served": served, "short_reasons": short_reasons}
+from recsys.contract import Candidates
 
 
 def list_lengths(settings: Any, artifact_dir: Path, split: Split, ks: list[int], phase: Phase = "test",
@@ -95,15 +56,6 @@ def list_lengths(settings: Any, artifact_dir: Path, split: Split, ks: list[int],
         out["k"][str(k)] = {**list_completeness({"served": served, "short_reasons": reasons}, k),
                             "backfilled_items": backfilled}
     return out
-
-
-def list_completeness(run: dict, k: int = K) -> dict[str, Any]:
-    """How many users got an empty or short final list (fewer than ``k`` items), and why."""
-    served = run["served"]
-    n = len(served)
-    empty, short = int((served == 0).sum()), int(((served > 0) & (served < k)).sum())
-    return {"k": k, "users": n, "empty": empty, "short": short, "complete": n - empty - short,
-            "empty_share": round(empty / n, 5) if n else 0.0, "short_reasons": run["short_reasons"]}
 
 
 HISTORY_SLICES = {"1-5": (1, 5), "6-20": (6, 20), ">20": (21, 10**9)}
@@ -157,30 +109,6 @@ def short_history(pipeline: Any, split: Split, phase: Phase, run: dict, *, min_u
                **slice_table(tops, targets[users], stages, seed=seed, n_boot=n_boot)}
         out["slices"][name] = row
     return out
-
-
-def slice_table(tops: dict[str, np.ndarray], targets: np.ndarray, stages: list[str], *, seed: int = 0,
-                n_boot: int = 2000) -> dict[str, Any]:
-    """NDCG@10 and Recall@10 of each stage's top-10 ``tops[stage]`` (rows = the slice's users) and the
-    paired-bootstrap CI of each stage against the one before it in ``stages``."""
-    from offline.bootstrap import paired_bootstrap
-    from offline.metrics import per_user_metrics
-
-    if len(targets) == 0:
-        return {"users": 0, "stages": {}, "deltas": {}}
-    metrics = {s: per_user_metrics(tops[s], targets, K) for s in stages}
-    out: dict[str, Any] = {"users": int(len(targets)), "stages": {
-        s: {f"ndcg@{K}": round(float(m[f"ndcg@{K}"].mean()), 5), f"recall@{K}": round(float(m[f"recall@{K}"].mean()), 5)}
-        for s, m in metrics.items()}, "deltas": {}}
-    for before, after in zip(stages, stages[1:], strict=False):
-        r = paired_bootstrap(metrics[before][f"ndcg@{K}"], metrics[after][f"ndcg@{K}"], n_boot=n_boot, seed=seed)
-        out["deltas"][f"{after}_vs_{before}"] = {"mean": round(r["mean"], 5), "ci95": [round(x, 5) for x in r["ci95"]]}
-    return out
-
-
-def requests_for_user(split: Split, u: int, phase: Phase, k: int = K) -> Request:
-    return Request(user_id=str(split.vocab.user_ids[u]), k=k, user_idx=u, history=split.history(u, phase),
-                   user_attrs=split.user_attrs(u), request_id=f"eval-{phase}-{u}")
 
 
 def _pct(values: list[float] | np.ndarray) -> dict[str, float]:
@@ -265,40 +193,6 @@ def evaluate_pipeline(
                     "stage_ms": {name: _pct(v) for name, v in run["stage_ms"].items()},
                     "policy_s": report_extra.pop("policy_s")},
     }
-
-
-class _Replay:
-    """Wraps a scoring stage so a second pass over the same requests replays its first answer.
-
-    The policy-cost passes change only the rules and fusion, which run after the scorers, so
-    replaying recall/coarse/LLM answers (keyed by request id and incoming items) gives the
-    exact same inputs at a fraction of the cost. Everything else is the wrapped stage's.
-    """
-
-    def __init__(self, stage: Any):
-        self._stage = stage
-        self._memo: dict[tuple[str, bytes], Candidates] = {}
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stage, name)
-
-    def run(self, request: Request, candidates: Candidates) -> Candidates:
-        key = (request.request_id, candidates.items.tobytes())
-        if key not in self._memo:
-            self._memo[key] = self._stage.run(request, candidates)
-        return self._memo[key]
-
-
-def memoised(pipeline: Any) -> Any:
-    """``pipeline`` with every stage before the first policy stage wrapped in ``_Replay``."""
-    from recsys.config import POLICY_KINDS
-    from recsys.pipeline import Pipeline
-
-    stages, before_policy = [], True
-    for spec, stage in pipeline.stages:
-        before_policy = before_policy and spec.kind not in POLICY_KINDS
-        stages.append((spec, _Replay(stage) if before_policy and spec.enabled else stage))
-    return Pipeline(stages, request_budget_ms=pipeline.request_budget_ms)
 
 
 def policy_costs(pipeline: Any, split: Split, phase: Phase, per_user: dict[str, dict[str, np.ndarray]], *,
@@ -395,42 +289,56 @@ def llm_cost(pipeline: Any, split: Split, phase: Phase, run: dict, depth: int | 
 def tune_fusion(settings: Any, artifact_dir: Path, split: Split, *, progress: bool = True) -> dict[str, Any]:
     """Pick fusion weights on the *valid* phase and save them to ``artifact_dir/fusion``.
 
-    Each valid user's candidates are captured right after the rules filters (what fusion
-    sees), and the simplex grid of weights over the stages present is searched for the best
-    mean NDCG@10 (``recsys.fusion.tune_fusion_weights``). The test phase is never read.
+    Every valid user whose valid item no stage learnt from is one example (``fit_gate``). The
+    test phase is never read.
     """
-    from recsys.fusion import FusionExample, ndcg_at_k, save_weights, tune_fusion_weights, weights_key
+    from recsys.fusion import save_weights, weights_key
     from recsys.registry import build_pipeline
 
     names = [s.name for s in settings.pipeline.stages if s.enabled]
     before_fusion = names[names.index("fusion") - 1] if "fusion" in names else names[-1]
     pipeline = build_pipeline(settings, artifact_dir, only=tuple(names[: names.index(before_fusion) + 1]))
-    from tqdm import tqdm
-
-    captured: list[Candidates] = []
-
-    def capture(name: str, c: Candidates) -> None:
-        if name == before_fusion:
-            captured.append(c)
-
     held = llm_trained_users(pipeline)  # their valid item trained the LLM: tuning on them would flatter it
     trainable = split.valid_trainable()  # a new item of the cold-item protocol is never learnt from
     requests = [r for r in requests_for(split, "valid") if r.user_idx not in held and trainable[r.user_idx]]
+    gate = fit_gate(pipeline, split, requests, settings, progress=progress)
+    single, best = gate["single_stage_valid_ndcg"], gate["valid_ndcg@10"]
+    save_weights(Path(artifact_dir) / "fusion" / weights_key(settings), gate["weights"], valid_ndcg_at_10=best,
+                 single_stage_valid_ndcg=single, grid_best=gate["grid_best"], mixture_check=gate["mixture_check"],
+                 valid_users=len(requests), excluded_llm_training_users=len(held))
+    return {"weights": gate["weights"], "key": weights_key(settings), "valid_ndcg@10": round(best, 5),
+            "valid_users": len(requests), "excluded_llm_training_users": len(held),
+            "grid_best": gate["grid_best"], "mixture_check": gate["mixture_check"],
+            "single_stage_valid_ndcg@10": {s: round(v, 5) for s, v in single.items()}}
+
+
+def fit_gate(pipeline: Any, split: Split, requests: list[Any], settings: Any, *,
+             progress: bool = False) -> dict[str, Any]:
+    """Fusion weights from valid ``requests`` (the caller picks which users count).
+
+    Each request's candidates are captured where fusion would read them (after the stage before
+    ``fusion``, or the pipeline's last stage), and the simplex grid of weights over the stages
+    present is searched for the best mean NDCG@10 (``recsys.fusion.tune_fusion_weights``); a
+    mixture is kept only when it beats the best single stage with a CI above zero
+    (``_significant_mixture``). Returns the weights, ``valid_ndcg@10``, the single-stage NDCGs,
+    the grid's best, the check and the ``captured`` candidates.
+    """
+    from tqdm import tqdm
+
+    from recsys.fusion import FusionExample, ndcg_at_k, tune_fusion_weights
+
+    names = [spec.name for spec, _ in pipeline.stages if spec.enabled]
+    before = names[names.index("fusion") - 1] if "fusion" in names else names[-1]
+    captured: list[Candidates] = []
     for req in tqdm(requests, desc="fusion (valid)", disable=not progress, unit="user"):
-        pipeline.run(req, until=before_fusion, observe=capture)
-    targets = [int(split.valid[r.user_idx]) for r in requests if r.user_idx is not None]
+        pipeline.run(req, until=before, observe=lambda name, c: captured.append(c) if name == before else None)
+    targets = [int(split.valid[r.user_idx]) for r in requests]
     examples = [FusionExample.from_candidates(c, [t]) for c, t in zip(captured, targets, strict=True)]
     grid_best = tune_fusion_weights(examples, k=K, step=settings.fusion.tune_step)
     single = {s: float(ndcg_at_k(examples, [{s: 1.0}], K)[0]) for s in grid_best}
     weights, check = _significant_mixture(examples, grid_best, single, settings.seed)
-    best = float(ndcg_at_k(examples, [weights], K)[0])
-    save_weights(Path(artifact_dir) / "fusion" / weights_key(settings), weights, valid_ndcg_at_10=best,
-                 single_stage_valid_ndcg=single, grid_best=grid_best, mixture_check=check,
-                 valid_users=len(requests), excluded_llm_training_users=len(held))
-    return {"weights": weights, "key": weights_key(settings), "valid_ndcg@10": round(best, 5),
-            "valid_users": len(requests), "excluded_llm_training_users": len(held),
-            "grid_best": grid_best, "mixture_check": check,
-            "single_stage_valid_ndcg@10": {s: round(v, 5) for s, v in single.items()}}
+    return {"weights": weights, "valid_ndcg@10": float(ndcg_at_k(examples, [weights], K)[0]),
+            "single_stage_valid_ndcg": single, "grid_best": grid_best, "mixture_check": check, "captured": captured}
 
 
 def llm_trained_users(pipeline: Any) -> set[int]:

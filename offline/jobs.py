@@ -98,13 +98,13 @@ def train_stages(
     if unknown:
         raise ValueError(f"unknown stage(s) to train: {sorted(unknown)}; choose from {STAGE_ORDER}")
     artifact_dir = Path(artifact_dir)
-    split_id = _split_id(artifact_dir)
+    current = split_id(artifact_dir)
     report: dict[str, Any] = {}
     for stage in (s for s in STAGE_ORDER if s in stages):
         stage_dir = _stage_dir(settings, artifact_dir, stage)
         meta = _read_meta(stage_dir)
         config_id = _config_id(settings, stage)
-        if (not force and meta is not None and meta.get("split_id") == split_id
+        if (not force and meta is not None and meta.get("split_id") == current
                 and meta.get("config_id") == config_id):
             report[stage] = {"reused": True, **meta.get("report", {})}
             continue
@@ -112,7 +112,7 @@ def train_stages(
         rep = _TRAINERS[stage](settings, artifact_dir, split, progress)
         rep["seconds"] = round(time.perf_counter() - t0, 2)
         report[stage] = rep
-        _write_meta(stage_dir, rep, split_id, config_id)
+        _write_meta(stage_dir, rep, current, config_id)
         force = True  # a retrained stage invalidates every stage trained on its output
     return report
 
@@ -126,7 +126,7 @@ def _stage_dir(settings: Any, artifact_dir: Path, stage: str) -> Path:
     return artifact_dir / stage
 
 
-def _split_id(artifact_dir: Path) -> str:
+def split_id(artifact_dir: Path) -> str:
     """Identity of the split the stages train on (its source fingerprint and protocol)."""
     import hashlib
 

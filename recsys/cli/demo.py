@@ -117,18 +117,11 @@ def with_llm_budget(rec: Any, settings: Any, budget_ms: float | None) -> Any:
 def tune_gate(rec: Any, settings: Any, artifact_dir: Path, split: Any) -> dict[str, Any]:
     """The fusion gate for this stage set, tuned on ``GATE_USERS`` valid users unless already saved.
 
-    The same steps as ``offline.evaluate.tune_fusion`` (which runs every valid user: ~6 minutes
-    of SmolLM2 here) on a seeded sample; the weights land where the server's fusion stage looks.
+    ``offline.evaluate.fit_gate``, as ``tune_fusion`` does over every valid user (~6 minutes of
+    SmolLM2 here), on a seeded sample; the weights land where the server's fusion stage looks.
     """
-    from offline.evaluate import K, _significant_mixture, requests_for
-    from recsys.fusion import (
-        WEIGHTS_FILE,
-        FusionExample,
-        ndcg_at_k,
-        save_weights,
-        tune_fusion_weights,
-        weights_key,
-    )
+    from offline.evaluate import fit_gate, requests_for
+    from recsys.fusion import WEIGHTS_FILE, save_weights, weights_key
 
     key = weights_key(settings)
     path = artifact_dir / "fusion" / key / WEIGHTS_FILE
@@ -138,24 +131,16 @@ def tune_gate(rec: Any, settings: Any, artifact_dir: Path, split: Any) -> dict[s
     # offline tuning waits for every LLM answer: a serving budget missed on a busy machine would
     # leave the LLM column out (and the abandoned calls would slow the next ones down)
     pipeline = with_llm_budget(rec, settings, None).pipeline
-    names = [spec.name for spec, _ in pipeline.stages if spec.enabled]
-    before = names[names.index("fusion") - 1]
     rng = np.random.default_rng(settings.seed)
     sample = set(rng.choice(split.n_users, min(GATE_USERS, split.n_users), replace=False).tolist())
     requests = [r for r in requests_for(split, "valid") if r.user_idx in sample]
-    captured: list[Any] = []
-    for req in requests:
-        pipeline.run(req, until=before, observe=lambda name, c: captured.append(c) if name == before else None)
-    targets = [int(split.valid[r.user_idx]) for r in requests]
-    examples = [FusionExample.from_candidates(c, [t]) for c, t in zip(captured, targets, strict=True)]
-    grid_best = tune_fusion_weights(examples, k=K, step=settings.fusion.tune_step)
-    single = {s: float(ndcg_at_k(examples, [{s: 1.0}], K)[0]) for s in grid_best}
-    weights, check = _significant_mixture(examples, grid_best, single, settings.seed)
-    scored = sum(1 for c in captured if "llm" in c.scores and not np.isnan(c.scores["llm"]).all())
-    meta = {"single_stage_valid_ndcg": single, "grid_best": grid_best, "mixture_check": check,
-            "valid_users": len(requests), "llm_scored_users": scored,
+    gate = fit_gate(pipeline, split, requests, settings)
+    weights = gate["weights"]
+    scored = sum(1 for c in gate["captured"] if "llm" in c.scores and not np.isnan(c.scores["llm"]).all())
+    meta = {"single_stage_valid_ndcg": gate["single_stage_valid_ndcg"], "grid_best": gate["grid_best"],
+            "mixture_check": gate["mixture_check"], "valid_users": len(requests), "llm_scored_users": scored,
             "tuned_by": f"recsys demo: {GATE_USERS} sampled valid users"}
-    save_weights(path.parent, weights, valid_ndcg_at_10=float(ndcg_at_k(examples, [weights], K)[0]), **meta)
+    save_weights(path.parent, weights, valid_ndcg_at_10=gate["valid_ndcg@10"], **meta)
     for spec, stage in pipeline.stages:
         if spec.kind == "fusion":
             stage.load(artifact_dir)  # serve the gate just tuned
