@@ -34,6 +34,7 @@ from coarse_rank.item_tags import PREFIX as TAG_PREFIX
 from coarse_rank.item_tags import ItemTags
 from offline.schema import AUDIENCES
 from offline.split import Split
+from recall.channels import TWO_TOWER
 from recsys.contract import Candidates, Request
 
 FEATURES: dict[str, str] = {
@@ -74,6 +75,16 @@ TAG_FEATURES: dict[str, str] = {
     "llm_cos_last": "cosine of the item's LLM embedding with the last history item's (NaN without history)",
     "llm_cos_recent": "cosine with the normalised mean embedding of the last last_n history items",
 }
+
+# Features computed from the candidate's own interactions. For an item the fitted table holds
+# no interaction of (a new item), they are unknown, not zero: ``transform`` writes NaN, and
+# training masks them for a random share of items (``CoarseConfig.cold_item_dropout``) so the
+# ranker learns to order such items by what they have (recall score, content, categories).
+INTERACTION_FEATURES = (
+    "item_log_pop", "item_recent_pop", "item_mean_rating", "follow_last", "follow_last_norm", "follow_recent_sum",
+    "follow_recent_max", "precede_last", "age_item_lift", "gender_item_lift", "occupation_item_lift",
+    "covisit_recent", "covisit_recent_rel", "item_model_score", "item_model_rel",
+)
 
 # codes without an order: LightGBM splits them as categories, not thresholds
 CATEGORICAL_FEATURES = ("item_audience", "user_gender", "user_occupation")
@@ -124,6 +135,29 @@ class FeatureBuilder:
     @property
     def n_items(self) -> int:
         return len(self._tables.log_pop)
+
+    @property
+    def interaction_columns(self) -> tuple[np.ndarray, np.ndarray]:
+        """(columns a new item has NaN in, flag columns it has 0 in), as positions in ``transform``'s matrix:
+        ``INTERACTION_FEATURES`` and the scores, ranks and source flags of every recall channel that
+        lists items from their interactions (all but the content-aware two-tower)."""
+        names = self.feature_names
+        channels = {c.removeprefix("recall_") for c in self.score_columns} - {TWO_TOWER}
+        nan = set(INTERACTION_FEATURES) | {f"recall_{c}" for c in channels} | {f"rank_{c}" for c in channels}
+        zero = {f"src_{c}" for c in channels}
+        return (np.array([i for i, n in enumerate(names) if n in nan], dtype=np.int64),
+                np.array([i for i, n in enumerate(names) if n in zero], dtype=np.int64))
+
+    def hide_interactions(self, x: np.ndarray, rows: np.ndarray) -> None:
+        """Make ``rows`` of a ``transform`` matrix look like new items' rows (in place)."""
+        nan, zero = self.interaction_columns
+        if rows.any():
+            x[np.ix_(rows, nan)] = np.nan
+            x[np.ix_(rows, zero)] = 0.0
+
+    def known_items(self) -> np.ndarray:
+        """[n_items] bool: the fitted table holds at least one interaction of the item."""
+        return self._tables.log_pop > 0
 
     def fit(
         self,
@@ -190,7 +224,9 @@ class FeatureBuilder:
             *(candidates.flags[f].astype(np.float32) if f in candidates.flags
               else np.full(len(items), np.nan, np.float32) for f in self.flag_columns),
         ]
-        return np.column_stack(cols).astype(np.float32, copy=False).reshape(len(items), len(self.feature_names))
+        x = np.column_stack(cols).astype(np.float32, copy=False).reshape(len(items), len(self.feature_names))
+        self.hide_interactions(x, t.log_pop[items] <= 0)  # a new item: what its interactions say is unknown, not zero
+        return x
 
     def transform_many(self, requests: Sequence[Request], candidates: Sequence[Candidates]) -> np.ndarray:
         """Row-stacked ``transform`` of each (request, candidates) pair, in order."""

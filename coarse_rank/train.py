@@ -84,9 +84,11 @@ def train_coarse(
                 f"of stage {getattr(candidate_stage, 'name', candidate_stage)!r}; nothing to learn from"
             )
     x_tr, x_va = _matrix(prefix_fb, tr, progress), _matrix(builder, va, progress)
+    x_tr, y_tr, sizes_tr, cold_rows = cold_items_for_training(x_tr, tr, builder.known_items(), prefix_fb,
+                                                              config.cold_item_dropout, seed)
     ranker = lgb.LGBMRanker(**lgbm_params(config, seed))
     ranker.fit(
-        x_tr, tr.relevance().astype(np.int32), group=tr.sizes,
+        x_tr, y_tr, group=sizes_tr,
         eval_X=(x_va,), eval_y=(va.relevance().astype(np.int32),), eval_group=[va.sizes], eval_at=[config.eval_at],
         feature_name=builder.feature_names, categorical_feature=list(CATEGORICAL_FEATURES),
         callbacks=[lgb.early_stopping(config.early_stopping_rounds, verbose=False)],
@@ -104,6 +106,7 @@ def train_coarse(
         "n_valid_groups": len(va),
         "valid_positive_share": len(va) / max(len(va_all), 1),
         "n_train_rows": int(len(x_tr)),
+        "cold_item_training": cold_rows,
         "n_features": len(builder.feature_names),
         "best_iteration": best,
         **_valid_ndcg(va, pred, config.eval_at, n_users=len(va_all)),
@@ -113,6 +116,38 @@ def train_coarse(
     }
     _save(out_dir, booster, best, builder, report, config, seed, split)
     return report
+
+
+def cold_items_for_training(x: np.ndarray, groups: QueryGroups, known: np.ndarray, builder: FeatureBuilder,
+                            dropout: float, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+    """Training rows ready for new items: (x, int labels, group sizes, counts for the report).
+
+    A candidate item with no interaction anywhere in training (``known`` false: a new item of
+    the cold-item protocol) is dropped from its group unless it is the label: it is unknown,
+    not a negative. The interaction features of a seeded random ``dropout`` share of the items
+    are hidden in every row of those items (``FeatureBuilder.hide_interactions``), as a new
+    item's are at serving, so the ranker learns to order such items by what they still have.
+
+    >>> from recsys.contract import Candidates
+    >>> g = QueryGroups("train", [None, None], [Candidates(np.array([0, 1, 2])),
+    ...                  Candidates(np.array([2, 3]))], np.array([1, 3]))
+    >>> x, y, sizes, info = cold_items_for_training(np.ones((5, 2), np.float32), g, np.array([1, 1, 0, 1], bool),
+    ...                                            FeatureBuilder(), 0.0, 0)
+    >>> y.tolist(), sizes.tolist(), info["dropped_unknown_rows"]
+    ([0, 1, 1], [2, 1], 2)
+    """
+    items = np.concatenate([c.items for c in groups.candidates]) if len(groups) else np.zeros(0, np.int64)
+    y = groups.relevance().astype(np.int32)
+    keep = known[items] | (y > 0)
+    owner = np.repeat(np.arange(len(groups)), groups.sizes)
+    hidden_items = np.flatnonzero(np.random.default_rng(seed).random(len(known)) < dropout)
+    x = x[keep]
+    masked = np.isin(items[keep], hidden_items)
+    builder.hide_interactions(x, masked)
+    sizes = np.bincount(owner[keep], minlength=len(groups))
+    info = {"dropped_unknown_rows": int((~keep).sum()), "hidden_items": int(len(hidden_items)),
+            "hidden_rows": int(masked.sum()), "dropout": dropout}
+    return x, y[keep], sizes, info
 
 
 def importance_table(names: list[str], gain: np.ndarray) -> dict[str, dict[str, float]]:

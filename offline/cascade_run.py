@@ -87,7 +87,8 @@ def list_completeness(run: dict, k: int = K) -> dict[str, Any]:
 def slice_table(tops: dict[str, np.ndarray], targets: np.ndarray, stages: list[str], *, seed: int = 0,
                 n_boot: int = 2000) -> dict[str, Any]:
     """NDCG@10 and Recall@10 of each stage's top-10 ``tops[stage]`` (rows = the slice's users) and the
-    paired-bootstrap CI of each stage against the one before it in ``stages``."""
+    paired-bootstrap CI of each stage against the one before it in ``stages`` (and of final against
+    coarse when a stage sits between them: the LLM path against the light path's order)."""
     from offline.bootstrap import paired_bootstrap
     from offline.metrics import per_user_metrics
 
@@ -97,7 +98,10 @@ def slice_table(tops: dict[str, np.ndarray], targets: np.ndarray, stages: list[s
     out: dict[str, Any] = {"users": int(len(targets)), "stages": {
         s: {f"ndcg@{K}": round(float(m[f"ndcg@{K}"].mean()), 5), f"recall@{K}": round(float(m[f"recall@{K}"].mean()), 5)}
         for s, m in metrics.items()}, "deltas": {}}
-    for before, after in zip(stages, stages[1:], strict=False):
+    pairs = list(zip(stages, stages[1:], strict=False))
+    if "coarse" in stages and "final" in stages and ("coarse", "final") not in pairs:
+        pairs.append(("coarse", "final"))  # what the LLM path changes against the light path's ranking
+    for before, after in pairs:
         r = paired_bootstrap(metrics[before][f"ndcg@{K}"], metrics[after][f"ndcg@{K}"], n_boot=n_boot, seed=seed)
         out["deltas"][f"{after}_vs_{before}"] = {"mean": round(r["mean"], 5), "ci95": [round(x, 5) for x in r["ci95"]]}
     return out

@@ -85,6 +85,17 @@ def prepare_cold(artifact_dir: Path, split: Split, share: float = 0.1) -> tuple[
     return cold_dir, cold
 
 
+def candidate_recall(candidates: dict[str, list[np.ndarray]], targets: np.ndarray, users: np.ndarray
+                     ) -> dict[str, float]:
+    """Share of ``users`` whose target is among the candidates each scored stage received.
+
+    >>> candidate_recall({"recall": [np.array([1, 2]), np.array([3])]}, np.array([2, 4]), np.array([0, 1]))
+    {'recall': 0.5}
+    """
+    return {s: round(float(np.mean([targets[u] in c[u] for u in users])), 5) if len(users) else 0.0
+            for s, c in candidates.items() if any(len(x) for x in c)}
+
+
 def cold_item_report(settings: Any, artifact_dir: Path, split: Split, *, share: float = 0.1,
                      phase: str = "test", n_boot: int = 2000, progress: bool = True) -> dict[str, Any]:
     """Train the cold cascade (or reuse it) and measure every stage on the cold- and warm-item slices."""
@@ -111,8 +122,13 @@ def cold_item_report(settings: Any, artifact_dir: Path, split: Split, *, share: 
         "item_side_knowledge": {"text": bool(settings.recall.use_text),
                                 "llm_tags": bool(settings.coarse.tag_features),
                                 "llm_embedding": "recall_llm" in kinds},
-        "slices": {name: slice_table({s: run["tops"][s][users] for s in stages}, targets[users], stages,
-                                     seed=settings.seed, n_boot=n_boot) for name, users in slices.items()},
+        "slices": {name: {**slice_table({s: run["tops"][s][users] for s in stages}, targets[users], stages,
+                                        seed=settings.seed, n_boot=n_boot),
+                          "candidate_recall": candidate_recall(run["candidates"], targets, users)}
+                   for name, users in slices.items()},
+        "new_items_among_candidates": {s: round(float(np.mean([np.isin(c, cold.unseen_items).sum()
+                                                                for c in run["candidates"][s]])), 3)
+                                       for s in SCORED if s in ok},
         "train_s": {k: v.get("seconds") for k, v in trained.items()},
         "seconds": {"train": round(t1 - t0, 1), "eval": round(time.perf_counter() - t1, 1)},
     }

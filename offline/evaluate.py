@@ -111,6 +111,30 @@ def short_history(pipeline: Any, split: Split, phase: Phase, run: dict, *, min_u
     return out
 
 
+def llm_routing(*slice_groups: dict[str, Any]) -> dict[str, Any]:
+    """Which slices the LLM path should serve: those whose final NDCG@10 beats coarse's (the light
+    path's order) with the whole paired 95% CI above zero; the evidence per slice. With none, the
+    decision is to keep the hash share (``serving.llm_share``).
+
+    >>> llm_routing({"1-5": {"users": 300, "deltas": {"final_vs_coarse": {"mean": 0.02, "ci95": [0.004, 0.03]}}},
+    ...              "> 20": {"users": 800, "deltas": {"final_vs_coarse": {"mean": 0.0, "ci95": [-0.01, 0.01]}}}}
+    ...             )["route_to_llm"]
+    ['1-5']
+    """
+    evidence: dict[str, Any] = {}
+    for group in slice_groups:
+        for name, row in group.items():
+            d = row.get("deltas", {}).get("final_vs_coarse")
+            if d is not None:
+                evidence[name] = {"users": row.get("users"), "final_vs_coarse": d}
+    lifted = [name for name, e in evidence.items() if e["final_vs_coarse"]["ci95"][0] > 0]
+    return {"rule": "route a slice to the LLM path when final - coarse NDCG@10 has its paired 95% CI above 0",
+            "route_to_llm": lifted,
+            "decision": f"LLM path for slices {lifted}" if lifted else
+            "keep the hash share: the LLM path lifts no slice with a CI above zero",
+            "evidence": evidence}
+
+
 def _pct(values: list[float] | np.ndarray) -> dict[str, float]:
     v = np.asarray(values, dtype=np.float64)
     if len(v) == 0:
@@ -170,6 +194,11 @@ def evaluate_pipeline(
     report_extra["short_history"] = short_history(pipeline, split, phase, run, seed=settings.seed, n_boot=n_boot,
                                                   progress=progress)
     report_extra["short_history"]["seconds"] = round(time.perf_counter() - t3, 2)
+    if "llm" in ran:
+        report_extra["llm_routing"] = llm_routing(report_extra["short_history"]["slices"],
+                                                  {"all": {"users": int((targets >= 0).sum()),
+                                                           "deltas": {"final_vs_coarse": deltas["final_vs_coarse"][
+                                                               f"ndcg@{K}"]}}})
     t2 = time.perf_counter()
     costs = policy_costs(pipeline, split, phase, per_user, n_boot=n_boot, seed=settings.seed)
     report_extra["policy_s"] = round(time.perf_counter() - t2, 2)

@@ -32,6 +32,8 @@ import numpy as np
 
 from recsys.contract import Candidates
 
+TWO_TOWER = "two_tower"  # the name of the two-tower list among the channels
+
 Channel = tuple[str, np.ndarray, np.ndarray]  # (name, ids best first, raw scores)
 
 

@@ -25,6 +25,12 @@ class RecallConfig(BaseModel):
         0.05, gt=0.0, le=10.0, description="Score = cosine(user, item) / temperature in the training softmax."
     )
     use_text: bool = Field(True, description="Add projected MiniLM title/text embeddings to the item tower.")
+    # Cold-item protocol on ML-100K (134 new items, reports/h19_cold_items_ml100k.json): 0.2 lifts the
+    # new-item slice's candidate recall@200 from 0.64 to 0.74 and its recall NDCG@10 from 0.014 to 0.044.
+    id_dropout: float = Field(
+        0.2, ge=0.0, lt=1.0, description="Training-time probability of dropping a known item's id embedding, so "
+        "the content part (text, categories, year) learns to place an item alone, as it must for a new item."
+    )
     # -- training -----------------------------------------------------------------------
     lr: float = Field(2e-3, gt=0.0, le=1.0, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW decoupled weight decay.")

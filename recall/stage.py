@@ -31,13 +31,12 @@ from typing import Any
 
 import numpy as np
 
-from recall.channels import Channel, PopularityChannel, merge_channels
+from recall.channels import TWO_TOWER, Channel, PopularityChannel, merge_channels
 from recall.config import RecallConfig
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request
 
 DEFAULT_DEPTH = 200
-TWO_TOWER = "two_tower"
 
 
 class RecallStage:

@@ -2,6 +2,10 @@
 
 Item tower: item-id embedding + projected sentence embedding of the title/text + projected
 multi-hot categories + audience and release-decade embeddings, summed and L2-normalised.
+An item with no training interaction (``known`` false: a new item) gets no id embedding, so its
+vector is its content alone and lands beside warm items of similar content; in training, the
+id embedding of a known item is dropped with probability ``id_dropout`` (as DropoutNet, Volkovs
+et al. 2017) so the content part learns to place an item on its own.
 
 User tower: a SASRec-style encoder (Kang & McAuley 2018, "Self-Attentive Sequential
 Recommendation"): the item-tower vectors of the user's most recent ``max_len`` items plus
@@ -54,12 +58,19 @@ class ItemTower(nn.Module):
     audience: torch.Tensor
     year: torch.Tensor
     text: torch.Tensor
+    known: torch.Tensor
 
-    def __init__(self, features: ItemFeatures, dim: int, dropout: float = 0.0) -> None:
+    def __init__(self, features: ItemFeatures, dim: int, dropout: float = 0.0,
+                 known: np.ndarray | None = None, id_dropout: float = 0.0) -> None:
         super().__init__()
         n_items = features.n_items
         self.id_emb = nn.Embedding(n_items, dim)
         nn.init.normal_(self.id_emb.weight, std=dim**-0.5)
+        known_t = torch.ones(n_items, dtype=torch.bool) if known is None else torch.from_numpy(np.asarray(known, bool))
+        if len(known_t) != n_items:
+            raise ValueError(f"ItemTower: known has {len(known_t)} entries for {n_items} items")
+        self.register_buffer("known", known_t, persistent=False)
+        self.id_dropout = float(id_dropout)
         self.register_buffer("categories", torch.from_numpy(features.categories), persistent=False)
         self.register_buffer("audience", torch.from_numpy(features.audience), persistent=False)
         self.register_buffer("year", torch.from_numpy(features.year), persistent=False)
@@ -76,7 +87,10 @@ class ItemTower(nn.Module):
 
     def forward(self, items: torch.Tensor) -> torch.Tensor:
         """``[m] item indices -> [m, dim]`` unit vectors."""
-        x = self.id_emb(items) + self.audience_emb(self.audience[items]) + self.year_emb(self.year[items])
+        keep = self.known[items]
+        if self.training and self.id_dropout > 0:
+            keep = keep & (torch.rand(keep.shape, device=keep.device) >= self.id_dropout)
+        x = self.id_emb(items) * keep.unsqueeze(-1) + self.audience_emb(self.audience[items]) + self.year_emb(self.year[items])
         if self.category_proj is not None:
             x = x + self.category_proj(self.categories[items])
         if self.text_proj is not None:

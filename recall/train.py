@@ -9,6 +9,11 @@ al. 2019, "Sampling-bias-corrected neural modeling for large corpus item recomme
 AdamW, dropout, early stopping on full-ranking NDCG@10 of held-out targets with patience,
 and a wall-clock cap; the best evaluated weights are kept. Deterministic for a given seed.
 
+Items no training sequence holds (new items, e.g. the cold-item protocol's) are unknown, not
+negatives: they are masked out of the full softmax and never sampled as negatives, and their
+vectors are their content alone (``ItemTower``'s ``known`` mask); ``id_dropout`` teaches the
+content part to stand alone (see ``recall.towers``).
+
 Artifacts in ``out_dir`` (the per-dataset ``recall/`` directory): ``model.pt`` (both towers'
 state dicts), ``model.json`` (config + vocabularies), ``item_vectors.npy``, ``index/`` (faiss,
 via ``recall.index.ItemIndex``), ``report.json``, and ``text_cache/``.
@@ -93,10 +98,12 @@ def _batch_loss(
     config: RecallConfig, log_q: torch.Tensor | None, gen: torch.Generator,
 ) -> torch.Tensor:
     mask = y >= 0
-    if log_q is None:  # full softmax over the catalog
+    if log_q is None:  # full softmax over the catalog; items never trained on are unknown, not negatives
         items = item_tower.all_items()
         h = user_tower(items, x, attrs)[mask] / config.temperature  # scale [b, d], not [b, n_items]
-        return F.cross_entropy(h @ items.T, y[mask])
+        logits = (h @ items.T).masked_fill(~item_tower.known[None, :], float("-inf"))
+        return F.cross_entropy(logits, y[mask])
+    # log_q is -inf for items never trained on: never sampled as negatives
     negatives = torch.multinomial(log_q.exp(), config.n_negatives, replacement=True, generator=gen)
     needed, local = torch.unique(torch.cat([x[x >= 0], y[mask], negatives]), return_inverse=True)
     vecs = item_tower(needed)
@@ -152,12 +159,16 @@ def _setup(
 
         text = embed_items(split.items, out_dir / "text_cache", progress=progress)
     vocab = UserVocab.from_users(split.users)
+    counts = np.bincount(np.concatenate([np.zeros(0, np.int64), *seqs]), minlength=split.n_items)
+    known = counts > 0  # an item no training sequence holds (a new item) is placed by its content alone
     log_q = None
     if not config.uses_full_softmax(split.n_items):
-        counts = np.bincount(np.concatenate(seqs), minlength=split.n_items) + 1.0
-        log_q = torch.from_numpy(np.log(counts / counts.sum())).float()
+        smoothed = np.where(known, counts + 1.0, 0.0)
+        with np.errstate(divide="ignore"):
+            log_q = torch.from_numpy(np.log(smoothed / smoothed.sum())).float()
     return _Run(
-        item_tower=ItemTower(ItemFeatures.from_items(split.items, text), config.dim),
+        item_tower=ItemTower(ItemFeatures.from_items(split.items, text), config.dim, known=known,
+                             id_dropout=config.id_dropout),
         user_tower=UserTower(config.dim, config.max_len, config.n_blocks, config.n_heads, config.dropout,
                              vocab.sizes),
         vocab=vocab, attrs=vocab.encode_table(split.users), seqs=seqs, targets=targets, log_q=log_q,

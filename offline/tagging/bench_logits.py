@@ -50,7 +50,8 @@ def _f1(results: list[dict[str, Any]], truth: list[list[str]], positions: np.nda
 
 def compare_taggers(split_items: pd.DataFrame, catalog: pd.DataFrame, backbones: dict[str, str],
                     generation_model: str | None, *, generation_sample: int = 40, seed: int = 42,
-                    settings: TaggerSettings | None = None, batch_size: int = 16, shots: int = 0,
+                    settings: TaggerSettings | None = None, batch_size: int = 64, shots: int = 0,
+                    generation_batch_size: int = 16,
                     generation_max_new_tokens: int = 128,
                     checkpoint: Callable[[dict[str, Any]], None] = lambda report: None,
                     progress: bool = True) -> dict[str, Any]:
@@ -77,6 +78,7 @@ def compare_taggers(split_items: pd.DataFrame, catalog: pd.DataFrame, backbones:
         "generation_sample": {"items": len(sample), "seed": seed, "rule": "numpy default_rng(seed).choice of the "
                               "held-out items without replacement"},
         "settings": {"shots": shots, "precision": settings.precision, "threads": settings.threads, "batch_size": batch_size,
+                     "generation_batch_size": generation_batch_size,
                      "free_text_max_new_tokens": settings.max_new_tokens, "title_chars": settings.title_chars},
         "floor_constant_top2": {"genres": top2, **{f"f1_{k}": v for k, v in genre_f1(
             [top2] * len(held), [truth[i] for i in held], categories).items() if k != "items"}},
@@ -85,7 +87,8 @@ def compare_taggers(split_items: pd.DataFrame, catalog: pd.DataFrame, backbones:
     for k, (name, model_dir) in enumerate(backbones.items()):
         if k == 1 and generation_model is not None:  # generation right after the first backbone (cheapest first)
             _add_generation_row(report, generation_model, schema, settings, generation_max_new_tokens,
-                                [rows[i] for i in sample], [truth[i] for i in sample], categories, batch_size, checkpoint)
+                                [rows[i] for i in sample], [truth[i] for i in sample], categories, generation_batch_size,
+                                checkpoint)
         t0 = time.perf_counter()
         tagger = LogitTagger(model_dir, schema, settings, DEFAULT).load()
         load_s = time.perf_counter() - t0
@@ -105,7 +108,8 @@ def compare_taggers(split_items: pd.DataFrame, catalog: pd.DataFrame, backbones:
         checkpoint(report)
     if generation_model is not None and len(backbones) < 2:
         _add_generation_row(report, generation_model, schema, settings, generation_max_new_tokens,
-                            [rows[i] for i in sample], [truth[i] for i in sample], categories, batch_size, checkpoint)
+                            [rows[i] for i in sample], [truth[i] for i in sample], categories, generation_batch_size,
+                            checkpoint)
     return report
 
 

@@ -1,20 +1,22 @@
-"""Tagging by label logits: closed fields read from one batched pass per item, free text generated.
+"""Tagging by label logits: closed fields read from one batched pass per batch of items, free text generated.
 
-Per item (``LogitTagger.label_probs``): the instruction's keys/values are computed once for the
-catalog (``llm_rerank.scoring.run_prefix``); the item part continues that cache
-(``extend_prefix``); the read-out rows of ``offline.tagging.label_prompt`` (one cue per closed
-field) run in one batched pass over the item's cache (``suffix_logits``), and
+Per batch of items (``LogitTagger.read``): the instruction's keys/values are computed once for
+the catalog (``llm_rerank.scoring.run_prefix``); the items' parts continue that cache in one
+right-padded batched pass (``continue_batch``; pads masked, positions per row), whose mean final
+hidden state over each item's tokens is the item's pooled state (the ``hidden`` of the tag file,
+no separate pass); the read-out rows of ``offline.tagging.label_prompt`` (one cue per closed
+field) then run for every item in one more batched pass over the items' caches, and
 ``LabelLayout.value_probs`` turns their logits into a probability per value. No text is
 generated for closed fields, so no retry and no invalid enum value is possible.
 
-``tag_items`` fits thresholds (``offline.tagging.calibrate``) for ``genres`` (the catalog's
-categories) on the known items only (a held-out item's labels are never read), decides every
-closed field within the schema's bounds, and generates each free-text field (``summary``) for a
-batch of items at once: greedy decoding over the cached instruction, after the item and the
-cue ``Summary: "``, constrained by the xgrammar grammar of that field's own JSON schema
-(a string of at most 60 characters), so only that field is generated. The document is assembled
-in schema order and validated; a free-text value the token budget cut short is closed and
-kept (its record says so), an empty one becomes the title.
+Free text (``summary``) is generated from the same item caches, before calibration (it does not
+depend on the thresholds): greedy decoding after the cue ``Summary: "``, all items of the batch
+at once, constrained by the xgrammar grammar of that field's own JSON schema (a string of at
+most 60 characters), so only that field is generated. ``tag_items`` then fits thresholds
+(``offline.tagging.calibrate``) for ``genres`` (the catalog's categories) on the known items
+only (a held-out item's labels are never read), decides every closed field within the schema's
+bounds, and assembles each document in schema order and validates it; a free-text value the
+token budget cut short is closed and kept (its record says so), an empty one becomes the title.
 
 Deliberately left out: parts and files (``offline.tagging.run``), the comparison report
 (``offline.tagging.bench_logits``).
@@ -30,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from llm_rerank.scoring import PrefixState, extend_prefix, run_prefix, suffix_logits
+from llm_rerank.scoring import BatchState, PrefixState, continue_batch, run_prefix
 from llm_rerank.template import DEFAULT, PromptTemplate
 from offline.tagging.calibrate import Thresholds, calibrate, decide, default_thresholds, log_odds
 from offline.tagging.generate import GrammarLogits, Tagger, TaggerSettings
@@ -93,18 +95,47 @@ class LogitTagger:
 
     def label_probs(self, rows: Sequence[dict[str, Any]]) -> np.ndarray:
         """[len(rows), len(layout.slots)]: the probability of every (field, value) for every row."""
+        return self.read(rows)[0]
+
+    def read(self, rows: Sequence[dict[str, Any]]) -> tuple[np.ndarray, list[np.ndarray], list[BatchState]]:
+        """(label probabilities [rows, slots], each row's pooled item state, the item caches).
+
+        Two batched passes per batch of items: the item parts after the cached instruction (their
+        mean final hidden state is the item's pooled state), then every read-out row of every
+        item after its own item cache. Where the model's sliding window would reach a padded
+        position (Gemma 3 beyond its window), items run one at a time instead, unpadded.
+        """
         import torch
 
         if self.instruction is None:
             raise RuntimeError("LogitTagger.load() must run before label_probs")
-        lay = self.layout
-        read = [list(r.tokens) for r in lay.rows]
-        out = np.zeros((len(rows), len(lay.slots)), dtype=np.float32)
+        lay, pad = self.layout, self.tok.pad_token_id
+        items = [lay.item(r["title"], r["description"]) for r in rows]
+        longest = self.instruction.length + max(len(i) for i in items) + max(len(r.tokens) for r in lay.rows)
+        groups = [[b] for b in range(len(rows))] if self._window_binds(longest + self.settings.max_new_tokens) \
+            else [list(range(len(rows)))]
+        probs = np.zeros((len(rows), len(lay.slots)), dtype=np.float32)
+        pooled: list[np.ndarray] = [np.zeros(0, np.float32)] * len(rows)
+        states: list[BatchState] = []
+        n_read = len(lay.rows)
         with torch.inference_mode():
-            for i, row in enumerate(rows):
-                state = extend_prefix(self.model, self.instruction, lay.item(row["title"], row["description"]))
-                out[i] = lay.value_probs(suffix_logits(self.model, state, read, self.tok.pad_token_id))
-        return out
+            for group in groups:
+                base = BatchState.of_prefix(self.instruction, len(group))
+                hidden, state = continue_batch(self.model, base, [items[b] for b in group], pad)
+                real = state.mask[:, self.instruction.length:].unsqueeze(-1).float()
+                means = ((hidden.float() * real).sum(1) / real.sum(1).clamp(min=1.0)).numpy()
+                logits, _ = continue_batch(self.model, state.repeat(n_read),
+                                           [list(r.tokens) for _ in group for r in lay.rows], pad, logits=True)
+                for k, b in enumerate(group):
+                    probs[b] = lay.value_probs(logits[k * n_read:(k + 1) * n_read])
+                    pooled[b] = means[k].astype(np.float32)
+                states.append(state)
+        return probs, pooled, states
+
+    def _window_binds(self, length: int) -> bool:
+        config = getattr(self.model, "config", None)
+        window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
+        return bool(window) and length > int(window or 0)
 
     def closed_values(self, probs: np.ndarray, thresholds: dict[str, Thresholds]) -> list[dict[str, Any]]:
         """The decided closed fields of every row (values ordered by margin over their threshold)."""
@@ -118,15 +149,31 @@ class LogitTagger:
                 doc[f.name] = values if f.many else values[0]
         return docs
 
-    def free_text(self, rows: Sequence[dict[str, Any]], name: str) -> tuple[list[str], list[int], list[bool]]:
-        """(value, generated tokens, closed by the grammar) of free-text field ``name`` for each row."""
+    def free_text(self, rows: Sequence[dict[str, Any]], name: str, states: Sequence[BatchState] | None = None
+                  ) -> tuple[list[str], list[int], list[bool]]:
+        """(value, generated tokens, closed by the grammar) of free-text field ``name`` for each row.
+
+        ``states``: the item caches ``read`` returned for these rows (the cue then continues each
+        item's cache); without them the item parts run again after the instruction.
+        """
         lay, s = self.layout, self.settings
         if self.instruction is None:
             raise RuntimeError("LogitTagger.load() must run before free_text")
-        prompts = [lay.item(r["title"], r["description"]) + lay.free_text_cue(name) for r in rows]
-        processor = GrammarLogits(self.grammars[name], ['"'] * len(rows))
-        tokens = greedy_continue(self.model, self.instruction, prompts, self.tok.pad_token_id, processor,
-                                 self.stop_ids, s.max_new_tokens)
+        cue = lay.free_text_cue(name)
+        if states is None:
+            prompts = [lay.item(r["title"], r["description"]) + cue for r in rows]
+            tokens = greedy_continue(self.model, self.instruction, prompts, self.tok.pad_token_id,
+                                     GrammarLogits(self.grammars[name], ['"'] * len(rows)), self.stop_ids,
+                                     s.max_new_tokens)
+        else:
+            tokens = []
+            for state in states:
+                n = len(state.lengths)
+                tokens += greedy_continue(self.model, state, [cue] * n, self.tok.pad_token_id,
+                                          GrammarLogits(self.grammars[name], ['"'] * n), self.stop_ids,
+                                          s.max_new_tokens)
+            if len(tokens) != len(rows):
+                raise ValueError(f"free_text: {len(rows)} rows but the item caches hold {len(tokens)}")
         limit = int(self.schema["properties"][name].get("maxLength", 10**6))
         values, closed = [], []
         for row, ids in zip(rows, tokens, strict=True):
@@ -139,10 +186,11 @@ class LogitTagger:
             closed.append(done)
         return values, [len(t) for t in tokens], closed
 
-    def complete(self, rows: Sequence[dict[str, Any]], closed: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Free-text fields for a batch, the documents in schema order, validated; one result per row."""
-        free = {name: self.free_text(rows, name) for name in self.free}
-        pooled = self.generator.pooled_states([r["text"] or r["title"] for r in rows])
+    def complete(self, rows: Sequence[dict[str, Any]], closed: Sequence[dict[str, Any]],
+                 free: Mapping[str, tuple[list[str], list[int], list[bool]]], pooled: Sequence[np.ndarray]
+                 ) -> list[dict[str, Any]]:
+        """The documents in schema order from the decided closed fields and the generated free text
+        (``free_text`` per field), validated; one result per row with its pooled state."""
         out = []
         for i, row in enumerate(rows):
             doc = {name: closed[i][name] if name in closed[i] else free[name][0][i] for name in self.schema["properties"]}
@@ -156,43 +204,34 @@ class LogitTagger:
         return out
 
 
-def greedy_continue(model: Any, state: PrefixState, prompts: Sequence[Sequence[int]], pad_id: int,
+def greedy_continue(model: Any, state: PrefixState | BatchState, prompts: Sequence[Sequence[int]], pad_id: int,
                     processor: GrammarLogits, stop_ids: set[int], max_new: int) -> list[list[int]]:
     """Greedy tokens after each prompt, all prompts in one batch continuing ``state`` (the cached
-    instruction, expanded along the batch, never mutated). Prompts are right-padded; the pads are
-    masked out of every later step, and positions continue from each prompt's own length."""
+    instruction, expanded along the batch, or one cached row per prompt), never mutated. Rows of
+    different lengths are right-padded and the pads masked out of every later step
+    (``llm_rerank.scoring.continue_batch``)."""
     import torch
-    from transformers import DynamicCache
 
-    batch, width = len(prompts), max(len(p) for p in prompts)
-    window = getattr(model.config, "sliding_window", None) if getattr(model.config, "use_sliding_window", True) else None
-    if window and state.length + width + max_new > window and len({len(p) for p in prompts}) > 1:
-        # pads inside a sliding window (Gemma 3) would shorten it for the padded rows: run each length apart
-        out_by_row: dict[int, list[int]] = {}
-        for length in sorted({len(p) for p in prompts}):
-            rows = [b for b, p in enumerate(prompts) if len(p) == length]
-            sub = GrammarLogits(processor.compiled, [processor.prefills[b] for b in rows])
-            for b, tokens in zip(rows, greedy_continue(model, state, [prompts[b] for b in rows], pad_id, sub,
-                                                       stop_ids, max_new), strict=True):
-                out_by_row[b] = tokens
-        return [out_by_row[b] for b in range(batch)]
-    ids = torch.full((batch, width), pad_id, dtype=torch.long)
-    real = torch.zeros((batch, width), dtype=torch.long)
-    for b, p in enumerate(prompts):
-        ids[b, : len(p)] = torch.tensor(list(p), dtype=torch.long)
-        real[b, : len(p)] = 1
-    lengths = real.sum(1)
-    cache = DynamicCache(ddp_cache_data=[(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1))
-                                         for k, v in state.kv])
-    mask = torch.cat([torch.ones((batch, state.length), dtype=torch.long), real], dim=1)
-    positions = (state.length + torch.arange(width)).unsqueeze(0).expand(batch, -1)
+    if isinstance(state, PrefixState):
+        window = getattr(model.config, "sliding_window", None) if getattr(model.config, "use_sliding_window", True) \
+            else None
+        width = max(len(p) for p in prompts)
+        if window and state.length + width + max_new > window and len({len(p) for p in prompts}) > 1:
+            # pads inside a sliding window (Gemma 3) would shorten it for the padded rows: run each length apart
+            out_by_row: dict[int, list[int]] = {}
+            for length in sorted({len(p) for p in prompts}):
+                rows = [b for b, p in enumerate(prompts) if len(p) == length]
+                sub = GrammarLogits(processor.compiled, [processor.prefills[b] for b in rows])
+                for b, tokens in zip(rows, greedy_continue(model, state, [prompts[b] for b in rows], pad_id, sub,
+                                                           stop_ids, max_new), strict=True):
+                    out_by_row[b] = tokens
+            return [out_by_row[b] for b in range(len(prompts))]
+        state = BatchState.of_prefix(state, len(prompts))
+    batch = len(prompts)
     out: list[list[int]] = [[] for _ in prompts]
     done = torch.zeros(batch, dtype=torch.bool)
     with torch.inference_mode():
-        # the LM head only at each prompt's last position (Gemma 3's vocabulary is 262k)
-        keep, where = torch.unique(lengths - 1, return_inverse=True)
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
-                       logits_to_keep=keep).logits[torch.arange(batch), where]
+        logits, state = continue_batch(model, state, prompts, pad_id, logits=True, room=max_new)
         history = torch.zeros((batch, 0), dtype=torch.long)
         for step in range(max_new):
             scores = processor(history, logits.float())
@@ -207,10 +246,7 @@ def greedy_continue(model: Any, state: PrefixState, prompts: Sequence[Sequence[i
             if bool(done.all()) or step == max_new - 1:
                 break
             history = torch.cat([history, chosen.unsqueeze(1)], dim=1)
-            mask = torch.cat([mask, torch.ones((batch, 1), dtype=torch.long)], dim=1)
-            position = (state.length + lengths + step).unsqueeze(1)
-            logits = model(input_ids=chosen.unsqueeze(1), attention_mask=mask, position_ids=position, cache=cache,
-                           use_cache=True).logits[:, -1]
+            logits, state = continue_batch(model, state, [[int(t)] for t in chosen], pad_id, logits=True)
     return out
 
 
@@ -227,8 +263,22 @@ def tag_items(tagger: LogitTagger, rows: Sequence[dict[str, Any]], known: Mappin
         tagger.use_examples([(KNOWN_FIELD, str(rows[i]["title"]), list(known[i]))
                              for i in pick_examples(known, shots, seed)])
     probs = np.zeros((len(rows), len(tagger.layout.slots)), dtype=np.float32)
-    for start in tqdm(range(0, len(rows), batch_size), desc="label logits", disable=not progress):
-        probs[start : start + batch_size] = tagger.label_probs(rows[start : start + batch_size])
+    pooled: list[np.ndarray] = [np.zeros(0, np.float32)] * len(rows)
+    free: dict[str, tuple[list[Any], list[Any], list[Any]]] = {
+        name: ([None] * len(rows), [0] * len(rows), [False] * len(rows)) for name in tagger.free}
+    # items of similar token length share a batch: right padding to the batch's longest item is wasted work
+    order = np.argsort([len(tagger.layout.item(r["title"], r["description"])) for r in rows], kind="stable")
+    for start in tqdm(range(0, len(rows), batch_size), desc="tag by logits", disable=not progress):
+        where = order[start : start + batch_size]
+        batch = [rows[i] for i in where]
+        probs[where], states_pooled, states = tagger.read(batch)
+        for i, p in zip(where, states_pooled, strict=True):
+            pooled[i] = p
+        for name in tagger.free:  # free text does not depend on the thresholds: generated from the same caches
+            generated: tuple[list[Any], ...] = tagger.free_text(batch, name, states)
+            for acc, part in zip(free[name], generated, strict=True):
+                for i, value in zip(where.tolist(), part, strict=True):
+                    acc[i] = value
     t1 = time.perf_counter()
     thresholds = {}
     for f in tagger.fields:
@@ -243,13 +293,10 @@ def tag_items(tagger: LogitTagger, rows: Sequence[dict[str, Any]], known: Mappin
             thresholds[f.name] = calibrate(probs[idx, start:stop], truth, f.min_items, f.max_items,
                                            min_positives=min_positives)
     closed = tagger.closed_values(probs, thresholds)
+    results = tagger.complete(rows, closed, free, pooled)
     t2 = time.perf_counter()
-    results = []
-    for start in tqdm(range(0, len(rows), batch_size), desc="free text", disable=not progress):
-        results += tagger.complete(rows[start : start + batch_size], closed[start : start + batch_size])
-    t3 = time.perf_counter()
-    return LogitRun(results, thresholds, probs, {"label_scoring": t1 - t0, "calibration": t2 - t1,
-                                                 "free_text_and_states": t3 - t2, "total": t3 - t0})
+    return LogitRun(results, thresholds, probs, {"passes": t1 - t0, "calibrate_and_assemble": t2 - t1,
+                                                 "total": t2 - t0})
 
 
 def pick_examples(known: Mapping[int, Sequence[str]], shots: int, seed: int) -> list[int]:

@@ -54,7 +54,8 @@ def tag(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, 
         ray_address: Annotated[str | None, typer.Option("--ray-address", help="Existing Ray cluster.")] = None,
         ray_concurrency: Annotated[int, typer.Option("--ray-actors", min=1)] = 1,
         precision: Annotated[str, typer.Option("--precision", help="fp32 | bf16")] = "fp32",
-        batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 16,
+        batch_size: Annotated[int | None, typer.Option(
+            "--batch-size", min=1, help="Items per batch (default 16 for generate, 64 for logits).")] = None,
         chunk_size: Annotated[int, typer.Option("--chunk-size", min=1)] = 64,
         max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=8)] = 128,
         limit: Annotated[int | None, typer.Option("--limit", min=1, help="Tag only the first N items.")] = None,
@@ -87,7 +88,8 @@ def tag(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, 
     try:
         template = load_prompt_file(prompt) if prompt is not None else settings.llm.prompt
         summary = tag_catalog(split, _model_dir(settings, root, model), root, tagger, engine=engine,  # type: ignore[arg-type]
-                              chunk_size=chunk_size, batch_size=batch_size, limit=limit, ray_address=ray_address,
+                              chunk_size=chunk_size, batch_size=batch_size or (64 if method == "logits" else 16),
+                              limit=limit, ray_address=ray_address,
                               ray_concurrency=ray_concurrency, fresh=fresh, prompt=template,
                               method=method, seed=settings.seed, shots=shots)  # type: ignore[arg-type]
     except ValueError as exc:
@@ -175,7 +177,10 @@ def bench_logits(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: 
                      "--generation-model", help="Backbone of the generation-path row ('' to skip it).")
                  ] = "smollm2-135m-instruct",
                  generation_sample: Annotated[int, typer.Option("--generation-sample", min=1)] = 40,
-                 batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 16,
+                 batch_size: Annotated[int, typer.Option(
+                     "--batch-size", min=1, help="Items per batched pass of the logits rows.")] = 64,
+                 generation_batch_size: Annotated[int, typer.Option(
+                     "--generation-batch-size", min=1, help="Items per generate() call of the generation row.")] = 16,
                  shots: Annotated[int, typer.Option("--shots", min=0)] = 0,
                  max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=8)] = 128) -> None:
     """Logits tagging of the whole catalog per backbone beside the generation path, in one run."""
@@ -197,6 +202,7 @@ def bench_logits(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: 
         models = {name: located(name) for name in (b.strip() for b in backbones.split(",")) if name}
         report = compare_taggers(split.items, catalog, models, located(generation_model) if generation_model else None,
                                  generation_sample=generation_sample, seed=settings.seed, batch_size=batch_size,
+                                 generation_batch_size=generation_batch_size,
                                  shots=shots, checkpoint=lambda partial: _write_quietly(partial, out),
                                  settings=TaggerSettings(domain=settings.llm.domain, precision="fp32",
                                                          max_new_tokens=max_new_tokens, threads=threads))

@@ -123,7 +123,22 @@ def test_training_prefix_drops_each_users_last_train_item(split):
     assert prefix.groupby("user_idx")["item_idx"].apply(list).tolist() == [[0, 1], [1, 2], [0, 2]]
     fb = FeatureBuilder(CoarseConfig(cooc_window=1)).fit(split, prefix)
     f = features(fb, history=[1], items=[2, 3])
-    np.testing.assert_allclose(f["follow_last"], [1, 0])  # u1's 1 -> 2 remains, u0's label 2 is gone
+    # u1's 1 -> 2 remains, u0's label 2 is gone; item 3 has no interaction in the prefix: unknown
+    np.testing.assert_allclose(f["follow_last"], [1, np.nan])
+
+
+def test_an_item_without_interactions_has_unknown_interaction_features(split):
+    from coarse_rank.features import INTERACTION_FEATURES
+
+    prefix = training_prefix(split)  # item 3 has no interaction here: a new item to this builder
+    fb = FeatureBuilder(CoarseConfig()).fit(split, prefix)
+    f = features(fb, history=[1], items=[2, 3])
+    assert not fb.known_items()[3] and fb.known_items()[2]
+    for name in INTERACTION_FEATURES:
+        if name in f:
+            assert np.isnan(f[name][1]), name
+    assert f["item_log_pop"][0] > 0
+    assert f["item_year"][1] == 2000 and f["item_n_categories"][1] == 0  # content columns stay as they are
 
 
 def test_save_load_round_trip_gives_identical_features(split, tmp_path):

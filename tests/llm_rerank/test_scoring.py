@@ -134,3 +134,35 @@ def test_mixed_length_rows_in_one_padded_pass_score_as_each_row_alone(
     for r in range(3):  # the scores the stage reads, row by row
         np.testing.assert_allclose(listwise_from_logits(batched[r : r + 1], letters, 5),
                                    listwise_from_logits(alone[r : r + 1], letters, 5), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("room", [0, 3])
+def test_a_padded_batch_continued_step_by_step_scores_as_each_row_alone(
+        tiny: tuple[LogitScorer, PromptBuilder], room: int) -> None:
+    """``continue_batch``: rows of different lengths after one shared prefix, then two one-token
+    steps (a decoding loop; with ``room`` the cache grows in place), equal each row run whole."""
+    from llm_rerank.scoring import BatchState, continue_batch
+
+    scorer, builder = tiny
+    prefix = builder.listwise(HORROR[:2], ATTRS, ["Alien (1979)"]).prefix
+    rows = [builder.listwise([], {}, titles).suffixes[0] for titles in (ANIMATION[:1], HORROR[:4])]
+    steps = [[7, 9], [11, 13]]
+    with torch.inference_mode():
+        state = BatchState.of_prefix(run_prefix(scorer.model, prefix), 2)
+        first, state = continue_batch(scorer.model, state, rows, scorer.pad_id, logits=True, room=room)
+        assert (state.live is not None) == (room > 0)
+        outs = [first]
+        for step in steps:
+            out, state = continue_batch(scorer.model, state, [[t] for t in step], scorer.pad_id, logits=True)
+            outs.append(out)
+        for b in range(2):
+            for k, out in enumerate(outs):
+                whole = prefix + rows[b] + [s[b] for s in steps[:k]]
+                expected = row_logits(scorer.model, [whole], scorer.pad_id)[0]
+                assert (out[b] - expected).abs().max().item() < 1e-4
+        hidden, grown = continue_batch(scorer.model, BatchState.of_prefix(run_prefix(scorer.model, prefix), 2),
+                                       rows, scorer.pad_id)
+    assert hidden.shape[:2] == (2, max(len(r) for r in rows)) and grown.lengths.tolist() == [
+        len(prefix) + len(r) for r in rows]
+    with pytest.raises(ValueError, match="one non-empty row per cached row"):
+        continue_batch(scorer.model, grown, [[1]], scorer.pad_id)

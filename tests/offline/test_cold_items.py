@@ -58,6 +58,10 @@ def test_cold_item_report_trains_a_cold_cascade_and_slices_by_the_test_item(synt
     for row in slices.values():
         assert {"recall", "coarse", "final"} <= set(row["stages"])
         assert set(row["deltas"]) == {"coarse_vs_recall", "final_vs_coarse"}
+        assert {"recall", "coarse"} <= set(row["candidate_recall"])
+        assert all(0.0 <= v <= 1.0 for v in row["candidate_recall"].values())
+    # unknown to every model, new items still reach recall's candidates through their content
+    assert report["new_items_among_candidates"]["recall"] > 0
     assert report["new_items"] == len(cold.unseen_items) and report["item_side_knowledge"]["text"] is False
     again = cold_item_report(settings, art, split, share=0.1, n_boot=200, progress=False)
     assert again["slices"] == slices  # the cold cascade is reused, not retrained

@@ -114,3 +114,34 @@ def test_user_tower_rejects_sequences_longer_than_max_len():
     item, user = _towers(max_len=3)
     with pytest.raises(ValueError, match="max_len 3"):
         user(item.all_items(), torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long))
+
+
+def test_an_unknown_item_is_placed_by_its_content_alone():
+    torch.manual_seed(0)
+    emb = np.random.default_rng(0).normal(size=(12, 5)).astype(np.float32)
+    known = np.ones(12, dtype=bool)
+    known[3] = False
+    item = ItemTower(ItemFeatures.from_items(_items(), emb), DIM, known=known).eval()
+    with torch.no_grad():
+        vecs = item.all_items()
+        item.id_emb.weight[3] += 100.0  # an unknown item's id embedding never reaches its vector
+        item.id_emb.weight[4] += 100.0
+        again = item.all_items()
+    torch.testing.assert_close(vecs[3], again[3])
+    assert not torch.allclose(vecs[4], again[4])
+
+
+def test_id_dropout_hides_known_ids_in_training_only():
+    emb = np.random.default_rng(0).normal(size=(12, 5)).astype(np.float32)
+    torch.manual_seed(0)
+    item = ItemTower(ItemFeatures.from_items(_items(), emb), DIM, id_dropout=0.5)
+    content = ItemTower(ItemFeatures.from_items(_items(), emb), DIM, known=np.zeros(12, dtype=bool))
+    content.load_state_dict(item.state_dict())
+    with torch.no_grad():
+        assert torch.allclose(item.eval().all_items(), item.all_items())  # eval: deterministic, ids kept
+        assert not torch.allclose(item.all_items(), content.eval().all_items())
+        train_vecs = item.train().all_items()
+    same = torch.isclose(train_vecs, content.eval().all_items()).all(dim=1)
+    assert 0 < int(same.sum()) < 12  # some ids dropped (content alone), some kept
+    with pytest.raises(ValueError, match="known has 3 entries"):
+        ItemTower(ItemFeatures.from_items(_items(), emb), DIM, known=np.ones(3, dtype=bool))

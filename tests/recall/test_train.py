@@ -71,3 +71,25 @@ def test_explicit_sequences_and_targets(split, tmp_path: Path):
     assert report["valid"]["recall@10"] >= 0.95
     with pytest.raises(ValueError, match="one sequence and one target per user"):
         train_two_tower(split, tmp_path, tiny_config(), sequences=seqs[:3], progress=False)
+
+
+@pytest.mark.parametrize("loss", ["full", "sampled"])
+def test_an_item_no_sequence_holds_is_not_trained_as_a_negative(split, tmp_path: Path, loss: str):
+    # item 0 is dropped from every training sequence (a new item): its id embedding must never
+    # move, and its vector must be what its content alone gives
+    import torch
+
+    from recall.features import ItemFeatures
+    from recall.towers import ItemTower
+
+    seqs = [s[s != 0] for s in split.train_sequences]
+    targets = np.array([s[-1] if len(s) else -1 for s in seqs])
+    cfg = tiny_config(loss=loss, n_negatives=16, max_epochs=2, eval_every=1)
+    train_two_tower(split, tmp_path, cfg, sequences=[s[:-1] for s in seqs], early_stop_targets=targets,
+                    progress=False)
+    state = torch.load(tmp_path / MODEL_FILE, weights_only=True)["item_tower"]
+    tower = ItemTower(ItemFeatures.from_items(split.items, None), cfg.dim, known=np.zeros(split.n_items, bool))
+    tower.load_state_dict(state)
+    with torch.no_grad():
+        content_only = tower.eval().all_items().numpy()
+    np.testing.assert_allclose(np.load(tmp_path / VECTORS_FILE)[0], content_only[0], atol=1e-5)

@@ -67,6 +67,17 @@ def test_batched_free_text_equals_each_prompt_decoded_alone(arch: str) -> None:
     assert all(0 < len(t) <= 10 for t in together)
 
 
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_free_text_from_the_item_caches_equals_running_the_items_again(arch: str) -> None:
+    tagger = loaded(arch)
+    rows = item_rows(catalog_split(4).items, ["Animation", "Children's", "Horror"], 0, 3)
+    rows[1] = {**rows[1], "title": rows[1]["title"] + " with a much longer title than the others"}
+    probs, pooled, states = tagger.read(rows)
+    assert len(pooled) == 3 and all(p.shape == (tagger.model.config.hidden_size,) for p in pooled)
+    assert not np.allclose(pooled[0], pooled[1])
+    assert tagger.free_text(rows, "summary", states) == tagger.free_text(rows, "summary")
+
+
 def test_every_document_is_schema_valid_and_held_out_labels_are_never_read(tmp_path: Path) -> None:
     split = catalog_split(12)
     summary = tag_catalog(split, str(tiny_model_dir()), tmp_path / "a", SETTINGS, method="logits", chunk_size=5,
