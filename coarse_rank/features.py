@@ -150,10 +150,11 @@ class FeatureBuilder:
 
     def hide_interactions(self, x: np.ndarray, rows: np.ndarray) -> None:
         """Make ``rows`` of a ``transform`` matrix look like new items' rows (in place)."""
+        if not rows.any():  # the usual request: no new item, nothing to look up
+            return
         nan, zero = self.interaction_columns
-        if rows.any():
-            x[np.ix_(rows, nan)] = np.nan
-            x[np.ix_(rows, zero)] = 0.0
+        x[np.ix_(rows, nan)] = np.nan
+        x[np.ix_(rows, zero)] = 0.0
 
     def known_items(self) -> np.ndarray:
         """[n_items] bool: the fitted table holds at least one interaction of the item."""

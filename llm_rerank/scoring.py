@@ -44,7 +44,8 @@ class BatchState:
     (LongTensor [B, T], 1 = real token) hides the pads from every later token, and a row's next
     position is its own real length (``lengths``), so a padded row attends and is positioned exactly
     as if it ran alone. Built from a shared ``PrefixState`` (``of_prefix``) and grown by
-    ``continue_batch``; never mutated (a continuation concatenates new tensors)."""
+    ``continue_batch``; its tensors are never changed (a continuation concatenates new ones, or
+    writes past their end into a live cache's reserved room, which it then takes over)."""
 
     kv: list[tuple[Any, Any]]
     mask: Any

@@ -4,7 +4,8 @@
 each scored stage's own top-10, candidate sets, per-stage status and timings; ``memoised``
 wraps the scoring stages so a second pass over the same requests (``offline.evaluate``'s
 policy costs) replays their answers; ``slice_table`` turns a slice of users' top-10s into
-NDCG/Recall per stage with paired CIs. Used by ``offline.evaluate``, ``offline.cold_items``
+NDCG/Recall per stage with paired CIs, and ``llm_routing`` reads from slice tables which
+slices the LLM path lifts. Used by ``offline.evaluate``, ``offline.cold_items``
 and the demo.
 
 Deliberately left out: what is measured and reported (``offline.evaluate``).
@@ -105,6 +106,30 @@ def slice_table(tops: dict[str, np.ndarray], targets: np.ndarray, stages: list[s
         r = paired_bootstrap(metrics[before][f"ndcg@{K}"], metrics[after][f"ndcg@{K}"], n_boot=n_boot, seed=seed)
         out["deltas"][f"{after}_vs_{before}"] = {"mean": round(r["mean"], 5), "ci95": [round(x, 5) for x in r["ci95"]]}
     return out
+
+
+def llm_routing(*slice_groups: dict[str, Any]) -> dict[str, Any]:
+    """Which slices the LLM path should serve: those whose final NDCG@10 beats coarse's (the light
+    path's order) with the whole paired 95% CI above zero; the evidence per slice. With none, the
+    decision is to keep the hash share (``serving.llm_share``).
+
+    >>> llm_routing({"1-5": {"users": 300, "deltas": {"final_vs_coarse": {"mean": 0.02, "ci95": [0.004, 0.03]}}},
+    ...              "> 20": {"users": 800, "deltas": {"final_vs_coarse": {"mean": 0.0, "ci95": [-0.01, 0.01]}}}}
+    ...             )["route_to_llm"]
+    ['1-5']
+    """
+    evidence: dict[str, Any] = {}
+    for group in slice_groups:
+        for name, row in group.items():
+            d = row.get("deltas", {}).get("final_vs_coarse")
+            if d is not None:
+                evidence[name] = {"users": row.get("users"), "final_vs_coarse": d}
+    lifted = [name for name, e in evidence.items() if e["final_vs_coarse"]["ci95"][0] > 0]
+    return {"rule": "route a slice to the LLM path when final - coarse NDCG@10 has its paired 95% CI above 0",
+            "route_to_llm": lifted,
+            "decision": f"LLM path for slices {lifted}" if lifted else
+            "keep the hash share: the LLM path lifts no slice with a CI above zero",
+            "evidence": evidence}
 
 
 class _Replay:

@@ -92,7 +92,9 @@ def candidate_recall(candidates: dict[str, list[np.ndarray]], targets: np.ndarra
     >>> candidate_recall({"recall": [np.array([1, 2]), np.array([3])]}, np.array([2, 4]), np.array([0, 1]))
     {'recall': 0.5}
     """
-    return {s: round(float(np.mean([targets[u] in c[u] for u in users])), 5) if len(users) else 0.0
+    from offline.metrics import candidate_recall as share_found
+
+    return {s: round(share_found([c[u] for u in users], targets[users]), 5) if len(users) else 0.0
             for s, c in candidates.items() if any(len(x) for x in c)}
 
 

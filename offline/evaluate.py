@@ -22,6 +22,7 @@ from offline.cascade_run import (
     SCORED,
     K,
     list_completeness,
+    llm_routing,
     memoised,
     requests_for,
     requests_for_user,
@@ -109,30 +110,6 @@ def short_history(pipeline: Any, split: Split, phase: Phase, run: dict, *, min_u
                **slice_table(tops, targets[users], stages, seed=seed, n_boot=n_boot)}
         out["slices"][name] = row
     return out
-
-
-def llm_routing(*slice_groups: dict[str, Any]) -> dict[str, Any]:
-    """Which slices the LLM path should serve: those whose final NDCG@10 beats coarse's (the light
-    path's order) with the whole paired 95% CI above zero; the evidence per slice. With none, the
-    decision is to keep the hash share (``serving.llm_share``).
-
-    >>> llm_routing({"1-5": {"users": 300, "deltas": {"final_vs_coarse": {"mean": 0.02, "ci95": [0.004, 0.03]}}},
-    ...              "> 20": {"users": 800, "deltas": {"final_vs_coarse": {"mean": 0.0, "ci95": [-0.01, 0.01]}}}}
-    ...             )["route_to_llm"]
-    ['1-5']
-    """
-    evidence: dict[str, Any] = {}
-    for group in slice_groups:
-        for name, row in group.items():
-            d = row.get("deltas", {}).get("final_vs_coarse")
-            if d is not None:
-                evidence[name] = {"users": row.get("users"), "final_vs_coarse": d}
-    lifted = [name for name, e in evidence.items() if e["final_vs_coarse"]["ci95"][0] > 0]
-    return {"rule": "route a slice to the LLM path when final - coarse NDCG@10 has its paired 95% CI above 0",
-            "route_to_llm": lifted,
-            "decision": f"LLM path for slices {lifted}" if lifted else
-            "keep the hash share: the LLM path lifts no slice with a CI above zero",
-            "evidence": evidence}
 
 
 def _pct(values: list[float] | np.ndarray) -> dict[str, float]:

@@ -133,9 +133,8 @@ class LogitTagger:
         return probs, pooled, states
 
     def _window_binds(self, length: int) -> bool:
-        config = getattr(self.model, "config", None)
-        window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
-        return bool(window) and length > int(window or 0)
+        window = sliding_window(self.model)
+        return window is not None and length > window
 
     def closed_values(self, probs: np.ndarray, thresholds: dict[str, Thresholds]) -> list[dict[str, Any]]:
         """The decided closed fields of every row (values ordered by margin over their threshold)."""
@@ -204,6 +203,13 @@ class LogitTagger:
         return out
 
 
+def sliding_window(model: Any) -> int | None:
+    """The model's attention window in tokens (Gemma 3's local layers), None when it attends to all."""
+    config = getattr(model, "config", None)
+    window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
+    return int(window) if window else None
+
+
 def greedy_continue(model: Any, state: PrefixState | BatchState, prompts: Sequence[Sequence[int]], pad_id: int,
                     processor: GrammarLogits, stop_ids: set[int], max_new: int) -> list[list[int]]:
     """Greedy tokens after each prompt, all prompts in one batch continuing ``state`` (the cached
@@ -213,8 +219,7 @@ def greedy_continue(model: Any, state: PrefixState | BatchState, prompts: Sequen
     import torch
 
     if isinstance(state, PrefixState):
-        window = getattr(model.config, "sliding_window", None) if getattr(model.config, "use_sliding_window", True) \
-            else None
+        window = sliding_window(model)
         width = max(len(p) for p in prompts)
         if window and state.length + width + max_new > window and len({len(p) for p in prompts}) > 1:
             # pads inside a sliding window (Gemma 3) would shorten it for the padded rows: run each length apart
