@@ -52,7 +52,7 @@ class CoarseConfig(BaseModel):
         default=False,
         description="Add the LLM tag features (coarse_rank.features.TAG_FEATURES: LLM genre/theme affinity with "
         "the history, risk flags, LLM-embedding cosine with the recent history). Training then needs the "
-        "item tags (coarse_rank.with_tags.train_coarse_tags writes such a model to <artifact_dir>/coarse_tags).",
+        "item tags (jobs.coarse_tags.train_coarse_tags writes such a model to <artifact_dir>/coarse_tags).",
     )
     channel_features: bool = Field(
         default=True,

@@ -348,7 +348,7 @@ def check_tags(config: CoarseConfig, tags: ItemTags | None, n_items: int) -> Ite
         return None
     if tags is None:
         raise ValueError("coarse.tag_features is true but no item tags were given: train this model with "
-                         "coarse_rank.with_tags.train_coarse_tags (it passes ItemTags to train_coarse)")
+                         "jobs.coarse_tags.train_coarse_tags (it passes ItemTags to train_coarse)")
     if tags.n_items != n_items:
         raise ValueError(f"item tags cover {tags.n_items} items, the catalog has {n_items}: tag the whole catalog")
     return tags

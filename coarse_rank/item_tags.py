@@ -1,6 +1,6 @@
 """Item-level LLM tag tables the coarse ranker's tag features look up (``CoarseConfig.tag_features``).
 
-``ItemTags`` is the typed hand-off from the tagging job (``offline.tagging``) to
+``ItemTags`` is the typed hand-off from the tagging job (``jobs.tagging``) to
 ``coarse_rank.features.FeatureBuilder``: per item (row i = item_idx i) a 0/1 matrix of its LLM
 genres and themes, its number of risk flags, whether its tags are known, and a unit LLM
 embedding. A fallback record (generation failed) is *unknown*: its genre/theme rows are zero,
@@ -9,7 +9,7 @@ embedding. A fallback record (generation failed) is *unknown*: its genre/theme r
 The fitted builder saves these arrays beside its own tables (``arrays`` / ``from_arrays``), so
 serving never reads ``<artifact_dir>/tags/``.
 
-Deliberately left out: where the embeddings come from (``coarse_rank.with_tags`` trains a
+Deliberately left out: where the embeddings come from (``jobs.coarse_tags`` trains a
 leak-free projection for them) and the features themselves (``coarse_rank.features``).
 """
 

@@ -29,7 +29,7 @@ class CoarseStage:
     """Built cheaply as ``CoarseStage(spec, settings)``; ``load`` reads ``<artifact_dir>/<subdir>``.
 
     ``spec.params``: ``subdir`` (default ``"coarse"``) selects another trained copy beside the
-    default one, e.g. ``coarse_tags`` (the tag-feature model of ``coarse_rank.with_tags``).
+    default one, e.g. ``coarse_tags`` (the tag-feature model of ``jobs.coarse_tags``).
     """
 
     reads: tuple[str, ...] = ("recall",)

@@ -62,7 +62,7 @@ def train_coarse(
     """Fit the ranker on ``candidate_stage``'s candidates, save it under ``out_dir``, return a report.
 
     ``tags``: the item tag tables, required exactly when ``config.tag_features`` (both feature
-    builders use them; see ``coarse_rank.with_tags`` for leak-free ones).
+    builders use them; see ``jobs.coarse_tags`` for leak-free ones).
     """
     import lightgbm as lgb
 

@@ -4,7 +4,7 @@
 (``LLMConfig.with_overrides``). ``AdaptConfig`` (``settings.llm.adapt``) sizes the LoRA
 domain-adaptation job; its defaults fit about 15-20 minutes on 2 CPU cores for ML-100K.
 
-Deliberately left out: anything read from the environment (``recsys.settings`` does that).
+Deliberately left out: anything read from the environment (``cascade.settings`` does that).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 
 class AdaptConfig(BaseModel):
-    """The LoRA domain-adaptation job (``llm_rerank.adapt.train_llm``)."""
+    """The LoRA domain-adaptation job (``jobs.llm_adapt.train_llm``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -33,7 +33,7 @@ class AdaptConfig(BaseModel):
     positives: Literal["valid", "train"] = Field(
         "valid", description="Where training positives come from: 'valid' = the valid item of valid_share of the "
         "users (the cascade never trained on it; those users are left out of fusion tuning), 'train' = the last "
-        "train item (the cascade has seen it; see llm_rerank.adapt).")
+        "train item (the cascade has seen it; see jobs.llm_adapt).")
     valid_share: float = Field(0.5, gt=0, lt=1, description="Share of users whose valid item trains the LLM.")
     keep_candidate_order: bool | None = Field(
         None, description="Listwise: keep the candidate stage's order (positive at its rank) or shuffle; None = "
@@ -66,7 +66,7 @@ class KVCacheConfig(BaseModel):
     enabled: bool = Field(True, description="Use the block cache instead of the whole-prefix LRU.")
     block_tokens: int = Field(16, ge=1, le=1024, description="Tokens per cached block (vLLM uses 16).")
     tier1_bytes: int = Field(256 << 20, ge=0, description="In-process LRU bound in bytes; 0 disables tier 1.")
-    tier2: bool = Field(False, description="Share blocks through Redis (serving.redis_state.connect); off by "
+    tier2: bool = Field(False, description="Share blocks through Redis (recsys.redis_state.connect); off by "
                         "default: a 16-token block of SmolLM2-135M is 0.37 MB in bf16, ~10 MB per user's prompt.")
     tier2_url: str | None = Field(None, description="Redis URL for tier 2; None: settings.redis_url / $REDIS_URL.")
     tier2_prefix: str = Field("llmkv:", min_length=1, description="Dedicated key prefix of tier 2.")

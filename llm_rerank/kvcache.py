@@ -146,7 +146,7 @@ class RedisTier:
 
     def __init__(self, client: Any, *, prefix: str = "llmkv:", ttl_s: int = 3600, max_entries: int = 50_000,
                  guard: Any = None, clock: Callable[[], float] = time.time):
-        from serving.redis_state import RedisGuard
+        from recsys.redis_state import RedisGuard
 
         self.client = client
         self.prefix, self.ttl_s, self.max_entries = prefix, ttl_s, max_entries
@@ -158,7 +158,7 @@ class RedisTier:
     def _call(self, fn: Callable[[], Any]) -> Any:
         import redis
 
-        from serving.redis_state import RedisUnavailable
+        from recsys.redis_state import RedisUnavailable
 
         try:
             return self.guard.call(fn)

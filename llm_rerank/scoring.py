@@ -182,7 +182,7 @@ class PrefixCache:
 def zscore(scores: np.ndarray) -> np.ndarray:
     """Per-request standardised scores (float32; NaN -> the lowest score; constant -> zeros).
 
-    The residual term of listwise training and serving (``AdaptConfig.residual``, ``llm_rerank.adapt``): it makes the
+    The residual term of listwise training and serving (``AdaptConfig.residual``, ``jobs.llm_adapt``): it makes the
     coarse margin comparable across requests whatever its scale.
     """
     s = np.asarray(scores, dtype=np.float64)
@@ -265,7 +265,7 @@ def suffix_logits(model: Any, state: PrefixState, suffixes: Sequence[Sequence[in
 
 def suffix_states(model: Any, state: PrefixState, suffixes: Sequence[Sequence[int]], pad_id: int) -> Any:
     """Final hidden states [B, H] (after the last norm: what the LM head reads) at the last token of
-    each suffix, continuing the cached prefix (``llm_rerank.probe``); the logits are
+    each suffix, continuing the cached prefix (``jobs.llm_probe``); the logits are
     ``model.get_output_embeddings()`` of them."""
     import torch
 
@@ -278,7 +278,7 @@ def suffix_hidden(model: Any, state: PrefixState, suffixes: Sequence[Sequence[in
                   ) -> tuple[Any, Any, Any]:
     """(final hidden states [B, T, H] of every suffix position, last real index per row [B], the
     right-padded ids [B, T]), continuing the cached prefix: for reading logits at chosen positions
-    (a title's likelihood, ``llm_rerank.probe``) without the LM head over every position."""
+    (a title's likelihood, ``jobs.llm_probe``) without the LM head over every position."""
     ids, last, kwargs = _continuation(state, suffixes, pad_id)
     return model.get_decoder()(input_ids=ids, **kwargs).last_hidden_state, last, ids
 

@@ -20,7 +20,7 @@ It never hangs a request: ``request.remaining_s()`` is checked before the prefix
 between batches and a ``StageError`` is raised once it runs out; the pipeline then serves
 the previous (coarse) order as a fallback.
 
-Deliberately left out: fusing the LLM score with the coarse score (``recsys.fusion``).
+Deliberately left out: fusing the LLM score with the coarse score (``fusion.stage``).
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ class LLMRerankStage:
         kv = self.cfg.kv
         client = None
         if kv.tier2:
-            from serving.redis_state import connect
+            from recsys.redis_state import connect
 
             try:
                 client = connect(self.settings, kv.tier2_url)
@@ -265,7 +265,7 @@ def residual_beta(*locations: Path) -> float | None:
     A model adapted with ``llm.adapt.residual`` learnt its letter logits as a correction of the
     incoming order, so it is served as ``letters + beta * z(incoming score)``; ``None`` = plain.
     """
-    from llm_rerank.adapt import read_train_meta
+    from llm_rerank.meta import read_train_meta
 
     for loc in locations:
         meta = read_train_meta(loc)

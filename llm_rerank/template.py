@@ -1,9 +1,9 @@
 """The prompt document: the parts of the LLM prompts an operator may change, and their bounds.
 
 One document serves both LLM users: the re-ranker (``llm_rerank.prompt.PromptBuilder``) and the
-offline tagger (``offline.tagging.prompt.render_prompt``). It is what ``PUT /admin/prompts``
+offline tagger (``jobs.tagging.prompt.render_prompt``). It is what ``PUT /admin/prompts``
 publishes (``serving.hot_reload.PromptApplier``), what ``llm.prompt`` in the pipeline config
-holds, and what ``offline.tagging.run.tag_catalog(prompt=...)`` takes. Every field has the
+holds, and what ``jobs.tagging.run.tag_catalog(prompt=...)`` takes. Every field has the
 built-in text as its default, so ``PromptTemplate()`` renders exactly the prompts of
 ``PROMPT_VERSION`` p1 / t1, and a document names only what it changes:
 

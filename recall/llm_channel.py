@@ -1,7 +1,7 @@
 """The LLM-embedding recall channel, and a recall stage that merges it with two-tower + popularity.
 
 ``LLMEmbeddingChannel`` searches the faiss index over the tagging job's 256-d item embeddings
-(``<artifact_dir>/tags/embed``, see ``offline.tagging.embed``) with the mean of the user's
+(``<artifact_dir>/tags/embed``, see ``jobs.tagging.embed``) with the mean of the user's
 last ``window`` history items' embeddings (item-to-item similarity, as in item-based
 collaborative filtering; the projection was trained on co-interacted items, so the mean points
 at what tends to come next). Cold users (no history) get nothing from it.
@@ -11,7 +11,7 @@ channel: ``params.llm_share`` of the depth (default 0.2) is dealt to it through
 ``recall.channels.merge_channels``; ``llm_window`` sets the history window. With
 ``llm_share: 0`` it returns exactly what ``RecallStage`` returns.
 
-Deliberately left out: training the embeddings (``offline.tagging.embed``).
+Deliberately left out: training the embeddings (``jobs.tagging.embed``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class LLMEmbeddingChannel:
 
     @classmethod
     def load(cls, artifact_dir: Path, window: int = 20) -> LLMEmbeddingChannel:
-        from offline.tagging.embed import load_embeddings
+        from offline.tag_store import load_embeddings
         from recall.index import ItemIndex
 
         embed = Path(artifact_dir) / "tags"

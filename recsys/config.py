@@ -2,7 +2,7 @@
 
 The pipeline YAML (``configs/pipeline.yaml``) has a ``pipeline:`` section that validates into
 ``PipelineConfig``; the other top-level keys are the per-package configs bundled by
-``recsys.settings.Settings``. Stage kinds map to import paths in ``STAGE_KINDS`` so that
+``cascade.settings.Settings``. Stage kinds map to import paths in ``STAGE_KINDS`` so that
 building a pipeline imports only the stages it uses (nothing heavy at import time).
 
 Default cascade depths follow industry practice and the LlamaRec setup:
@@ -21,7 +21,7 @@ STAGE_KINDS: dict[str, str] = {
     "coarse": "coarse_rank.stage:CoarseStage",
     "llm": "llm_rerank.stage:LLMRerankStage",
     "rules": "rules.stage:RulesStage",
-    "fusion": "recsys.fusion:FusionStage",
+    "fusion": "fusion.stage:FusionStage",
     "recall_llm": "recall.llm_channel:LLMChannelRecallStage",
     "rules_tagged": "rules.tagged:TaggedRulesStage",
 }

@@ -1,8 +1,8 @@
 """Content digests of files, the one place artifacts and inputs are fingerprinted.
 
 Used for faiss index integrity (``recall.index``), the split's source fingerprint
-(``offline.jobs``), tagging chunk manifests (``offline.tagging.job``) and the inputs of the
-tag-feature coarse model (``coarse_rank.with_tags``). Callers shorten the hex digest as they need.
+(``jobs.train``), tagging chunk manifests (``jobs.tagging.job``) and the inputs of the
+tag-feature coarse model (``jobs.coarse_tags``). Callers shorten the hex digest as they need.
 """
 
 from __future__ import annotations

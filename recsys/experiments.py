@@ -20,7 +20,7 @@ A variant may override, deliberately few things (``VariantOverrides``):
 - ``fusion_weights``: the fusion stage's weights for this variant (replacing tuned weights).
 
 Deliberately left out: overlapping layers of concurrent experiments (Tang et al., 2010),
-ramp-up schedules, and anything that does I/O (serving logs, ``offline.ab`` analyses).
+ramp-up schedules, and anything that does I/O (serving logs, ``jobs.ab`` analyses).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ pipeline stops waiting ``WATCHDOG_GRACE_S`` after that deadline and falls back; 
 abandoned on its thread, and while ``MAX_ABANDONED`` calls of a stage are still stuck, the
 stage falls back at once instead of taking another thread.
 
-Deliberately left out: building stages from config (``recsys.registry``) and HTTP.
+Deliberately left out: building stages from config (``cascade.registry``) and HTTP.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class PipelineResult:
 
 
 class Pipeline:
-    """An ordered list of (spec, stage) pairs; built by ``recsys.registry.build_pipeline``."""
+    """An ordered list of (spec, stage) pairs; built by ``cascade.registry.build_pipeline``."""
 
     def __init__(self, stages: Sequence[tuple[StageSpec, Stage]], request_budget_ms: float | None = None):
         self.stages = list(stages)

@@ -6,7 +6,7 @@ come from ``<artifact_dir>/tags/items.parquet`` (written by ``recsys tag merge-i
 missing ``audience`` is filled from the tag. Enable by setting ``kind: rules_tagged`` on the
 rules stages in the pipeline YAML.
 
-Deliberately left out: producing the tags (``offline.tagging``).
+Deliberately left out: producing the tags (``jobs.tagging``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from rules.stage import RulesStage
 class TaggedRulesStage(RulesStage):
     def load(self, artifact_dir: Any) -> None:
         from offline.split import Split
-        from offline.tagging.wiring import load_tagged_items
+        from offline.tag_store import load_tagged_items
 
         split = Split.load(Path(artifact_dir) / "split")
         items = load_tagged_items(Path(artifact_dir))

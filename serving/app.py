@@ -32,8 +32,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
 
+from cascade.settings import Settings
 from recsys.pipeline import Pipeline, PipelineError
-from recsys.settings import Settings
 from serving import console
 from serving.backend import OnlineBackend
 from serving.metrics import ServingMetrics

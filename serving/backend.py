@@ -27,10 +27,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from recsys.settings import Settings
+from cascade.settings import Settings
+from recsys.redis_state import EmbeddedRedis, RedisGuard, RedisUnavailable, connect, redis_url
 from serving.hot_reload import PromptApplier, RulesApplier, VersionWatcher
 from serving.online import OnlineState
-from serving.redis_state import EmbeddedRedis, RedisGuard, RedisUnavailable, connect, redis_url
 from serving.service import Recommender
 from serving.stage_loading import degraded_stages
 from serving.versioned import VersionStore

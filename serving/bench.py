@@ -50,7 +50,7 @@ from typing import Any, NamedTuple
 import httpx
 import numpy as np
 
-from recsys.settings import Settings
+from cascade.settings import Settings
 from serving.bench_llm_path import bench_llm_path, latency_summary, llm_stage_names, served_llm_settings
 from serving.run import APP_FACTORY, server_env
 
@@ -195,7 +195,7 @@ def bench_serve(
     ``llm`` is ``{"skipped": reason}`` when the settings enable no LLM stage; a configured LLM stage
     that fails to load raises ``RuntimeError``; ``llm_shares`` above 0 without one raise ``ValueError``.
     """
-    from serving.redis_state import EmbeddedRedis, redis_url
+    from recsys.redis_state import EmbeddedRedis, redis_url
 
     llm_names = llm_stage_names(settings)
     if any(s > 0 for s in llm_shares) and not llm_names:

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from recsys.settings import Settings
+from cascade.settings import Settings
 from serving.metrics import llm_cache_counts
 
 PHASES = ("cold", "warm")

@@ -21,7 +21,7 @@ from fastapi import Depends, Header, HTTPException, Request, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.security import APIKeyHeader
 
-from recsys.settings import Settings
+from cascade.settings import Settings
 from serving.backend import OnlineBackend
 from serving.metrics import ServingMetrics
 from serving.schemas import LimitError, RecommendRequest, within_limits

@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from recsys.pipeline import Pipeline
-from serving.redis_state import RedisUnavailable
+from recsys.redis_state import RedisUnavailable
 from serving.versioned import VersionStore
 
 log = logging.getLogger(__name__)

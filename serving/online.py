@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import redis
 
-from serving.redis_state import RedisGuard
+from recsys.redis_state import RedisGuard
 from serving.state import HistoryStore
 
 _PUSH = """

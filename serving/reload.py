@@ -26,8 +26,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from cascade.settings import Settings
 from recsys.pipeline import Pipeline, PipelineError
-from recsys.settings import Settings
 from serving.backend import OnlineBackend
 from serving.metrics import ServingMetrics
 from serving.schemas import RecommendRequest
@@ -44,7 +44,7 @@ class ReloadRefused(ValueError):
 
 def load_checked(settings: Settings, artifact_dir: Path, metrics: ServingMetrics | None = None) -> Recommender:
     """A new, fully loaded and smoke-tested ``Recommender`` for ``artifact_dir``, else ``ReloadRefused``."""
-    from recsys.registry import build_pipeline
+    from cascade.registry import build_pipeline
 
     artifact_dir = Path(artifact_dir)
     try:

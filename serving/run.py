@@ -8,12 +8,12 @@ variable as a configuration key and refuses unknown ones.
 
 Shared state across workers: ``serve`` resolves Redis before forking. Without
 ``settings.redis_url`` / ``$REDIS_URL`` it starts ONE embedded Redis in the parent
-(supervised: restarted if it dies, see ``serving.redis_state``) and puts its URL into the
+(supervised: restarted if it dies, see ``recsys.redis_state``) and puts its URL into the
 settings every worker receives; with ``workers > 1`` it also points
 ``PROMETHEUS_MULTIPROC_DIR`` at a fresh directory so ``/metrics`` aggregates all workers.
 Logs are JSON lines (``serving.logs``) in every process.
 
-Deliberately left out: the command-line interface itself (``recsys.cli``).
+Deliberately left out: the command-line interface itself (``cli``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from recsys.settings import Settings
+from cascade.settings import Settings
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -98,8 +98,8 @@ def check_rules(settings: Settings, artifact_dir: Path) -> None:
     """Refuse to start (``RulesError``, a ValueError naming the stage, rule and attribute) when a
     policy stage's rule set cannot judge this catalog: the workers would load, fail that
     fail-closed stage and answer 503 to every request while looking up."""
+    from cascade.registry import build_stage
     from recsys.config import POLICY_KINDS
-    from recsys.registry import build_stage
 
     for spec in settings.pipeline.stages:
         if spec.enabled and spec.kind in POLICY_KINDS:
@@ -119,7 +119,7 @@ def shared_state(settings: Settings, workers: int) -> Iterator[Settings]:
     import shutil
     import tempfile
 
-    from serving.redis_state import EmbeddedRedis, redis_url
+    from recsys.redis_state import EmbeddedRedis, redis_url
 
     embedded, metrics_dir = None, None
     try:

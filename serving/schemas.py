@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from recsys.settings import Settings
-from serving.config import EVENT_TYPES
+from cascade.serving_config import EVENT_TYPES
+from cascade.settings import Settings
 from serving.policy import RouteReason
 from serving.versioned import MAX_VERSION_CHARS, VERSION_PATTERN
 

@@ -34,13 +34,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from cascade.settings import Settings
 from recsys.contract import Candidates, Request, StageTrace
 from recsys.experiments import Assignment, ExperimentsConfig, active_experiment, assign
 from recsys.pipeline import Pipeline, PipelineResult
-from recsys.settings import Settings
+from recsys.redis_state import RedisUnavailable
 from serving.metrics import ServingMetrics
 from serving.policy import choose_route, result_cache_key
-from serving.redis_state import RedisUnavailable
 from serving.schemas import RecommendRequest
 from serving.stage_loading import load_pipeline
 from serving.state import CatalogState
@@ -187,7 +187,7 @@ def variant_pipelines(
     """
     if experiment is None:
         return {}
-    from recsys.fusion import FusionStage
+    from fusion.stage import FusionStage
 
     out = {}
     for variant in experiment.variants:

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from recsys.settings import Settings
+from cascade.settings import Settings
 from serving.bench import APP_FACTORY, drive, start_server_subprocess
 
 
@@ -77,7 +77,7 @@ def soak(
     warmup_s: float = 5.0, app_factory: str = APP_FACTORY, **mix: Any,
 ) -> dict[str, Any]:
     """The soak report (see the module docstring); ``mix`` goes to ``drive`` (k, event_share, ...)."""
-    from serving.redis_state import EmbeddedRedis, redis_url
+    from recsys.redis_state import EmbeddedRedis, redis_url
 
     if concurrency < 1 or seconds <= 0 or window_s <= 0 or max_requests < 1:
         raise ValueError(f"soak: need concurrency >= 1, seconds > 0, window_s > 0, max_requests >= 1; got "

@@ -22,9 +22,9 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from cascade.settings import Settings
 from recsys.contract import Candidates, Request, StageError
 from recsys.pipeline import Pipeline
-from recsys.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class DegradedStage:
 
 def load_pipeline(settings: Settings, artifact_dir: Path) -> Pipeline:
     """``build_pipeline`` whose LLM stages are disabled, not fatal, when their artifacts fail to load."""
-    from recsys.registry import build_pipeline  # imports the configured stage packages
+    from cascade.registry import build_pipeline  # imports the configured stage packages
 
     if not any(s.enabled and s.kind == "llm" for s in settings.pipeline.stages):
         # light path only: per-request torch work (one user vector) is tiny; intra-op threads

@@ -29,7 +29,7 @@ from typing import Any
 
 import redis
 
-from serving.redis_state import RedisGuard
+from recsys.redis_state import RedisGuard
 
 KINDS = ("rules", "prompts")
 MAX_VERSION_CHARS = 128

@@ -4,8 +4,8 @@
 the console looks under the served artifact directory's ``ab/`` folder (``--out
 <artifacts>/<dataset>/ab/online.json --report-dir <artifacts>/<dataset>/ab``), recursively,
 and shows the newest JSON file (by modification time) that has the shape
-``offline.ab.analyze.analyze_events`` returns, with the ``online_*.png`` plots
-``offline.ab.report.write_online_report`` drew beside it. No such file: the page says so.
+``jobs.ab.analyze.analyze_events`` returns, with the ``online_*.png`` plots
+``jobs.ab.report.write_online_report`` drew beside it. No such file: the page says so.
 
 The experiment's ``salt`` is left out of the config view: with it anyone could compute which
 arm any user falls in.

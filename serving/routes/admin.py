@@ -27,10 +27,10 @@ import anyio
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 
+from recsys.redis_state import RedisUnavailable
 from serving.backend import OnlineBackend
 from serving.deps import AdminDep, BackendDep, MetricsDep, RecommenderDep, SettingsDep, SlotDep
 from serving.hot_reload import canonical, parse_document
-from serving.redis_state import RedisUnavailable
 from serving.reload import ReloadRefused, load_checked, swap
 from serving.schemas import RollbackRequest, VersionEntry, VersionsResponse
 from serving.versioned import InvalidVersion, UnknownVersion, VersionConflict

@@ -20,8 +20,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 
 from recsys.experiments import assign
+from recsys.redis_state import RedisUnavailable
 from serving.deps import MetricsDep, RecommenderDep, SettingsDep
-from serving.redis_state import RedisUnavailable
 from serving.schemas import EventRequest, EventResponse
 
 router = APIRouter(prefix="/v1", tags=["events"])

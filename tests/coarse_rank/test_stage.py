@@ -7,13 +7,13 @@ import hashlib
 import numpy as np
 import pytest
 
+from cascade.registry import build_stage
+from cascade.settings import Settings
 from coarse_rank.dataset import build_groups
 from coarse_rank.features import FeatureBuilder
 from coarse_rank.stage import CoarseStage
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request, Stage, StageError
-from recsys.registry import build_stage
-from recsys.settings import Settings
 from tests.coarse_rank.conftest import TOY_CONFIG
 from tests.coarse_rank.toy import PopularityStage
 

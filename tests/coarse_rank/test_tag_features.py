@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from cascade.settings import Settings
 from coarse_rank import item_tags
 from coarse_rank.config import CoarseConfig
 from coarse_rank.features import FEATURES, TAG_FEATURES, FeatureBuilder
@@ -16,7 +17,6 @@ from coarse_rank.stage import CoarseStage
 from coarse_rank.train import train_coarse
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request
-from recsys.settings import Settings
 from tests.coarse_rank.conftest import TOY_CONFIG
 from tests.coarse_rank.test_features import ITEMS, RATINGS, SEQS, STAMPS, USERS, features
 from tests.coarse_rank.toy import PopularityStage, split_from_sequences

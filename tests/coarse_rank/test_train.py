@@ -8,12 +8,12 @@ import json
 import numpy as np
 import pytest
 
+from cascade.settings import Settings
 from coarse_rank.dataset import build_groups
 from coarse_rank.stage import CoarseStage
 from coarse_rank.train import train_coarse
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request
-from recsys.settings import Settings
 from tests.coarse_rank.conftest import TOY_CONFIG
 from tests.coarse_rank.toy import PopularityStage
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cascade.settings import Settings
 from llm_rerank.batching import DynamicBatcher
 from llm_rerank.stage import LLMRerankStage
 from recsys.config import StageSpec
 from recsys.contract import Request, StageError
-from recsys.settings import Settings
 from tests.llm_rerank.factories import save_tiny_llm, tiny_split
 
 

@@ -11,14 +11,14 @@ import pytest
 import redis
 import torch
 
+from cascade.settings import Settings
 from llm_rerank.prefix_kv import BlockPrefixCache, decode_block, encode_block
 from llm_rerank.prompt import PromptBuilder
 from llm_rerank.scoring import LogitScorer, pointwise_from_logits
 from llm_rerank.stage import LLMRerankStage
 from recsys.config import StageSpec
 from recsys.contract import Request
-from recsys.settings import Settings
-from serving.redis_state import EmbeddedRedis
+from recsys.redis_state import EmbeddedRedis
 from tests.llm_rerank.factories import (
     ANIMATION,
     ARCHITECTURES,

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from cascade.settings import Settings
 from llm_rerank.backbone import load_model
 from llm_rerank.prompt import PromptBuilder
 from llm_rerank.quant import METHOD, W8A8Linear, calibrate, load_w8a8, mlp_input_norm, save_calibrated
@@ -17,7 +18,6 @@ from llm_rerank.scoring import LogitScorer, listwise_from_logits, pointwise_from
 from llm_rerank.stage import LLMRerankStage
 from recsys.config import StageSpec
 from recsys.contract import Request
-from recsys.settings import Settings
 from tests.llm_rerank.factories import ANIMATION, ARCHITECTURES, HORROR, tiny_llm, tiny_split
 
 

@@ -15,11 +15,11 @@ import httpx
 import numpy as np
 import pytest
 
+from cascade.settings import Settings
 from llm_rerank.remote import RemoteLLM
 from llm_rerank.stage import LLMRerankStage
 from recsys.config import StageSpec
 from recsys.contract import Request, StageError
-from recsys.settings import Settings
 from tests.llm_rerank.factories import save_tiny_llm, tiny_split
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llm_rerank.bench import bench_llm_stage, score_requests
+from cascade.settings import Settings
+from jobs.llm_bench import bench_llm_stage, score_requests
 from llm_rerank.stage import LLMRerankStage
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request, Stage, StageError
 from recsys.pipeline import Pipeline
-from recsys.settings import Settings
 from tests.llm_rerank.factories import PopularityStage, save_tiny_llm, tiny_split
 
 

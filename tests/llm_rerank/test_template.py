@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cascade.settings import Settings
 from llm_rerank.config import LLMConfig
 from llm_rerank.kvcache import block_keys
 from llm_rerank.prompt import PromptBuilder
@@ -18,7 +19,6 @@ from llm_rerank.stage import LLMRerankStage
 from llm_rerank.template import DEFAULT, PromptError, PromptTemplate, parse_prompt_document
 from recsys.config import StageSpec
 from recsys.contract import Request
-from recsys.settings import Settings
 from tests.llm_rerank.factories import ANIMATION, save_tiny_llm, smollm2_tokenizer, tiny_split
 
 CRITICS = {"version": "critics-1", "system": "You pick {domain}s for film critics.",

@@ -8,11 +8,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from cascade.settings import Settings
 from recall.stage import RecallStage
 from recall.train import train_two_tower
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request, Stage
-from recsys.settings import Settings
 from tests.recall.two_tower_factories import successor_of, successor_split, tiny_config
 
 

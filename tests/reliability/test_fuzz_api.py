@@ -30,8 +30,8 @@ from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 
 from recsys.config import STAGE_KINDS
+from recsys.redis_state import ENV_REDIS_URL, EmbeddedRedis
 from serving.app import create_app
-from serving.redis_state import ENV_REDIS_URL, EmbeddedRedis
 from tests.reliability.conftest import ADMIN_KEY
 from tests.serving.conftest import REAL_RULES, toy_pipeline
 from tests.serving.toy import TOY_KINDS, save_toy_split, toy_settings

@@ -7,7 +7,7 @@ sequence outside its slot is identical, and the slot holds no special token and 
 delimiter that could close it. Rules checks use the real ``rules.stage.RulesStage`` with the
 packaged default rule set, whose gates and disclaimers read item attributes only.
 
-Left out: the JSON schema of LLM tags (``offline.tagging`` is not in the tree yet).
+Left out: the JSON schema of LLM tags (``jobs.tagging`` is not in the tree yet).
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from cascade.settings import Settings
 from llm_rerank.prompt import CLOSE, OPEN, PromptBuilder
 from offline.schema import normalise_items
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request
-from recsys.settings import Settings
 from rules.items import ItemAttributes
 from rules.schema import load_ruleset
 from rules.stage import RulesStage

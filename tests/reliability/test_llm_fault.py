@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from cascade.settings import Settings
 from llm_rerank.stage import LLMRerankStage
 from recsys.config import StageSpec
 from recsys.contract import Request
 from recsys.pipeline import MAX_ABANDONED, Pipeline
-from recsys.settings import Settings
 from serving.app import create_app
 from tests.llm_rerank.factories import PopularityStage, save_tiny_llm, tiny_split
 

@@ -23,9 +23,9 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from recsys.redis_state import ENV_REDIS_URL, EmbeddedRedis
 from serving.app import create_app
 from serving.bench import start_server_subprocess
-from serving.redis_state import ENV_REDIS_URL, EmbeddedRedis
 from serving.run import shared_state
 from tests.reliability.conftest import RECALL, RULES, TOY_PAIRS
 from tests.serving.conftest import toy_pipeline

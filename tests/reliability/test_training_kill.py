@@ -2,12 +2,12 @@
 
 ``recsys train recall,recall_holdout`` trains two models (``recall/`` then
 ``recall_holdout/``); each stage writes its completion marker ``<stage>/stage.json`` last
-(``offline.jobs``). The kill lands after the first model file exists and before that stage's
+(``jobs.train``). The kill lands after the first model file exists and before that stage's
 marker: the rerun must see the stage as incomplete, retrain it (and the stage after it), and
 produce byte-identical model files (same seed), so nothing half-written survives and nothing
 is trained twice into a different result.
 
-Left out here: the tagging job (``offline.tagging`` belongs to another change and is not
+Left out here: the tagging job (``jobs.tagging`` belongs to another change and is not
 in the tree yet); the later stages (coarse, fusion) follow the same marker logic.
 """
 
@@ -32,7 +32,7 @@ MODEL_FILES = ["model.pt", "item_vectors.npy", "model.json", "index/index.faiss"
 
 
 def train_cmd(config: Path, artifacts: Path) -> list[str]:
-    return [sys.executable, "-m", "recsys.cli.main", "train", "recall,recall_holdout", "--config", str(config),
+    return [sys.executable, "-m", "cli.main", "train", "recall,recall_holdout", "--config", str(config),
             "--artifacts", str(artifacts), "--synthetic-users", "60", "--synthetic-items", "80"]
 
 

@@ -4,12 +4,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from cascade.settings import Settings
 from offline.schema import Vocab
 from offline.split import Split
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request, Stage
 from recsys.pipeline import Pipeline, PipelineError
-from recsys.settings import Settings
 from rules.config import RULESETS_DIR
 from rules.items import ItemAttributes
 from rules.schema import RulesError, load_ruleset
@@ -212,7 +212,7 @@ class FixedRecall:
 
 
 def test_cap_holds_after_fusion_reorders(stage):
-    from recsys.fusion import FusionStage
+    from fusion.stage import FusionStage
 
     fusion = FusionStage(StageSpec(name="fusion", kind="fusion", params={"weights": {"coarse": 1.0}}),
                          Settings.build({}))

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from cascade.settings import Settings
 from recsys.config import STAGE_KINDS, StageSpec
 from recsys.pipeline import Pipeline
-from recsys.settings import Settings
+from recsys.redis_state import ENV_REDIS_URL, EmbeddedRedis
 from rules.stage import RulesStage
 from serving.app import create_app
-from serving.redis_state import ENV_REDIS_URL, EmbeddedRedis
 from tests.serving.toy import TOY_KINDS, AudienceRules, PopularityRecall, save_toy_split, toy_settings
 
 RECALL = StageSpec(name="recall", kind="recall", on_error="fail")

@@ -34,11 +34,11 @@ import yaml
 
 from recsys.config import StageSpec
 from recsys.experiments import ExperimentsConfig
+from recsys.redis_state import EmbeddedRedis
 from rules.stage import RulesStage
 from serving.app import create_app
 from serving.bench import free_port
 from serving.console.pages import PAGES
-from serving.redis_state import EmbeddedRedis
 from tests.serving.conftest import ADMIN_KEY, toy_pipeline
 from tests.serving.toy import PopularityRecall, YearRerank, save_toy_split, toy_settings
 

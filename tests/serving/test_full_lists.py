@@ -40,8 +40,8 @@ def test_publishing_a_rule_on_an_attribute_the_catalog_lacks_is_refused_by_name(
 
 
 def test_debug_lists_what_each_stage_handed_on_and_the_fusion_weights(toy_dir) -> None:
+    from fusion.stage import FusionStage
     from recsys.config import StageSpec
-    from recsys.fusion import FusionStage
     from rules.stage import RulesStage
     from tests.serving.conftest import RECALL, RULES, client_for
     from tests.serving.toy import PopularityRecall

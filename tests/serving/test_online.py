@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import redis
 
+from recsys.redis_state import RedisGuard, RedisUnavailable
 from serving.online import OnlineState
-from serving.redis_state import RedisGuard, RedisUnavailable
 from serving.state import SplitHistories
 
 

@@ -7,9 +7,9 @@ import pytest
 import redis
 
 from recsys.pipeline import Pipeline
+from recsys.redis_state import RedisGuard
 from rules.stage import RulesStage
 from serving.hot_reload import PromptApplier, RulesApplier, VersionWatcher, canonical
-from serving.redis_state import RedisGuard
 from serving.versioned import UnknownVersion, VersionConflict, VersionStore
 from tests.serving.conftest import RULES, toy_pipeline
 from tests.serving.toy import PopularityRecall, toy_settings

@@ -1,7 +1,7 @@
 """A toy catalog and small real stages to serve it, for the HTTP tests.
 
 Six films, three users; expected answers are worked out by hand below. Stages (built as
-``Cls(spec, settings)`` like the real ones, so ``recsys.registry.build_pipeline`` can build
+``Cls(spec, settings)`` like the real ones, so ``cascade.registry.build_pipeline`` can build
 them once ``STAGE_KINDS`` points at them with ``use_toy_stage_kinds``):
 
 - ``PopularityRecall`` (kind recall): every observed interaction counts, history excluded,
@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from cascade.settings import Settings
 from offline.protocol import make_split
 from offline.schema import Dataset
 from offline.split import Split
 from recsys.config import STAGE_KINDS, StageSpec
 from recsys.contract import Candidates, Request, StageError
-from recsys.settings import Settings
 
 TOY_KINDS = {
     "recall": "tests.serving.toy:PopularityRecall",

@@ -1,0 +1,70 @@
+"""Configuration of the HTTP service (``settings.serving``): limits, traffic policy, online state.
+
+Request-shape limits that depend on the pipeline (the largest ``k``) live in
+``recsys.config.PipelineConfig.max_k``; this model holds what only the HTTP layer uses.
+Where Redis lives is ``settings.redis_url`` (``RECSYS_REDIS_URL``), else the plain
+``REDIS_URL`` environment variable, else an embedded server (``recsys.redis_state``).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+EVENT_TYPES = ("impression", "click", "rating", "purchase", "add_to_cart")
+
+
+class ServingConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = Field("127.0.0.1", description="Interface uvicorn binds to.")
+    port: int = Field(8000, ge=1, le=65535, description="TCP port uvicorn binds to.")
+    workers: int = Field(1, ge=1, le=64, description="uvicorn worker processes (each loads every artifact).")
+    max_body_bytes: int = Field(64 * 1024, ge=1024, description="Requests with larger bodies get 413.")
+    max_json_depth: int = Field(
+        32, ge=2, le=1000, description="Deepest nesting of a JSON body; deeper bodies get 400 before parsing."
+    )
+    max_context_keys: int = Field(32, ge=0, le=1024, description="Most keys a request's `context` may hold.")
+    max_context_bytes: int = Field(
+        4096, ge=2, description="Largest `context` a request may send, measured as compact JSON."
+    )
+    ready_timeout_s: float = Field(
+        300.0, gt=0, description="How long `start_server_subprocess` waits for /readyz before giving up."
+    )
+    # traffic policy (serving.policy)
+    llm_share: float = Field(
+        0.0, ge=0.0, le=1.0, description="Share of users (by hash of user id + salt) whose requests take the LLM path."
+    )
+    policy_salt: str = Field("recsys-llm-v1", description="Salt of the user hash; change it to reshuffle who gets the LLM.")
+    result_cache_ttl_s: float = Field(30.0, ge=0, description="Result cache lifetime; 0 disables the cache.")
+    # online state (recsys.redis_state, serving.online)
+    redis_namespace: str | None = Field(
+        None, description="Prefix of every Redis key; None uses the artifact directory name (e.g. 'ml-100k')."
+    )
+    redis_socket_timeout_s: float = Field(
+        0.25, gt=0, le=10, description="Connect/read timeout: a dead Redis costs at most this per attempt."
+    )
+    redis_retry_min_s: float = Field(0.2, gt=0, description="First wait before retrying a Redis that failed.")
+    redis_retry_max_s: float = Field(5.0, gt=0, description="Longest wait between retries (exponential backoff).")
+    history_max_len: int = Field(500, ge=1, le=100_000, description="Most recent items kept per user in Redis.")
+    history_event_types: list[str] = Field(
+        default_factory=lambda: ["click", "rating", "purchase", "add_to_cart"],
+        description="Event types appended to the user's history (impressions are not).",
+    )
+    events_stream_maxlen: int = Field(100_000, ge=100, description="Approximate cap of the events stream (XADD MAXLEN ~).")
+    unknown_history_ttl_s: int = Field(
+        30 * 86_400, ge=0, description="Expiry of the Redis history of a user the split does not know, renewed by "
+        "each of their events (0 = never): events from made-up or one-off ids must not grow Redis forever. Known "
+        "users' histories do not expire (they would re-seed from the split and lose their online events).")
+    event_dedup_ttl_s: int = Field(86_400, ge=1, description="How long an event_id is remembered to drop duplicates.")
+    versions_poll_s: float = Field(0.5, gt=0, le=60, description="How often a worker checks the active rules/prompt versions.")
+    admin_api_key: SecretStr | None = Field(
+        None, description="X-API-Key of the /admin routes; None disables them (503)."
+    )
+
+    @field_validator("history_event_types")
+    @classmethod
+    def _known_event_types(cls, value: list[str]) -> list[str]:
+        unknown = sorted(set(value) - set(EVENT_TYPES))
+        if unknown:
+            raise ValueError(f"unknown event type(s) {unknown}; known: {list(EVENT_TYPES)}")
+        return value

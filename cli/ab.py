@@ -1,0 +1,159 @@
+"""``recsys ab ...``: offline A/B of two configs, online log analysis, replay simulation.
+
+``offline`` ranks the same test users with two pipeline YAMLs; ``analyze`` reads the event
+log (Redis stream or Parquet) and tests CTR / conversion per variant with an SRM check;
+``replay-dir`` builds the serving directory the simulator needs (test items hidden) and
+``simulate`` drives a loopback server with held-out users. Each writes a JSON report to
+``--out``; ``--report-dir`` adds Markdown plus PNG plots.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from cli import common as c
+
+ab_app = typer.Typer(no_args_is_help=True, help="A/B evaluation: offline comparison, online analysis, replay.")
+ReportDirOpt = Annotated[Path | None, typer.Option("--report-dir", help="Write Markdown + PNG plots here.")]
+
+
+def _split_of(art: Path) -> Any:
+    from offline.split import Split
+
+    if not (art / "split").exists():
+        c.fail(f"{art}: no split here; run `recsys prepare/train --data ...` first")
+    return Split.load(art / "split")
+
+
+@ab_app.command("offline")
+def offline(
+    a: Annotated[Path, typer.Option("--a", exists=True, dir_okay=False, help="Pipeline YAML of variant A.")],
+    b: Annotated[Path, typer.Option("--b", exists=True, dir_okay=False, help="Pipeline YAML of variant B.")],
+    data: c.DataOpt = None, artifacts: c.ArtifactsOpt = None,
+    names: Annotated[str, typer.Option(help="Names of the two variants, comma-separated.")] = "A,B",
+    n_boot: Annotated[int, typer.Option(min=100, help="Bootstrap resamples.")] = 2000,
+    out: c.OutOpt = None, report_dir: ReportDirOpt = None,
+) -> None:
+    """Both configs on the same test users: metrics, latency, LLM cost, paired CIs of B - A."""
+    from jobs.ab.compare import compare_offline
+
+    settings_a, settings_b = c.load_settings(a), c.load_settings(b)
+    pair = tuple(n.strip() for n in names.split(","))
+    if len(pair) != 2 or not all(pair) or pair[0] == pair[1]:
+        c.fail(f"--names takes two distinct names, got {names!r}")
+    art = c.artifact_dir(settings_a, data, artifacts)
+    split = _split_of(art)
+    report = compare_offline(settings_a, settings_b, art, split, names=pair, n_boot=n_boot,  # type: ignore[arg-type]
+                             progress=True)
+    latencies = report.pop("latencies_ms")
+    for name, path in zip(pair, (a, b), strict=True):
+        report["variants"][name]["config"] = str(path)
+    if report_dir is not None:
+        from jobs.ab.report import write_offline_report
+
+        typer.echo(f"report written to {write_offline_report(report, report_dir, latencies)}", err=True)
+    c.write_report(report, out)
+
+
+def _expected(config: Path | None, expected: str | None) -> dict[str, float] | None:
+    if expected:
+        try:
+            pairs = [kv.split("=") for kv in expected.split(",") if kv.strip()]
+            return {k.strip(): float(v) for k, v in pairs}
+        except ValueError:
+            c.fail(f"--expected takes name=share pairs, comma-separated; got {expected!r}")
+    if config is None:
+        return None
+    import yaml
+    from pydantic import ValidationError
+
+    from recsys.experiments import ExperimentsConfig
+
+    section = (yaml.safe_load(config.read_text()) or {}).get("experiments")
+    if section is None:
+        c.fail(f"{config}: no `experiments:` section")
+    try:
+        return ExperimentsConfig.model_validate(section).shares()
+    except ValidationError as exc:
+        c.fail(f"{config}: experiments: {exc}")
+    return None
+
+
+@ab_app.command("analyze")
+def analyze(
+    redis_url: Annotated[str | None, typer.Option(help="Read the events stream from this Redis.")] = None,
+    namespace: Annotated[str | None, typer.Option(help="Redis key namespace (serving.redis_namespace, "
+                                                  "default the artifact directory name).")] = None,
+    events: Annotated[Path | None, typer.Option("--events", exists=True, dir_okay=False,
+                                                help="Read an exported Parquet log instead.")] = None,
+    export: Annotated[Path | None, typer.Option(help="Also write the log read to this Parquet file.")] = None,
+    config: c.ConfigOpt = None,
+    expected: Annotated[str | None, typer.Option(help="Configured shares, e.g. control=0.5,treatment=0.5 "
+                                                 "(default: the config's experiments section).")] = None,
+    control: Annotated[str | None, typer.Option(help="Control arm (default: the first configured variant).")] = None,
+    out: c.OutOpt = None, report_dir: ReportDirOpt = None,
+) -> None:
+    """CTR and conversion per variant with Wilson CIs, z-tests, lift and the sample-ratio check."""
+    from jobs.ab.analyze import analyze_events
+    from jobs.ab.events import export_parquet, load_parquet, read_stream
+
+    if (redis_url is None) == (events is None):
+        c.fail("give exactly one of --redis-url (with --namespace) or --events FILE.parquet")
+    if events is not None:
+        log = load_parquet(events)
+    else:
+        import redis
+
+        if not namespace:
+            c.fail("--redis-url needs --namespace (the serving namespace, e.g. the dataset name)")
+        log = read_stream(redis.Redis.from_url(str(redis_url)), str(namespace))
+    if export is not None:
+        typer.echo(f"events exported to {export_parquet(log, export)}", err=True)
+    try:
+        report = analyze_events(log, _expected(config, expected), control)
+    except ValueError as exc:
+        c.fail(str(exc))
+    for warning in report["warnings"]:
+        typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)
+    if report_dir is not None:
+        from jobs.ab.report import write_online_report
+
+        typer.echo(f"report written to {write_online_report(report, report_dir)}", err=True)
+    c.write_report(report, out)
+
+
+@ab_app.command("replay-dir")
+def replay_dir(
+    to: Annotated[Path, typer.Option("--to", help="Serving directory to create (symlinks + hidden test split).")],
+    data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
+) -> None:
+    """Build the directory to serve for `ab simulate`: trained stages, test items not yet known."""
+    from jobs.ab.simulate import replay_artifacts
+
+    art = c.artifact_dir(c.load_settings(config), data, artifacts)
+    _split_of(art)
+    typer.echo(str(replay_artifacts(art, to)))
+
+
+@ab_app.command("simulate")
+def simulate(
+    url: Annotated[str, typer.Option(help="Base URL of a loopback server started on `ab replay-dir`'s output.")],
+    data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
+    users: Annotated[int, typer.Option(min=1, help="Most test users replayed.")] = 500,
+    seconds: Annotated[float, typer.Option(min=0.1, help="Most wall time.")] = 60.0,
+    k: Annotated[int, typer.Option(min=1, help="Items per request.")] = 10,
+    seed: Annotated[int, typer.Option(help="Order of the users.")] = 0,
+    out: c.OutOpt = None,
+) -> None:
+    """Replay held-out users: recommend, click the true next item when shown, log through /v1/events."""
+    from jobs.ab.simulate import simulate as run
+
+    art = c.artifact_dir(c.load_settings(config), data, artifacts)
+    try:
+        report = run(url, _split_of(art), users=users, seconds=seconds, k=k, seed=seed)
+    except ValueError as exc:
+        c.fail(str(exc))
+    c.write_report(report, out)

@@ -1,0 +1,124 @@
+"""Options and helpers every ``recsys`` subcommand shares.
+
+Each command that reads a dataset takes ``--data DIR`` (format detected from the files,
+``--format`` to force one; no ``--data`` means the synthetic default), and each command
+that measures writes its JSON report to ``--out FILE``. Heavy imports stay inside commands.
+
+Errors: ``fail`` prints one ``error: ...`` line and exits 2. ``UserErrorGroup`` (the root
+command group) does the same for the exceptions bad input raises anywhere below a command
+(``USER_INPUT_ERRORS``: a ``ValueError`` such as a refused request or config, a missing or
+unreadable file, a number out of range), so no command answers bad input with a traceback;
+anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from typer.core import TyperGroup
+
+from recsys.pipeline import PipelineError
+
+DataOpt = Annotated[
+    Path | None,
+    typer.Option("--data", help="Dataset directory (MovieLens 100K/1M/latest or generic CSV/Parquet). "
+                 "Omit for the synthetic default.", exists=True, file_okay=False, dir_okay=True),
+]
+FormatOpt = Annotated[
+    str | None, typer.Option("--format", help="Force the format: ml-100k, ml-1m, ml-csv, generic.")
+]
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", help="Pipeline YAML (default configs/pipeline.yaml).")
+]
+ArtifactsOpt = Annotated[
+    Path | None,
+    typer.Option("--artifacts", help="This dataset's artifact directory (default <artifacts_dir>/<dataset name>)."),
+]
+OutOpt = Annotated[Path | None, typer.Option("--out", help="Write the JSON report here.")]
+KCoreOpt = Annotated[int, typer.Option("--k-core", min=1, help="Iterative k-core filter.")]
+SynthUsersOpt = Annotated[int, typer.Option("--synthetic-users", min=10, help="Synthetic default: users.")]
+SynthItemsOpt = Annotated[int, typer.Option("--synthetic-items", min=20, help="Synthetic default: items.")]
+
+
+def load_settings(config: Path | None) -> Any:
+    from cascade.settings import ConfigError, Settings
+
+    try:
+        return Settings.from_yaml(config)
+    except ConfigError as exc:
+        fail(str(exc))
+
+
+def artifact_dir(settings: Any, data: Path | None, explicit: Path | None) -> Path:
+    from jobs.train import dataset_name
+
+    return explicit if explicit is not None else Path(settings.artifacts_dir) / dataset_name(data)
+
+
+def trained(config: Path | None, data: Path | None, artifacts: Path | None) -> tuple[Any, Path]:
+    """(settings, artifact dir) for a command that needs trained artifacts; exits 2 naming the dir if absent."""
+    settings = load_settings(config)
+    art = artifact_dir(settings, data, artifacts)
+    if not (art / "split").exists():
+        fail(f"{art}: no trained artifacts here; run `recsys train --data ...` first")
+    return settings, art
+
+
+def synthetic_kwargs(data: Path | None, users: int, items: int, seed: int) -> dict[str, Any]:
+    return {} if data is not None else {"n_users": users, "n_items": items, "seed": seed}
+
+
+def write_report(report: dict[str, Any], out: Path | None) -> None:
+    """Print the report and, with ``--out``, write it atomically (tmp file + rename)."""
+    text = json.dumps(report, indent=2, default=_default)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.tmp")
+        tmp.write_text(text + "\n")
+        tmp.replace(out)
+        typer.echo(f"report written to {out}", err=True)
+    typer.echo(text)
+
+
+def fail(message: str, code: int = 2) -> Any:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code)
+
+
+# what bad input raises: LimitError/ValidationError/ConfigError/DataError are ValueErrors
+USER_INPUT_ERRORS = (ValueError, OverflowError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
+                     PermissionError)
+
+
+class UserErrorGroup(TyperGroup):
+    """The ``recsys`` root group: a ``USER_INPUT_ERRORS`` exception from any command is one line + exit 2."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except USER_INPUT_ERRORS as exc:
+            return fail(one_line(exc))
+        except PipelineError as exc:  # a required stage could not answer (HTTP says 503): not a bug
+            return fail(one_line(exc), code=1)
+
+
+def one_line(exc: BaseException) -> str:
+    """``Type: message`` on one line.
+
+    >>> one_line(ValueError("invalid request:\\n  user_id: too short"))
+    'ValueError: invalid request: user_id: too short'
+    """
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
+def _default(o: Any) -> Any:
+    import numpy as np
+
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)

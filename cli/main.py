@@ -1,0 +1,182 @@
+"""The ``recsys`` console script: prepare, train, eval, serve, recommend, bench, demo.
+
+Every command is a thin wrapper over a library function (``jobs.train``,
+``jobs.evaluate``, ``serving.run``, the bench modules), so the same work is callable from
+Python and tests. Errors in user input exit with code 2 and one line naming the problem
+(``common.fail``, and ``common.UserErrorGroup`` for what a library call raises on bad input).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from cli import common as c
+from cli.ab import ab_app
+from cli.bench import bench_app
+from cli.tag import tag_app
+
+app = typer.Typer(cls=c.UserErrorGroup, add_completion=False, no_args_is_help=True,
+                  help="Hybrid recommender with LLM re-ranking.")
+app.add_typer(bench_app, name="bench")
+app.add_typer(ab_app, name="ab")
+app.add_typer(tag_app, name="tag")
+
+STAGES_HELP = ("Stages to train, comma-separated, from recall,recall_holdout,coarse,llm,fusion "
+               "('all' = recall,recall_holdout,coarse,fusion).")
+
+
+def _prepare(data, fmt, artifacts, k_core, users, items, settings, force=False):
+    from jobs.train import prepare
+    from offline.schema import DataError
+
+    try:
+        return prepare(data, artifacts, fmt=fmt, k_core=k_core, force=force,
+                       **c.synthetic_kwargs(data, users, items, settings.seed))
+    except (DataError, FileNotFoundError) as exc:
+        c.fail(str(exc))
+
+
+@app.command()
+def prepare(
+    data: c.DataOpt = None, fmt: c.FormatOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
+    k_core: c.KCoreOpt = 5, synthetic_users: c.SynthUsersOpt = 600, synthetic_items: c.SynthItemsOpt = 1200,
+    force: Annotated[bool, typer.Option(help="Rebuild even when the inputs are unchanged.")] = False,
+    out: c.OutOpt = None,
+) -> None:
+    """Load a dataset, apply the protocol (k-core, leave-one-out) and save the split."""
+    settings = c.load_settings(config)
+    art = c.artifact_dir(settings, data, artifacts)
+    split = _prepare(data, fmt, art, k_core, synthetic_users, synthetic_items, settings, force)
+    c.write_report({"dataset": split.name, "artifacts": str(art), "n_users": split.n_users,
+                    "n_items": split.n_items, "n_train": len(split.train), "protocol": split.protocol}, out)
+
+
+@app.command()
+def train(
+    stages: Annotated[str, typer.Argument(help=STAGES_HELP)] = "all",
+    data: c.DataOpt = None, fmt: c.FormatOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
+    k_core: c.KCoreOpt = 5, synthetic_users: c.SynthUsersOpt = 600, synthetic_items: c.SynthItemsOpt = 1200,
+    force: Annotated[bool, typer.Option(help="Retrain stages whose artifacts exist.")] = False,
+    out: c.OutOpt = None,
+) -> None:
+    """Train the cascade's stages in order (artifacts reused unless --force)."""
+    from jobs.train import DEFAULT_STAGES, STAGE_ORDER, train_stages
+
+    settings = c.load_settings(config)
+    names = DEFAULT_STAGES if stages == "all" else tuple(s.strip() for s in stages.split(","))
+    bad = [s for s in names if s not in STAGE_ORDER]
+    if bad:
+        c.fail(f"unknown stage(s) {bad}; choose from {list(STAGE_ORDER)}")
+    art = c.artifact_dir(settings, data, artifacts)
+    split = _prepare(data, fmt, art, k_core, synthetic_users, synthetic_items, settings)
+    c.write_report(train_stages(settings, art, split, stages=names, force=force), out)
+
+
+@app.command("eval")
+def evaluate(
+    data: c.DataOpt = None, fmt: c.FormatOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
+    k_core: c.KCoreOpt = 5, synthetic_users: c.SynthUsersOpt = 600, synthetic_items: c.SynthItemsOpt = 1200,
+    phase: Annotated[str, typer.Option(help="valid or test.")] = "test",
+    retrain: Annotated[bool, typer.Option(help="Retrain every stage first.")] = False,
+    seeds: Annotated[int, typer.Option(min=1, help="Train and evaluate N times (seeds s, s+1, ... in "
+                                       "<artifacts>/seed-<s>/, one split); report mean, sd, per seed.")] = 1,
+    cold_items: Annotated[bool, typer.Option(help="Also train a cascade without the items first seen after a "
+                                                  "cutoff and report their slice (jobs.cold_items; not with "
+                                                  "--seeds).")] = True,
+    cold_share: Annotated[float, typer.Option(min=0.01, max=0.5, help="Share of items made new by the cutoff.")]
+    = 0.1,
+    out: c.OutOpt = None,
+) -> None:
+    """Train (or reuse) every stage, then measure each stage and the fused result."""
+    from jobs.evaluate import evaluate_pipeline
+    from jobs.train import DEFAULT_STAGES, train_stages
+
+    if phase not in ("valid", "test"):
+        c.fail(f"--phase must be 'valid' or 'test', got {phase!r}")
+    settings = c.load_settings(config)
+    art = c.artifact_dir(settings, data, artifacts)
+    split = _prepare(data, fmt, art, k_core, synthetic_users, synthetic_items, settings)
+    wanted = DEFAULT_STAGES + (("llm",) if _llm_enabled(settings) else ())
+    if seeds > 1:
+        from jobs.seeds import evaluate_seeds
+
+        c.write_report(evaluate_seeds(settings, art, split, n_seeds=seeds, stages=wanted, phase=phase,
+                                      retrain=retrain), out)
+        return
+    train_report = train_stages(settings, art, split, stages=wanted, force=retrain)
+    report = evaluate_pipeline(settings, art, split, phase=phase)  # type: ignore[arg-type]
+    report["timings"]["train_s"] = {k: v.get("seconds") for k, v in train_report.items()}
+    if cold_items:
+        from jobs.cold_items import cold_item_report
+
+        report["cold_items"] = cold_item_report(settings, art, split, share=cold_share, phase=phase)
+    c.write_report(report, out)
+    lists = report["lists"]
+    if lists["empty_share"] > EMPTY_LIST_LIMIT:
+        typer.echo(f"error: {lists['empty']} of {lists['users']} users ({lists['empty_share']:.1%}) got an empty "
+                   f"list (limit {EMPTY_LIST_LIMIT:.0%}); see 'lists' and 'policy_costs' in the report: a rule "
+                   "probably removes what this catalog cannot satisfy", err=True)
+        raise typer.Exit(1)
+
+
+EMPTY_LIST_LIMIT = 0.01  # share of users with an empty final list above which `eval` fails
+
+
+def _llm_enabled(settings) -> bool:
+    return any(s.kind == "llm" and s.enabled for s in settings.pipeline.stages)
+
+
+@app.command()
+def serve(
+    data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
+    host: Annotated[str | None, typer.Option(help="Bind address (default from settings).")] = None,
+    port: Annotated[int | None, typer.Option(min=1, max=65535, help="Port (default from settings).")] = None,
+    workers: Annotated[int | None, typer.Option(min=1, max=64, help="uvicorn worker processes.")] = None,
+) -> None:
+    """Serve POST /v1/recommend over HTTP from trained artifacts.
+
+    The /admin routes (rules, prompts, reload) need a key: set RECSYS_SERVING__ADMIN_API_KEY (or
+    serving.admin_api_key in --config); clients send it as the X-API-Key header. Without a key
+    the admin routes answer 503.
+    """
+    from serving.run import serve as run_server
+
+    settings, art = c.trained(config, data, artifacts)
+    run_server(settings, art, host, port, workers)
+
+
+@app.command()
+def recommend(
+    user: Annotated[str, typer.Argument(help="External user id.")],
+    k: Annotated[int, typer.Option(min=1, help="How many items.")] = 10,
+    debug: Annotated[bool, typer.Option(help="Include per-stage scores and rule removals.")] = False,
+    data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
+) -> None:
+    """Answer one recommendation request from the shell (same JSON as the HTTP endpoint)."""
+    from serving.run import recommend_once
+
+    settings, art = c.trained(config, data, artifacts)
+    c.write_report(recommend_once(settings, art, user, k, debug), None)
+
+
+@app.command()
+def demo(
+    artifacts: c.ArtifactsOpt = None, config: c.ConfigOpt = None,
+    synthetic_users: c.SynthUsersOpt = 600, synthetic_items: c.SynthItemsOpt = 1200,
+) -> None:
+    """Synthetic data -> train every stage -> start the server -> send a request -> stop."""
+    from cli.demo import run_demo
+
+    settings = c.load_settings(config)
+    art = c.artifact_dir(settings, None, artifacts)
+    run_demo(settings, art, config, synthetic_users, synthetic_items)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""``recsys bench soak``: hold a concurrency against the server for a while (``serving.soak``).
+
+Imported by one line at the end of ``cli.bench``, which registers the command.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from cli import common as c
+from cli.bench import bench_app
+
+
+@bench_app.command("soak")
+def bench_soak(
+    data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
+    concurrency: Annotated[int, typer.Option(min=1, max=256, help="Concurrent closed-loop clients.")] = 8,
+    seconds: Annotated[float, typer.Option(min=1.0, max=86_400, help="Measured duration.")] = 60.0,
+    max_requests: Annotated[int, typer.Option(min=1, help="Cap on calls (the run ends at either bound).")]
+    = 1_000_000,
+    window: Annotated[float, typer.Option(min=1.0, help="Seconds per latency window in the report.")] = 10.0,
+    warmup: Annotated[float, typer.Option(min=0.0, help="Seconds of load before the start RSS is read.")] = 5.0,
+    out: c.OutOpt = None,
+) -> None:
+    """Soak the server on loopback: errors, p50/p99 per window, server RSS at start and end (JSON)."""
+    from offline.split import Split
+    from serving.soak import soak
+
+    settings, art = c.trained(config, data, artifacts)
+    split = Split.load(art / "split")
+    report = soak(settings, art, [str(u) for u in split.vocab.user_ids], [str(i) for i in split.vocab.item_ids],
+                  concurrency=concurrency, seconds=seconds, max_requests=max_requests, window_s=window,
+                  warmup_s=warmup)
+    report["dataset"] = art.name
+    c.write_report(report, out)

@@ -1,0 +1,222 @@
+"""``recsys tag``: LLM tagging of the catalog, its adaptation, the embedding job and the ablation.
+
+    recsys tag --data DIR --out FILE.json [--method generate|logits] [--engine local|ray] [--ray-address ADDR]
+    recsys tag bench-logits --data DIR --out FILE.json [--backbones smollm2-135m-instruct,gemma3-270m]
+    recsys tag adapt --data DIR [--holdout 0.5] [--epochs 2]
+    recsys tag embed-train --data DIR [--epochs 30]
+    recsys tag merge-items --data DIR
+    recsys tag ablation --data DIR --out FILE.json [--variants base,tag_features] [--retrain-coarse-tags]
+
+Outputs live in ``<artifact_dir>/tags/`` (see ``jobs.tagging.run``). ``recsys tag`` uses the
+adapted model in ``tags/model`` when ``recsys tag adapt`` has made one, else the base LLM.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from cli import common as c
+
+tag_app = typer.Typer(help="LLM tags and embeddings for the item catalog (issue 6).", invoke_without_command=True,
+                      no_args_is_help=False)
+
+ModelOpt = Annotated[Path | None, typer.Option("--model", help="HF model directory (default: tags/model, else base).")]
+ThreadsOpt = Annotated[int | None, typer.Option("--threads", min=1, help="torch threads per worker.")]
+
+
+def _split(settings: Any, data: Path | None, artifacts: Path | None) -> tuple[Any, Path]:
+    from offline.split import Split
+
+    root = c.artifact_dir(settings, data, artifacts)
+    if not (root / "split").exists():
+        c.fail(f"{root / 'split'} not found: run `recsys prepare` for this dataset first")
+    return Split.load(root / "split"), root
+
+
+def _model_dir(settings: Any, root: Path, explicit: Path | None, base: bool = False) -> str:
+    from llm_rerank.backbone import resolve_model
+
+    if explicit is not None:
+        return str(explicit)
+    adapted = root / "tags" / "model"
+    if not base and (adapted / "config.json").exists():
+        return str(adapted)
+    return resolve_model(settings.llm, Path(settings.artifacts_dir))
+
+
+@tag_app.callback()
+def tag(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
+        out: c.OutOpt = None, model: ModelOpt = None, threads: ThreadsOpt = None,
+        engine: Annotated[str, typer.Option("--engine", help="local | ray")] = "local",
+        ray_address: Annotated[str | None, typer.Option("--ray-address", help="Existing Ray cluster.")] = None,
+        ray_concurrency: Annotated[int, typer.Option("--ray-actors", min=1)] = 1,
+        precision: Annotated[str, typer.Option("--precision", help="fp32 | bf16")] = "fp32",
+        batch_size: Annotated[int | None, typer.Option(
+            "--batch-size", min=1, help="Items per batch (default 16 for generate, 64 for logits).")] = None,
+        chunk_size: Annotated[int, typer.Option("--chunk-size", min=1)] = 64,
+        max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=8)] = 128,
+        limit: Annotated[int | None, typer.Option("--limit", min=1, help="Tag only the first N items.")] = None,
+        fresh: Annotated[bool, typer.Option("--fresh", help="Discard parts from an earlier version.")] = False,
+        prompt: Annotated[Path | None, typer.Option(
+            "--prompt", help="Prompt document (YAML/JSON, the schema PUT /admin/prompts takes; default "
+            "llm.prompt from the config, else the built-in prompt).")] = None,
+        method: Annotated[str, typer.Option(
+            "--method", help="generate: the JSON document generated under the schema grammar; logits: closed "
+            "fields from label logits (thresholds calibrated on the items outside tags/holdout.json), only "
+            "free text generated (jobs.tagging.logits).")] = "generate",
+        shots: Annotated[int, typer.Option(
+            "--shots", min=0, help="logits: known items shown with their genres in the cached instruction.")] = 0,
+        ) -> None:
+    """Tag every item of the dataset's split (resumable; rerun after a kill to continue)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from jobs.tagging.generate import TaggerSettings
+    from jobs.tagging.run import tag_catalog
+    from llm_rerank.template import load_prompt_file
+
+    if engine not in ("local", "ray"):
+        c.fail(f"--engine must be local or ray, got {engine!r}")
+    if method not in ("generate", "logits"):
+        c.fail(f"--method must be generate or logits, got {method!r}")
+    settings = c.load_settings(config)
+    split, root = _split(settings, data, artifacts)
+    tagger = TaggerSettings(domain=settings.llm.domain,
+                            precision=precision, max_new_tokens=max_new_tokens, threads=threads)
+    try:
+        template = load_prompt_file(prompt) if prompt is not None else settings.llm.prompt
+        summary = tag_catalog(split, _model_dir(settings, root, model), root, tagger, engine=engine,  # type: ignore[arg-type]
+                              chunk_size=chunk_size, batch_size=batch_size or (64 if method == "logits" else 16),
+                              limit=limit, ray_address=ray_address,
+                              ray_concurrency=ray_concurrency, fresh=fresh, prompt=template,
+                              method=method, seed=settings.seed, shots=shots)  # type: ignore[arg-type]
+    except ValueError as exc:
+        c.fail(str(exc))
+    c.write_report(summary, out)
+
+
+@tag_app.command("adapt")
+def adapt(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
+          out: c.OutOpt = None, threads: ThreadsOpt = None,
+          holdout: Annotated[float, typer.Option("--holdout", help="Share of items never trained on.")] = 0.5,
+          epochs: Annotated[int, typer.Option("--epochs", min=1)] = 2,
+          max_items: Annotated[int | None, typer.Option("--max-items", min=1)] = None,
+          lr: Annotated[float, typer.Option("--lr")] = 1e-3) -> None:
+    """LoRA-adapt the tagger on the catalog's known genres (held-out items excluded)."""
+    from jobs.tagging.adapt import AdaptSettings
+    from jobs.tagging.run import adapt_tagger_for
+
+    settings = c.load_settings(config)
+    split, root = _split(settings, data, artifacts)
+    cfg = AdaptSettings(epochs=epochs, lr=lr, max_items=max_items, seed=settings.seed, threads=threads)
+    report = adapt_tagger_for(split, _model_dir(settings, root, None, base=True), root, cfg, holdout_fraction=holdout)
+    c.write_report(report, out)
+
+
+@tag_app.command("embed-train")
+def embed_train(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
+                out: c.OutOpt = None,
+                epochs: Annotated[int, typer.Option("--epochs", min=1)] = 30,
+                dim: Annotated[int, typer.Option("--dim", min=8)] = 256) -> None:
+    """Train the 256-d projection of the cached pooled states (InfoNCE) and build its faiss index."""
+    from jobs.tagging.embed import EmbedSettings, train_embeddings
+
+    settings = c.load_settings(config)
+    split, root = _split(settings, data, artifacts)
+    report = train_embeddings(split, root / "tags", EmbedSettings(epochs=epochs, dim=dim, seed=settings.seed))
+    c.write_report(report, out)
+
+
+@tag_app.command("merge-items")
+def merge_items(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
+                out: c.OutOpt = None) -> None:
+    """Write tags/items.parquet: the split's items with tags merged (for rules and coarse)."""
+    from jobs.tagging.wiring import write_tagged_items
+
+    settings = c.load_settings(config)
+    split, root = _split(settings, data, artifacts)
+    c.write_report(write_tagged_items(split, root / "tags"), out)
+
+
+@tag_app.command("ablation")
+def ablation(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
+             out: c.OutOpt = None,
+             llm_share: Annotated[float, typer.Option("--llm-share", min=0.0, max=1.0)] = 0.2,
+             variants: Annotated[str, typer.Option(
+                 "--variants", help="Comma-separated: base, llm_channel, tagged_rules, tag_features, all.")
+             ] = "base,llm_channel,tagged_rules,tag_features,all",
+             retrain_coarse_tags: Annotated[bool, typer.Option(
+                 "--retrain-coarse-tags", help="Retrain coarse_tags/ even when it is current.")] = False) -> None:
+    """NDCG@10 and candidate recall with/without the embedding channel, tagged rules and tag features.
+
+    The tag_features and all variants need coarse_tags/ (the coarse ranker with tag features);
+    it is trained first from split/, recall_holdout/ and tags/ when missing or stale.
+    """
+    from jobs.tagging.ablation import run_ablation
+
+    settings = c.load_settings(config)
+    split, root = _split(settings, data, artifacts)
+    chosen = tuple(v.strip() for v in variants.split(",") if v.strip())
+    try:
+        report = run_ablation(settings, root, split, variants=chosen, llm_share=llm_share,
+                              retrain_coarse_tags=retrain_coarse_tags)
+    except (ValueError, FileNotFoundError) as exc:
+        c.fail(str(exc))
+    c.write_report(report, out)
+
+
+@tag_app.command("bench-logits")
+def bench_logits(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
+                 out: c.OutOpt = None, threads: ThreadsOpt = None,
+                 backbones: Annotated[str, typer.Option(
+                     "--backbones", help="Comma-separated catalogue names or model directories tagged by logits.")
+                 ] = "smollm2-135m-instruct,gemma3-270m",
+                 generation_model: Annotated[str, typer.Option(
+                     "--generation-model", help="Backbone of the generation-path row ('' to skip it).")
+                 ] = "smollm2-135m-instruct",
+                 generation_sample: Annotated[int, typer.Option("--generation-sample", min=1)] = 40,
+                 batch_size: Annotated[int, typer.Option(
+                     "--batch-size", min=1, help="Items per batched pass of the logits rows.")] = 64,
+                 generation_batch_size: Annotated[int, typer.Option(
+                     "--generation-batch-size", min=1, help="Items per generate() call of the generation row.")] = 16,
+                 shots: Annotated[int, typer.Option("--shots", min=0)] = 0,
+                 max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=8)] = 128) -> None:
+    """Logits tagging of the whole catalog per backbone beside the generation path, in one run."""
+    from jobs.tagging.bench_logits import compare_taggers
+    from jobs.tagging.generate import TaggerSettings
+    from llm_rerank.backbone import resolve_model
+    from offline.loaders import load_dataset
+
+    settings = c.load_settings(config)
+    split, _ = _split(settings, data, artifacts)
+    if data is None:
+        c.fail("--data is required: the whole catalog is read from the dataset directory")
+
+    def located(name: str) -> str:
+        return resolve_model(settings.llm.model_copy(update={"model": name}), Path(settings.artifacts_dir))
+
+    try:
+        catalog = load_dataset(data).items
+        models = {name: located(name) for name in (b.strip() for b in backbones.split(",")) if name}
+        report = compare_taggers(split.items, catalog, models, located(generation_model) if generation_model else None,
+                                 generation_sample=generation_sample, seed=settings.seed, batch_size=batch_size,
+                                 generation_batch_size=generation_batch_size,
+                                 shots=shots, checkpoint=lambda partial: _write_quietly(partial, out),
+                                 settings=TaggerSettings(domain=settings.llm.domain, precision="fp32",
+                                                         max_new_tokens=max_new_tokens, threads=threads))
+    except (ValueError, FileNotFoundError) as exc:
+        c.fail(str(exc))
+    c.write_report(report, out)
+
+
+def _write_quietly(report: dict[str, Any], out: Path | None) -> None:
+    """The report so far, written atomically to ``out`` (when given) without printing it."""
+    if out is not None:
+        import json
+
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.tmp")
+        tmp.write_text(json.dumps({**report, "partial": True}, indent=2, default=str) + "\n")
+        tmp.replace(out)

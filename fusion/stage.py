@@ -1,0 +1,311 @@
+"""Score fusion: the final score is a weighted mean of each stage's rank-normalised score.
+
+Raw stage scores live on unrelated scales (a dot product, a LightGBM margin, an LLM log-prob),
+so each is first turned into a normalised rank within the request's candidates:
+
+- ``linear`` (default): ``1 - r / (n - 1)`` for rank ``r`` (0 = best) among ``n`` candidates,
+  so the best item gets 1 and the last 0, whatever the score scale;
+- ``rrf``: reciprocal-rank style ``(c + 1) / (c + r + 1)`` (Cormack et al., 2009, with
+  ``c = rrf_k``), rescaled so the best item gets 1; it rewards the head of each list more.
+
+Tied scores share their average rank. Items a stage did not score (NaN) get that stage's
+lowest value (the one for rank ``n - 1``). ``final = sum_s w_s * norm_s / sum_s w_s`` over
+the stages present for this request: a stage whose column is missing or all-NaN (disabled,
+failed, fell back) is left out and the remaining weights renormalise, so losing a stage
+shifts the ranking smoothly instead of falling off a cliff. With no weighted stage at all the
+current order is kept.
+
+Weights come from ``artifact_dir/fusion/<key>/weights.json`` written by ``save_weights`` after
+``tune_fusion_weights`` (grid search maximising NDCG@10 on the valid split, kept only when it
+beats the best single stage), where ``<key>`` is ``weights_key(settings)``: the scored stages
+plus a digest of the depths and rule sets they were tuned under. Without weights tuned for this
+exact pipeline, ``FusionConfig.weights`` when set, else the most refined scored stage's order
+alone (no signal, no mixture).
+
+Deliberately left out: collecting the per-user valid candidates (the evaluator does it with
+``FusionExample.from_candidates``) and learning-to-rank fusion.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from recsys.config import POLICY_KINDS, StageSpec
+from recsys.contract import Candidates, Request
+from recsys.digest import file_sha256
+
+FUSED_STAGES = ("recall", "coarse", "llm")  # default score columns fused, in this order
+FINAL = "final"
+WEIGHTS_FILE = "weights.json"
+Normalisation = Literal["linear", "rrf"]
+
+
+class FusionConfig(BaseModel):
+    """Fusion weights and rank normalisation; ``weights.json`` from tuning overrides ``weights``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    weights: dict[str, float] | None = Field(
+        default=None,
+        description="Weight per score column; only relative sizes matter. None (the default, and what serves "
+        "until weights are tuned for this exact pipeline): the most refined scored stage's order alone.",
+    )
+    normalisation: Normalisation = Field(default="linear", description="Rank normalisation: linear or rrf.")
+    rrf_k: float = Field(default=60.0, gt=0, description="The c of reciprocal-rank normalisation (rrf only).")
+    tune_step: float = Field(default=0.1, gt=0, le=0.5, description="Grid step on the weight simplex for tuning.")
+    tuned: Literal["checked", "grid_best"] = Field(
+        default="checked", description="Which tuned weights to serve from weights.json: 'checked' = the valid grid's "
+        "best mixture only if it beats the best single stage with a paired-bootstrap CI above zero (else that "
+        "stage alone); 'grid_best' = the grid's best mixture regardless (still chosen on valid, never on test).")
+
+    @field_validator("weights")
+    @classmethod
+    def _valid_weights(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is None:
+            return value
+        for name, w in value.items():
+            if not np.isfinite(w) or w < 0:
+                raise ValueError(f"weight of {name!r} must be a finite number >= 0, got {w}")
+        if not any(w > 0 for w in value.values()):
+            raise ValueError(f"at least one weight must be > 0, got {value}")
+        return value
+
+
+def rank_normalise(scores: np.ndarray, method: Normalisation = "linear", rrf_k: float = 60.0) -> np.ndarray:
+    """Scores -> normalised ranks in [0, 1] (best 1); ties share the average rank; NaN lowest.
+
+    >>> rank_normalise(np.array([3.0, 1.0, np.nan, 2.0])).round(3).tolist()
+    [1.0, 0.333, 0.0, 0.667]
+    """
+    s = np.asarray(scores, dtype=np.float64)
+    n = len(s)
+    rank = np.full(n, float(max(n - 1, 0)))
+    scored = ~np.isnan(s)
+    if scored.any():
+        uniq, inverse, counts = np.unique(-s[scored], return_inverse=True, return_counts=True)
+        first = np.cumsum(counts) - counts
+        rank[scored] = (first + (counts - 1) / 2.0)[inverse]
+    if method == "linear":
+        return 1.0 - rank / (n - 1) if n > 1 else np.ones(n)
+    if method == "rrf":
+        return (rrf_k + 1.0) / (rrf_k + rank + 1.0)
+    raise ValueError(f"unknown rank normalisation {method!r}; use 'linear' or 'rrf'")
+
+
+def fuse(
+    columns: Mapping[str, np.ndarray], weights: Mapping[str, float], n: int,
+    method: Normalisation = "linear", rrf_k: float = 60.0,
+) -> tuple[np.ndarray, dict[str, float]]:
+    """(final scores, weights actually used, renormalised to sum 1) for ``n`` candidates."""
+    used = {
+        name: float(w) for name, w in weights.items()
+        if w > 0 and name in columns and not np.isnan(np.asarray(columns[name], dtype=np.float64)).all()
+    }
+    if not used or n == 0:
+        return rank_normalise(-np.arange(n, dtype=np.float64)), {}  # keep the current order
+    total = sum(used.values())
+    used = {name: w / total for name, w in used.items()}
+    final = sum(w * rank_normalise(columns[name], method, rrf_k) for name, w in used.items())
+    return np.asarray(final, dtype=np.float64), used
+
+
+def most_refined(names: Sequence[str]) -> str | None:
+    """The last of ``FUSED_STAGES`` among ``names`` (``llm`` over ``coarse`` over ``recall``)."""
+    present = [s for s in FUSED_STAGES if s in names]
+    return present[-1] if present else None
+
+
+def fused_stage_names(settings: Any) -> list[str]:
+    """The enabled scored stages that run before fusion, in pipeline order."""
+    names: list[str] = []
+    for spec in getattr(getattr(settings, "pipeline", None), "stages", []):
+        if spec.kind == "fusion":
+            break
+        if spec.enabled and spec.name in FUSED_STAGES:
+            names.append(spec.name)
+    return names
+
+
+def weights_key(settings: Any) -> str:
+    """Names everything tuned weights depend on: ``<stages>-<digest>``, e.g. ``recall+coarse-3f2a9c01d4e5``.
+
+    The digest covers the scored stages, every enabled stage's kind and depth, and each policy
+    stage's rule set (its file's bytes and params), so weights tuned under one rule set or
+    candidate depth are never served under another: a change gives a new key, and the next
+    ``recsys train``/``eval`` tunes for it (``jobs.train``) while serving falls back to the
+    most refined stage's order.
+    """
+    stages = fused_stage_names(settings)
+    specs = getattr(getattr(settings, "pipeline", None), "stages", [])
+    rules_cfg = getattr(settings, "rules", None)
+    parts: list[Any] = [stages]
+    for spec in specs:
+        if not spec.enabled:
+            continue
+        part: list[Any] = [spec.name, spec.kind, spec.depth]
+        if spec.kind in POLICY_KINDS and rules_cfg is not None:
+            path = Path(rules_cfg.ruleset_path(spec.params.get("ruleset")))
+            part += [sorted(spec.params.items()), file_sha256(path) if path.is_file() else f"missing:{path}"]
+        parts.append(part)
+    digest = hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:12]
+    return f"{'+'.join(stages) or 'none'}-{digest}"
+
+
+class FusionStage:
+    """``recsys.contract.Stage`` writing ``final``, sorting by it and cutting to ``k``."""
+
+    reads: tuple[str, ...] = FUSED_STAGES
+    writes: tuple[str, ...] = (FINAL,)
+
+    def __init__(self, spec: StageSpec, settings: Any):
+        self.name = spec.name
+        self.spec = spec
+        self.weights_key = weights_key(settings)
+        base = getattr(settings, "fusion", None) or FusionConfig()
+        self.config = FusionConfig.model_validate({**base.model_dump(), **spec.params})
+        self.reads = tuple(self.config.weights or FUSED_STAGES)
+        self.tuned = False  # whether weights.json tuned for this exact pipeline was found
+
+    def load(self, artifact_dir: Any) -> None:
+        """Use the weights tuned for this pipeline's scored stages when present, else the configured ones.
+
+        Tuned weights live in ``artifact_dir/fusion/<key>/weights.json`` with ``key`` the
+        enabled scored stages before fusion (``recall+coarse`` or ``recall+coarse+llm``), so
+        pipelines with and without the LLM keep their own weights side by side.
+        """
+        tuned = load_weights(Path(artifact_dir) / "fusion" / self.weights_key, self.config.tuned)
+        if tuned is not None:
+            self.config = self.config.model_copy(update={"weights": FusionConfig(weights=tuned).weights})
+            self.reads = tuple(self.config.weights or ())
+            self.tuned = True
+
+    def version(self) -> str:
+        weights = sorted(self.config.weights.items()) if self.config.weights is not None else "most-refined"
+        blob = json.dumps([weights, self.config.normalisation, self.config.rrf_k])
+        return hashlib.sha1(blob.encode()).hexdigest()[:12]
+
+    def weights_for(self, candidates: Candidates) -> dict[str, float]:
+        """The configured or tuned weights; without any, the most refined stage scored here."""
+        if self.config.weights is not None:
+            return self.config.weights
+        scored = [s for s in FUSED_STAGES if s in candidates.scores and not np.isnan(candidates.scores[s]).all()]
+        top = most_refined(scored)
+        return {top: 1.0} if top is not None else {}
+
+    def run(self, request: Request, candidates: Candidates) -> Candidates:
+        weights = self.weights_for(candidates)
+        columns = {name: candidates.scores[name] for name in weights if name in candidates.scores}
+        final, _ = fuse(columns, weights, len(candidates), self.config.normalisation, self.config.rrf_k)
+        # no cut here: the pipeline applies this stage's depth and finally request.k, and a
+        # caps stage after fusion needs the whole fused order to fill k after dropping items
+        return candidates.with_scores(FINAL, final)
+
+
+def save_weights(directory: Path, weights: Mapping[str, float], **meta: Any) -> Path:
+    """Write ``directory/weights.json`` atomically ({"weights": ..., plus ``meta``})."""
+    FusionConfig(weights=dict(weights))  # refuse invalid weights before writing
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".{WEIGHTS_FILE}.tmp"
+    tmp.write_text(json.dumps({"weights": dict(weights), **meta}, indent=2, sort_keys=True))
+    return tmp.replace(directory / WEIGHTS_FILE)
+
+
+def load_weights(directory: Path, which: str = "checked") -> dict[str, float] | None:
+    """The tuned weights in ``directory/weights.json`` (``which``: see ``FusionConfig.tuned``)."""
+    path = Path(directory) / WEIGHTS_FILE
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict) or not isinstance(data.get("weights"), dict):
+        raise ValueError(f"{path}: expected {{'weights': {{stage: weight}}}}")
+    key = "grid_best" if which == "grid_best" and isinstance(data.get("grid_best"), dict) else "weights"
+    return {str(k): float(v) for k, v in data[key].items()}
+
+
+# -- tuning --------------------------------------------------------------------------------
+class FusionExample(NamedTuple):
+    """One valid user: the candidates' score columns and which candidates are relevant."""
+
+    columns: dict[str, np.ndarray]
+    relevant: np.ndarray  # bool mask aligned with the columns (all False: target not recalled)
+
+    @classmethod
+    def from_candidates(cls, candidates: Candidates, targets: np.ndarray | Sequence[int],
+                        stages: Sequence[str] = FUSED_STAGES) -> FusionExample:
+        columns = {s: np.asarray(candidates.scores[s]) for s in stages if s in candidates.scores}
+        return cls(columns=columns, relevant=np.isin(candidates.items, np.asarray(targets, dtype=np.int64)))
+
+
+def simplex_grid(stages: Sequence[str], step: float = 0.1) -> list[dict[str, float]]:
+    """Every weight vector on ``stages`` with entries in multiples of ``step`` summing to 1."""
+    units = round(1.0 / step)
+    if units < 1 or abs(units * step - 1.0) > 1e-9:
+        raise ValueError(f"step must divide 1 evenly, got {step}")
+    grid = []
+    for combo in itertools.product(range(units + 1), repeat=len(stages)):
+        if sum(combo) == units:
+            grid.append({s: c / units for s, c in zip(stages, combo, strict=True)})
+    return grid
+
+
+def ndcg_at_k(examples: Sequence[FusionExample], grid: Sequence[Mapping[str, float]], k: int = 10,
+              method: Normalisation = "linear", rrf_k: float = 60.0) -> np.ndarray:
+    """Mean NDCG@k of fusing with each weight vector of ``grid`` (one value per grid point).
+
+    Ranking matches ``FusionStage``: descending final score, ties kept in candidate order.
+    Examples whose relevant items were not recalled count as 0.
+    """
+    if not examples:
+        raise ValueError("ndcg_at_k: no examples")
+    stages = _stages_of(examples, grid)
+    W = np.array([[float(g.get(s, 0.0)) for s in stages] for g in grid])  # [G, S]
+    total = np.zeros(len(grid))
+    for ex in examples:
+        rel = np.flatnonzero(ex.relevant)
+        if len(rel) == 0:
+            continue
+        n = len(ex.relevant)
+        R = np.zeros((len(stages), n))
+        present = np.zeros(len(stages), dtype=bool)
+        for j, s in enumerate(stages):
+            col = ex.columns.get(s)
+            if col is not None and not np.isnan(np.asarray(col, dtype=np.float64)).all():
+                R[j], present[j] = rank_normalise(col, method, rrf_k), True
+        Wp = W * present
+        F = Wp @ R  # [G, n]; dividing by sum(Wp) would not change any order
+        F[Wp.sum(axis=1) == 0] = rank_normalise(-np.arange(n, dtype=np.float64))
+        f_rel = F[:, rel][:, :, None]  # [G, m, 1]
+        before = np.arange(n)[None, None, :] < rel[None, :, None]
+        rank = (F[:, None, :] > f_rel).sum(-1) + ((F[:, None, :] == f_rel) & before).sum(-1)
+        dcg = np.where(rank < k, 1.0 / np.log2(rank + 2.0), 0.0).sum(axis=1)
+        total += dcg / (1.0 / np.log2(np.arange(min(len(rel), k)) + 2.0)).sum()
+    return total / len(examples)
+
+
+def tune_fusion_weights(examples: Sequence[FusionExample], grid: Sequence[Mapping[str, float]] | None = None,
+                        *, k: int = 10, step: float = 0.1, method: Normalisation = "linear",
+                        rrf_k: float = 60.0) -> dict[str, float]:
+    """The grid point with the best mean NDCG@k (the first one on ties).
+
+    ``grid`` defaults to ``simplex_grid`` over the stages present in ``examples`` with ``step``.
+    """
+    if grid is None:
+        grid = simplex_grid(_stages_of(examples, ()), step)
+    if not grid:
+        raise ValueError("tune_fusion_weights: empty grid")
+    scores = ndcg_at_k(examples, grid, k, method, rrf_k)
+    return {s: float(w) for s, w in grid[int(np.argmax(scores))].items()}
+
+
+def _stages_of(examples: Sequence[FusionExample], grid: Sequence[Mapping[str, float]]) -> list[str]:
+    names = {s for ex in examples for s in ex.columns} | {s for g in grid for s in g}
+    return [s for s in FUSED_STAGES if s in names] + sorted(names - set(FUSED_STAGES))

@@ -1,0 +1,136 @@
+"""Cold-start evaluation of new items: a time cutoff, a cascade trained without them, their slice.
+
+Every other report averages over warm users of a k-core log, where item ids carry everything.
+Here a cutoff time is chosen so that about ``share`` of the items first appear after it (first
+appearance = the earliest interaction with the item anywhere in the log: train, valid or test).
+Those items are *new*: every training step of a second cascade (recall, its channels, coarse,
+fusion, LLM and tag adaptation) runs on a copy of the split whose train part has none of their
+interactions, and the valid users whose valid item is new are left out of the steps that learn
+from valid items (fusion tuning, the LLM's valid positives; ``Split.unseen_items``). At test
+time a new item may still sit in a user's input history (an event the models never trained on),
+as it would in production.
+
+The slices, over that cascade's test requests: **cold item** (the user's test item is new), and
+**warm item** (it is not). Per slice and stage: NDCG@10, Recall@10, users, and the paired CI of
+each stage against the one before it (``jobs.evaluate.slice_table``). A new item can only be
+recalled through what the cascade knows of it without interactions: its text (``recall.use_text``,
+MiniLM), LLM tags, its LLM embedding; the report says which of those the configuration has on.
+
+Artifacts of the cold cascade live in ``<artifact_dir>/cold-items/`` (their own split, reused
+while the parent split and the share are unchanged).
+
+Deliberately left out: new *users* (``jobs.evaluate.short_history`` slices by history length).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jobs.cascade_run import SCORED, memoised, run_cascade, slice_table
+from jobs.train import DEFAULT_STAGES, split_id, train_stages
+from offline.split import Split
+
+COLD_DIR = "cold-items"
+
+
+def first_seen(split: Split) -> np.ndarray:
+    """Per item, the earliest timestamp of any interaction with it (train, valid, test); int64 max if none."""
+    first = np.full(split.n_items, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, split.train["item_idx"].to_numpy(np.int64), split.train["timestamp"].to_numpy(np.int64))
+    for items, ts in ((split.valid, split.valid_ts), (split.test, split.test_ts)):
+        if len(ts) == len(items):
+            ok = items >= 0
+            np.minimum.at(first, items[ok], ts[ok].astype(np.int64))
+    return first
+
+
+def new_items(split: Split, share: float = 0.1) -> tuple[np.ndarray, int]:
+    """(item indices first seen after the cutoff, the cutoff timestamp): about ``share`` of the items."""
+    if not 0.0 < share < 1.0:
+        raise ValueError(f"cold items: share must be in (0, 1), got {share}")
+    first = first_seen(split)
+    seen = first[first < np.iinfo(np.int64).max]
+    if len(seen) == 0:
+        raise ValueError("cold items: no item has an interaction")
+    cutoff = int(np.quantile(seen, 1.0 - share, method="lower"))
+    return np.flatnonzero((first > cutoff) & (first < np.iinfo(np.int64).max)).astype(np.int64), cutoff
+
+
+def cold_split(split: Split, share: float = 0.1) -> Split:
+    """``split`` without the train interactions of its new items; ``protocol['cold_items']`` says which."""
+    items, cutoff = new_items(split, share)
+    train = split.train[~split.train["item_idx"].isin(items)].reset_index(drop=True)
+    protocol = {**split.protocol, "cold_items": {"share": share, "cutoff_ts": cutoff, "n_new": len(items),
+                                                 "items": items.tolist(),
+                                                 "dropped_train_interactions": int(len(split.train) - len(train))}}
+    return dataclasses.replace(split, train=train, protocol=protocol, _seqs=None, _attrs=None)
+
+
+def prepare_cold(artifact_dir: Path, split: Split, share: float = 0.1) -> tuple[Path, Split]:
+    """(directory of the cold cascade, its split), saved once per parent split and share."""
+    cold_dir = Path(artifact_dir) / COLD_DIR
+    source = {"derived_from": split_id(Path(artifact_dir)), "cold_share": share}
+    fp = cold_dir / "split" / "source.json"
+    if fp.exists() and json.loads(fp.read_text()) == source and (cold_dir / "split" / "split.json").exists():
+        return cold_dir, Split.load(cold_dir / "split")
+    cold = cold_split(split, share)
+    cold.save(cold_dir / "split")
+    fp.write_text(json.dumps(source, indent=2))
+    return cold_dir, cold
+
+
+def candidate_recall(candidates: dict[str, list[np.ndarray]], targets: np.ndarray, users: np.ndarray
+                     ) -> dict[str, float]:
+    """Share of ``users`` whose target is among the candidates each scored stage received.
+
+    >>> candidate_recall({"recall": [np.array([1, 2]), np.array([3])]}, np.array([2, 4]), np.array([0, 1]))
+    {'recall': 0.5}
+    """
+    from offline.metrics import candidate_recall as share_found
+
+    return {s: round(share_found([c[u] for u in users], targets[users]), 5) if len(users) else 0.0
+            for s, c in candidates.items() if any(len(x) for x in c)}
+
+
+def cold_item_report(settings: Any, artifact_dir: Path, split: Split, *, share: float = 0.1,
+                     phase: str = "test", n_boot: int = 2000, progress: bool = True) -> dict[str, Any]:
+    """Train the cold cascade (or reuse it) and measure every stage on the cold- and warm-item slices."""
+    from cascade.registry import build_pipeline
+
+    t0 = time.perf_counter()
+    cold_dir, cold = prepare_cold(artifact_dir, split, share)
+    wanted = DEFAULT_STAGES + (("llm",) if any(s.enabled and s.kind == "llm" for s in settings.pipeline.stages)
+                               else ())
+    trained = train_stages(settings, cold_dir, cold, stages=wanted, progress=progress)
+    t1 = time.perf_counter()
+    pipeline = memoised(build_pipeline(settings, cold_dir))
+    run = run_cascade(pipeline, cold, phase, progress)  # type: ignore[arg-type]
+    ok = {s for s, c in run["status"].items() if c.get("ok", 0) > 0} | {"final"}
+    stages = [s for s in (*SCORED, "final") if s in ok]
+    targets = cold.targets(phase)  # type: ignore[arg-type]
+    is_new = np.isin(targets, cold.unseen_items)
+    slices = {"cold_item": np.flatnonzero(is_new), "warm_item": np.flatnonzero(~is_new & (targets >= 0))}
+    info = cold.protocol["cold_items"]
+    kinds = {s.kind for s in settings.pipeline.stages if s.enabled}
+    return {
+        "share": share, "cutoff_ts": info["cutoff_ts"], "new_items": info["n_new"], "of_items": cold.n_items,
+        "dropped_train_interactions": info["dropped_train_interactions"],
+        "item_side_knowledge": {"text": bool(settings.recall.use_text),
+                                "llm_tags": bool(settings.coarse.tag_features),
+                                "llm_embedding": "recall_llm" in kinds},
+        "slices": {name: {**slice_table({s: run["tops"][s][users] for s in stages}, targets[users], stages,
+                                        seed=settings.seed, n_boot=n_boot),
+                          "candidate_recall": candidate_recall(run["candidates"], targets, users)}
+                   for name, users in slices.items()},
+        "new_items_among_candidates": {s: round(float(np.mean([np.isin(c, cold.unseen_items).sum()
+                                                                for c in run["candidates"][s]])), 3)
+                                       for s in SCORED if s in ok},
+        "train_s": {k: v.get("seconds") for k, v in trained.items()},
+        "seconds": {"train": round(t1 - t0, 1), "eval": round(time.perf_counter() - t1, 1)},
+    }

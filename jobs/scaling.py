@@ -1,0 +1,126 @@
+"""How cost grows: train and evaluate the cascade on synthetic data of growing size.
+
+``python -m jobs.scaling --interactions 100000 1000000 5000000 --out reports/scaling.json``
+generates, for each size, the synthetic dataset with about ``EVENTS_PER_USER`` events per
+user and one item per ``USERS_PER_ITEM`` users (so the catalog grows with the data), then in
+a fresh child process (so each size's peak memory is its own): prepares the split, trains
+every default stage (``jobs.train.train_stages``) and evaluates the test phase
+(``jobs.evaluate.evaluate_pipeline``). Per size it reports the interactions actually
+generated, per-stage training seconds, eval seconds, the process's peak RSS and each
+stage's peak RSS (sampled every 0.2 s), and the ratios to the smallest size beside the
+ratio of interactions, so growth faster than linear stands out.
+
+Deliberately left out: the LLM stage (its cost is per request, see ``recsys bench llm``) and
+repeated runs per size (``recsys eval --seeds`` measures the spread).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+EVENTS_PER_USER = 40  # offline.synthetic's default mean_sessions x mean_session_len
+USERS_PER_ITEM = 2
+
+
+class PeakRss:
+    """Peak resident memory (MiB) of this process between ``mark`` calls, sampled in a thread."""
+
+    def __init__(self, every_s: float = 0.2) -> None:
+        self.every_s, self.current, self._stop = every_s, 0.0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.current = max(self.current, _rss_mib())
+            time.sleep(self.every_s)
+
+    def mark(self) -> float:
+        """The peak since the previous mark (or start); resets it."""
+        peak, self.current = max(self.current, _rss_mib()), 0.0
+        return round(peak, 1)
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+def measure_one(interactions: int, artifact_dir: Path, config: Path | None = None) -> dict[str, Any]:
+    """Prepare, train and evaluate one size in this process; the size's row of the report."""
+    from cascade.settings import Settings
+    from jobs.evaluate import evaluate_pipeline
+    from jobs.train import DEFAULT_STAGES, prepare, train_stages
+
+    settings = Settings.from_yaml(config)
+    n_users = max(interactions // EVENTS_PER_USER, 10)
+    rss = PeakRss()
+    t0 = time.perf_counter()
+    split = prepare(None, artifact_dir, n_users=n_users, n_items=max(n_users // USERS_PER_ITEM, 100), seed=settings.seed)
+    row: dict[str, Any] = {"target_interactions": interactions, "interactions": int(len(split.train)) + 2 * split.n_users,
+                           "users": split.n_users, "items": split.n_items,
+                           "prepare_s": round(time.perf_counter() - t0, 1), "prepare_peak_mib": rss.mark()}
+    row["train_s"], row["train_peak_mib"] = {}, {}
+    for stage in DEFAULT_STAGES:
+        report = train_stages(settings, artifact_dir, split, stages=(stage,), progress=False)
+        row["train_s"][stage] = report[stage].get("seconds")
+        row["train_peak_mib"][stage] = rss.mark()
+    t1 = time.perf_counter()
+    ev = evaluate_pipeline(settings, artifact_dir, split, phase="test", progress=False, n_boot=200)
+    row.update(eval_s=round(time.perf_counter() - t1, 1), eval_peak_mib=rss.mark(),
+               peak_rss_mib=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+               ndcg10={k: v["ndcg@10"] for k, v in ev["stages"].items()})
+    return row
+
+
+def growth(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each row's cost as a multiple of the first row's, beside its multiple of interactions.
+
+    >>> growth([{"interactions": 10, "train_s": {"a": 2.0}, "eval_s": 1.0, "peak_rss_mib": 100.0},
+    ...         {"interactions": 100, "train_s": {"a": 30.0}, "eval_s": 5.0, "peak_rss_mib": 150.0}])[1]
+    {'interactions_x': 10.0, 'train_s_x': {'a': 15.0}, 'eval_s_x': 5.0, 'peak_rss_x': 1.5}
+    """
+    base = rows[0]
+
+    def ratio(a: Any, b: Any) -> float | None:
+        return round(a / b, 2) if a is not None and b else None
+
+    return [{"interactions_x": ratio(r["interactions"], base["interactions"]),
+             "train_s_x": {k: ratio(v, base["train_s"].get(k)) for k, v in r["train_s"].items()},
+             "eval_s_x": ratio(r["eval_s"], base["eval_s"]),
+             "peak_rss_x": ratio(r["peak_rss_mib"], base["peak_rss_mib"])} for r in rows]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m jobs.scaling", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--interactions", type=int, nargs="+", default=[100_000, 1_000_000, 5_000_000])
+    parser.add_argument("--artifacts", type=Path, default=Path("artifacts/scaling"))
+    parser.add_argument("--config", type=Path, default=None)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # child mode: measure one size, print JSON
+    args = parser.parse_args(argv)
+    if args.one is not None:
+        print(json.dumps(measure_one(args.one, args.artifacts / f"n{args.one}", args.config)))
+        return
+    rows = []
+    for n in sorted(args.interactions):
+        cmd = [sys.executable, "-m", "jobs.scaling", "--one", str(n), "--artifacts", str(args.artifacts),
+               "--out", str(args.out), *(["--config", str(args.config)] if args.config else [])]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        report = {"rows": rows, "growth": growth(rows)}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2))  # after every size: a partial report survives
+        print(json.dumps(rows[-1]), flush=True)
+
+
+if __name__ == "__main__":
+    main()

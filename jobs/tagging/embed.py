@@ -1,0 +1,128 @@
+"""Item embeddings from the LLM: a small MLP over cached pooled hidden states, trained by InfoNCE.
+
+Input: ``tags/hidden.npy`` (the tagging job's mean-pooled last hidden states, computed once).
+The MLP (standardise -> Linear -> GELU -> Linear -> L2-normalise) maps them to ``dim`` (256)
+and is trained contrastively: positives are items consecutive in users' *training* sequences
+(so validation/test interactions never leak in), negatives are the other items of the batch
+(in-batch softmax, InfoNCE as in CLIP / SimCLR, symmetric), temperature ``tau``. The
+projection is what is served; raw hidden states are never an output.
+
+Writes ``tags/embed/``: ``embeddings.npy`` (n x dim, unit rows, row i = item_idx i),
+``mlp.pt``, ``meta.json`` (tags version + settings + loss curve) and a faiss index
+(``recall.index.ItemIndex``) in ``tags/embed/index/``.
+
+Deliberately left out: fine-tuning the LLM itself; hard-negative mining.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from offline.tag_store import load_tags
+
+
+@dataclass(frozen=True)
+class EmbedSettings:
+    dim: int = 256
+    hidden: int = 512
+    epochs: int = 30
+    batch_size: int = 512
+    lr: float = 2e-3
+    tau: float = 0.1
+    seed: int = 0
+
+
+def cooccurrence_pairs(train_sequences: list[np.ndarray]) -> np.ndarray:
+    """(m, 2) item pairs consecutive in the training sequences, self-pairs dropped.
+
+    >>> cooccurrence_pairs([np.array([3, 1, 1, 2]), np.array([5])]).tolist()
+    [[3, 1], [1, 2]]
+    """
+    pairs = [np.stack([s[:-1], s[1:]], axis=1) for s in train_sequences if len(s) >= 2]
+    if not pairs:
+        raise ValueError("no user has two training interactions: nothing to train embeddings on")
+    out = np.concatenate(pairs).astype(np.int64)
+    return out[out[:, 0] != out[:, 1]]
+
+
+def build_mlp(in_dim: int, settings: EmbedSettings, mean: np.ndarray, std: np.ndarray) -> Any:
+    import torch
+    from torch import nn
+
+    class Projection(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("mean", torch.as_tensor(mean, dtype=torch.float32))
+            self.register_buffer("std", torch.as_tensor(std, dtype=torch.float32))
+            self.net = nn.Sequential(nn.Linear(in_dim, settings.hidden), nn.GELU(),
+                                     nn.Linear(settings.hidden, settings.dim))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            mean, std = self.get_buffer("mean"), self.get_buffer("std")
+            return nn.functional.normalize(self.net((x - mean) / std), dim=-1)
+
+    return Projection()
+
+
+def train_projection(hidden: np.ndarray, pairs: np.ndarray, settings: EmbedSettings) -> tuple[Any, list[float]]:
+    """Fit the MLP by symmetric in-batch InfoNCE on ``pairs``; (model, mean loss per epoch)."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(settings.seed)
+    rng = np.random.default_rng(settings.seed)
+    x = torch.as_tensor(hidden, dtype=torch.float32)
+    mean, std = hidden.mean(0), hidden.std(0) + 1e-6
+    model = build_mlp(hidden.shape[1], settings, mean, std)
+    optim = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=1e-4)
+    curve = []
+    for _ in range(settings.epochs):
+        order = rng.permutation(len(pairs))
+        losses = []
+        for start in range(0, len(order), settings.batch_size):
+            batch = pairs[order[start : start + settings.batch_size]]
+            a, b = model(x[batch[:, 0]]), model(x[batch[:, 1]])
+            logits = a @ b.T / settings.tau
+            # Repeated items inside a batch are false negatives; mask every off-diagonal duplicate.
+            same = torch.as_tensor(batch[:, 1][None, :] == batch[:, 1][:, None]) & ~torch.eye(len(batch), dtype=torch.bool)
+            logits = logits.masked_fill(same, float("-inf"))
+            target = torch.arange(len(batch))
+            loss = (F.cross_entropy(logits, target) + F.cross_entropy(logits.T, target)) / 2
+            optim.zero_grad()
+            loss.backward()
+            optim.step()
+            losses.append(float(loss.detach()))
+        curve.append(float(np.mean(losses)))
+    return model.eval(), curve
+
+
+def train_embeddings(split: Any, tags_dir: Path, settings: EmbedSettings) -> dict[str, Any]:
+    """Train on ``tags/hidden.npy`` + the split's train sequences; write ``tags/embed/``."""
+    import torch
+
+    from recall.index import ItemIndex
+
+    t0 = time.perf_counter()
+    _, hidden, version = load_tags(tags_dir)
+    if len(hidden) != split.n_items:
+        raise ValueError(f"{tags_dir}: {len(hidden)} pooled states for {split.n_items} items (tag all items first)")
+    pairs = cooccurrence_pairs(split.train_sequences)
+    model, curve = train_projection(hidden, pairs, settings)
+    with torch.inference_mode():
+        vectors = model(torch.as_tensor(hidden, dtype=torch.float32)).numpy().astype(np.float32)
+    out = Path(tags_dir) / "embed"
+    out.mkdir(parents=True, exist_ok=True)
+    np.save(out / "embeddings.npy", vectors, allow_pickle=False)
+    torch.save(model.state_dict(), out / "mlp.pt")
+    ItemIndex.build(vectors, "flat").save(out / "index")
+    meta = {"tags_version": version, "settings": asdict(settings), "pairs": len(pairs), "loss_per_epoch": curve,
+            "seconds": time.perf_counter() - t0, "n_items": len(vectors)}
+    (out / "meta.json").write_text(json.dumps(meta, indent=2))
+    return meta
+

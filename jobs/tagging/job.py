@@ -1,0 +1,175 @@
+"""The resumable tagging job: fixed chunks, atomic part files, a manifest, a final table.
+
+Items are tagged in item order; chunk ``c`` always holds items ``[c*C, (c+1)*C)`` and is split
+into batches the same way every run, so decoding (greedy) sees identical batches whether the
+job ran in one go, was killed (SIGKILL included) and rerun, or ran on Ray. A finished chunk is
+one Parquet file ``parts/chunk-NNNNN.parquet`` written to a temporary name and renamed, so a
+part either exists whole or not at all; the manifest lists the finished parts with their
+sha256 and is rebuilt from the parts on every start, so a kill between the rename and the
+manifest write loses nothing. ``finalize`` concatenates the parts into ``tags.parquet`` and
+``hidden.npy`` (pooled hidden states, the cache ``jobs.tagging.embed`` trains from).
+
+A run whose version (model digest, prompt version, schema hash, decoding settings, chunking;
+the prompt version is ``t1`` for the built-in prompt, ``t1.<digest>`` for another prompt document)
+differs from the parts already on disk refuses to mix them; ``fresh=True`` clears them.
+
+Deliberately left out: the model (``jobs.tagging.generate``), Ray (``jobs.tagging.ray_engine``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from jobs.tagging.generate import TaggerSettings
+from jobs.tagging.prompt import PROMPT_VERSION, prompt_description
+from jobs.tagging.schema import schema_hash
+from llm_rerank.template import DEFAULT, PromptTemplate
+from recsys.digest import file_sha256
+
+TAG_COLUMNS = ("item_idx", "item_id", "genres", "audience", "risk_flags", "themes", "summary", "fallback",
+               "reason", "raw", "attempts", "new_tokens")
+
+
+@dataclass(frozen=True)
+class TagJob:
+    """Where a tagging job writes and how its work is cut."""
+
+    out_dir: Path
+    items: pd.DataFrame  # canonical items table, row i = item_idx i
+    version: dict[str, Any]
+    chunk_size: int = 64
+    batch_size: int = 16
+
+    def __post_init__(self) -> None:
+        if self.chunk_size < 1 or self.batch_size < 1:
+            raise ValueError(f"chunk_size={self.chunk_size} and batch_size={self.batch_size} must be >= 1")
+
+    @property
+    def parts(self) -> Path:
+        return Path(self.out_dir) / "parts"
+
+    @property
+    def n_chunks(self) -> int:
+        return -(-len(self.items) // self.chunk_size)
+
+    def chunk_batches(self, chunk: int) -> list[list[dict[str, Any]]]:
+        """The item rows of ``chunk`` cut into batches (fixed by item order)."""
+        rows = item_rows(self.items, self.version["categories"], chunk * self.chunk_size,
+                         min(len(self.items), (chunk + 1) * self.chunk_size))
+        return [rows[i : i + self.batch_size] for i in range(0, len(rows), self.batch_size)]
+
+    def part_path(self, chunk: int) -> Path:
+        return self.parts / f"chunk-{chunk:05d}.parquet"
+
+
+def job_version(model_dir: str, schema: dict[str, Any], settings: TaggerSettings, chunk_size: int,
+                batch_size: int, template: PromptTemplate = DEFAULT) -> dict[str, Any]:
+    """Everything the tags depend on; stored in the manifest and in the final outputs."""
+    from llm_rerank.backbone import weights_digest
+
+    genres = schema["properties"]["genres"]["items"]["enum"]
+    prompt = PROMPT_VERSION if template.tagging_is_default() else f"{PROMPT_VERSION}.{template.tagging_digest()}"
+    return {"model_digest": weights_digest(model_dir), "prompt_version": prompt,
+            "schema_hash": schema_hash(schema), "categories": list(genres), "settings": asdict(settings),
+            "chunk_size": chunk_size, "batch_size": batch_size}
+
+
+def item_rows(items: pd.DataFrame, categories: list[str], start: int, stop: int) -> list[dict[str, Any]]:
+    """Tagger input rows for items ``start..stop-1`` (the prompt never sees category labels)."""
+    rows = []
+    for idx in range(start, stop):
+        row = items.iloc[idx]
+        title, text = str(row["title"]), str(row["text"] or "")
+        rows.append({"item_idx": idx, "title": title, "text": text,
+                     "description": prompt_description(title, text, categories, 200)})
+    return rows
+
+
+def prepare(job: TagJob, fresh: bool = False) -> list[int]:
+    """Check/initialise ``job.out_dir``; the chunks still to do, in order."""
+    manifest_path = Path(job.out_dir) / "manifest.json"
+    if fresh and job.parts.exists():
+        shutil.rmtree(job.parts)
+    if manifest_path.exists() and job.parts.exists() and any(job.parts.glob("chunk-*.parquet")):
+        on_disk = json.loads(manifest_path.read_text())["version"]
+        if on_disk != job.version:
+            raise ValueError(f"{job.out_dir}: existing parts were made with version {on_disk}, this run is "
+                             f"{job.version}; rerun with fresh=True (--fresh) to discard them")
+    job.parts.mkdir(parents=True, exist_ok=True)
+    for stale in job.parts.glob(".*.tmp"):
+        stale.unlink()  # a write killed before its rename
+    write_manifest(job)
+    return [c for c in range(job.n_chunks) if not job.part_path(c).exists()]
+
+
+def write_part(job: TagJob, chunk: int, results: list[dict[str, Any]]) -> None:
+    """Commit one chunk atomically (tmp + rename), then refresh the manifest."""
+    expected = list(range(chunk * job.chunk_size, min(len(job.items), (chunk + 1) * job.chunk_size)))
+    got = [r["item_idx"] for r in results]
+    if got != expected:
+        raise ValueError(f"chunk {chunk}: results cover items {got[:3]}..., expected {expected[:3]}...")
+    frame = pd.DataFrame(results)
+    frame.insert(1, "item_id", job.items["item_id"].iloc[expected].astype(str).to_numpy())
+    frame["hidden"] = [np.asarray(h, dtype=np.float32).tolist() for h in frame["hidden"]]
+    tmp = job.parts / f".chunk-{chunk:05d}.parquet.tmp"
+    frame[list(TAG_COLUMNS) + ["hidden"]].to_parquet(tmp, index=False)
+    tmp.replace(job.part_path(chunk))
+    write_manifest(job)
+
+
+def write_manifest(job: TagJob) -> dict[str, Any]:
+    chunks = {p.stem: {"sha256": file_sha256(p)} for p in sorted(job.parts.glob("chunk-*.parquet"))}
+    manifest = {"version": job.version, "n_items": len(job.items), "n_chunks": job.n_chunks, "chunks": chunks}
+    tmp = Path(job.out_dir) / ".manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2))
+    tmp.replace(Path(job.out_dir) / "manifest.json")
+    return manifest
+
+
+def run_local(job: TagJob, tag_batch: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
+              pending: list[int], progress: bool = True) -> None:
+    """Tag the ``pending`` chunks in this process, committing each as it finishes."""
+    from tqdm import tqdm
+
+    done = len(job.items) - sum(len(b) for c in pending for b in job.chunk_batches(c))
+    with tqdm(total=len(job.items), initial=done, desc="tag", unit="item", disable=not progress) as bar:
+        for chunk in pending:
+            results = []
+            for batch in job.chunk_batches(chunk):
+                results += tag_batch(batch)
+                bar.update(len(batch))
+            write_part(job, chunk, results)
+
+
+def iter_parts(job: TagJob) -> Iterator[pd.DataFrame]:
+    for chunk in range(job.n_chunks):
+        path = job.part_path(chunk)
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: chunk {chunk} not tagged yet (rerun the job to resume)")
+        yield pd.read_parquet(path)
+
+
+def finalize(job: TagJob) -> pd.DataFrame:
+    """Concatenate all parts into ``tags.parquet`` + ``hidden.npy`` + ``version.json``; the tags."""
+    frame = pd.concat(list(iter_parts(job)), ignore_index=True)
+    hidden = np.stack([np.asarray(h, dtype=np.float32) for h in frame.pop("hidden")])
+    out = Path(job.out_dir)
+    _atomic(out / "tags.parquet", lambda fh: frame.to_parquet(fh, index=False))
+    _atomic(out / "hidden.npy", lambda fh: np.save(fh, hidden, allow_pickle=False))
+    _atomic(out / "version.json", lambda fh: fh.write(json.dumps(job.version, indent=2).encode()))
+    return frame
+
+
+def _atomic(path: Path, write: Callable[[Any], Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("wb") as fh:  # file handles: np.save would append ".npy" to a bare tmp path
+        write(fh)
+    tmp.replace(path)

@@ -1,0 +1,212 @@
+"""Offline jobs the CLI runs: prepare a dataset's split, train the cascade's stages in order.
+
+Artifacts of one dataset live under one directory (see ``recsys.contract``):
+``split/`` (the leave-one-out split), ``recall/``, ``recall_holdout/`` (a second recall
+model for coarse-ranker training data), ``coarse/``, ``llm/``, ``fusion/<stages>/``.
+
+Why a second recall model: the coarse ranker learns from recall candidates for "training
+sequence before item j -> item j" for each user's last ``coarse.train_positions`` items.
+Candidates from a recall model that trained on those items would carry inflated recall
+scores for the labels, and LightGBM would learn to over-trust them. ``recall_holdout`` is
+trained without them, so the coarse ranker's training features look like serving-time ones.
+
+Deliberately left out: evaluation (``jobs.evaluate``), the LLM job (``llm_rerank.train``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from offline.split import Split
+from recsys.digest import file_sha256
+
+log = logging.getLogger(__name__)
+
+STAGE_ORDER = ("recall", "recall_holdout", "coarse", "llm", "fusion")
+DEFAULT_STAGES = ("recall", "recall_holdout", "coarse", "fusion")
+
+
+def dataset_name(data: Path | None) -> str:
+    return "synthetic" if data is None else Path(data).resolve().name
+
+
+def _fingerprint(data: Path | None, fmt: str | None, k_core: int, synthetic: dict[str, Any]) -> dict[str, Any]:
+    """What the split depends on: file names, sizes and content digests (never paths or mtimes).
+
+    A dataset copied, restored or reached through another path keeps its fingerprint, so its
+    split and every stage trained on it are reused; any changed byte makes a new split.
+    """
+    files = {}
+    if data is not None:
+        for f in sorted(Path(data).iterdir()):
+            if f.is_file():
+                files[f.name] = [f.stat().st_size, file_sha256(f)[:20]]
+    return {"data": dataset_name(data), "format": fmt, "k_core": k_core,
+            "synthetic": synthetic if data is None else {}, "files": files}
+
+
+def prepare(
+    data: Path | None, artifact_dir: Path, *, fmt: str | None = None, k_core: int = 5,
+    force: bool = False, **synthetic: Any,
+) -> Split:
+    """Load the dataset, split it with the protocol and save it (reused when inputs are unchanged)."""
+    from offline.loaders import load_dataset
+    from offline.protocol import make_split
+
+    split_dir = Path(artifact_dir) / "split"
+    fp = _fingerprint(data, fmt, k_core, synthetic)
+    fp_path = split_dir / "source.json"
+    if not force and fp_path.exists() and json.loads(fp_path.read_text()) == fp:
+        return Split.load(split_dir)
+    ds = load_dataset(data, fmt, **synthetic)
+    split = make_split(ds, k_core=k_core)
+    split.save(split_dir)
+    fp_path.write_text(json.dumps(fp, indent=2))
+    return split
+
+
+def holdout_sequences(split: Split, positions: int = 1) -> tuple[list[np.ndarray], np.ndarray]:
+    """Train sequences without their last ``positions`` items, and early-stopping targets.
+
+    The target of user u is the first held-out item (what follows the shortened sequence),
+    -1 for users too short to hold anything out (their sequence stays whole so the model
+    still learns from it, and they are left out of early stopping).
+    """
+    seqs, targets = [], np.full(split.n_users, -1, dtype=np.int64)
+    for u, seq in enumerate(split.train_sequences):
+        cut = min(positions, len(seq) - 1)
+        if cut >= 1:
+            seqs.append(seq[:-cut])
+            targets[u] = seq[-cut]
+        else:
+            seqs.append(seq)
+    return seqs, targets
+
+
+def train_stages(
+    settings: Any, artifact_dir: Path, split: Split, *, stages: tuple[str, ...] = DEFAULT_STAGES,
+    force: bool = False, progress: bool = True,
+) -> dict[str, Any]:
+    """Train ``stages`` in cascade order; a stage whose artifacts exist is reused unless ``force``."""
+    unknown = set(stages) - set(STAGE_ORDER)
+    if unknown:
+        raise ValueError(f"unknown stage(s) to train: {sorted(unknown)}; choose from {STAGE_ORDER}")
+    artifact_dir = Path(artifact_dir)
+    current = split_id(artifact_dir)
+    report: dict[str, Any] = {}
+    for stage in (s for s in STAGE_ORDER if s in stages):
+        stage_dir = _stage_dir(settings, artifact_dir, stage)
+        meta = _read_meta(stage_dir)
+        config_id = _config_id(settings, stage)
+        if (not force and meta is not None and meta.get("split_id") == current
+                and meta.get("config_id") == config_id):
+            report[stage] = {"reused": True, **meta.get("report", {})}
+            continue
+        t0 = time.perf_counter()
+        rep = _TRAINERS[stage](settings, artifact_dir, split, progress)
+        rep["seconds"] = round(time.perf_counter() - t0, 2)
+        report[stage] = rep
+        _write_meta(stage_dir, rep, current, config_id)
+        force = True  # a retrained stage invalidates every stage trained on its output
+    return report
+
+
+def _stage_dir(settings: Any, artifact_dir: Path, stage: str) -> Path:
+    """Where a stage's artifacts (and its completion marker) live; fusion has one per stage set."""
+    if stage == "fusion":
+        from fusion.stage import weights_key
+
+        return artifact_dir / "fusion" / weights_key(settings)
+    return artifact_dir / stage
+
+
+def split_id(artifact_dir: Path) -> str:
+    """Identity of the split the stages train on (its source fingerprint and protocol)."""
+    import hashlib
+
+    parts = [(artifact_dir / "split" / n).read_bytes() for n in ("source.json", "split.json")
+             if (artifact_dir / "split" / n).exists()]
+    return hashlib.sha256(b"".join(parts)).hexdigest()[:16]
+
+
+def _read_meta(directory: Path) -> dict[str, Any] | None:
+    path = directory / "stage.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _config_id(settings: Any, stage: str) -> str:
+    """Digest of the config section a stage is trained from: a changed setting (or a new default,
+    e.g. a recall channel switched on) retrains the stage instead of serving stale artifacts."""
+    import hashlib
+
+    section = {"recall": "recall", "recall_holdout": "recall", "coarse": "coarse", "llm": "llm",
+               "fusion": "fusion"}[stage]
+    config = getattr(settings, section, None)
+    blob = json.dumps(config.model_dump(mode="json") if config is not None else None, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _write_meta(directory: Path, report: dict[str, Any], split_id: str, config_id: str = "") -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / ".stage.json.tmp"
+    tmp.write_text(json.dumps({"split_id": split_id, "config_id": config_id, "report": report}, indent=2,
+                              default=_json_default))
+    tmp.replace(directory / "stage.json")  # last write: marks the stage complete
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+def _train_recall(settings: Any, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
+    from recall.train import train_two_tower
+
+    return train_two_tower(split, artifact_dir / "recall", settings.recall, progress=progress, seed=settings.seed)
+
+
+def _train_recall_holdout(settings: Any, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
+    from recall.train import train_two_tower
+
+    seqs, targets = holdout_sequences(split, settings.coarse.train_positions)
+    return train_two_tower(
+        split, artifact_dir / "recall_holdout", settings.recall,
+        sequences=seqs, early_stop_targets=targets, progress=progress, seed=settings.seed,
+    )
+
+
+def _train_coarse(settings: Any, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
+    from coarse_rank.train import train_coarse
+    from recall.stage import RecallStage
+
+    recall = RecallStage(settings.pipeline.stage("recall"), settings)
+    recall.load(artifact_dir, subdir="recall_holdout")
+    return train_coarse(split, recall, artifact_dir / "coarse", settings.coarse, seed=settings.seed, progress=progress)
+
+
+def _train_fusion(settings: Any, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
+    from jobs.evaluate import tune_fusion
+
+    return tune_fusion(settings, artifact_dir, split, progress=progress)
+
+
+def _train_llm(settings: Any, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
+    from cascade.registry import build_pipeline
+    from jobs.llm_adapt import train_llm
+    from recsys.pipeline import PipelineStage
+
+    cascade = PipelineStage(build_pipeline(settings, artifact_dir, only=("recall", "coarse")))
+    return train_llm(split, cascade, settings, artifact_dir, progress=progress)
+
+
+_TRAINERS = {"recall": _train_recall, "recall_holdout": _train_recall_holdout, "coarse": _train_coarse,
+             "fusion": _train_fusion, "llm": _train_llm}

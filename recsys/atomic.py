@@ -1,0 +1,54 @@
+"""Atomic file writes: write beside the target, fsync-free rename over it (``os.replace``).
+
+A reader sees the old file or the new one, never half of one; a killed writer leaves only a
+dot-prefixed ``.<name>.tmp<pid>`` file that the next write replaces. The one implementation
+every artifact writer uses (models, splits, reports, tag parts, weights).
+
+Deliberately left out: fsync before the rename (artifacts are rebuilt from their inputs after a
+crash of the machine itself), and directories (``llm_rerank.backbone`` renames a whole temporary
+directory, which ``os.replace`` cannot do over a non-empty one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+
+def tmp_path(path: Path) -> Path:
+    """The temporary sibling a write of ``path`` goes through (unique per process)."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.tmp{os.getpid()}")
+
+
+def atomic_write(path: Path | str, write: Callable[[IO[bytes]], Any]) -> Path:
+    """Call ``write(binary file handle)`` on a temporary sibling, then rename it over ``path``.
+
+    A handle rather than a path, so that writers that add suffixes to bare paths (``np.save``
+    appends ``.npy``) write where they are told. The temporary file is removed if ``write`` raises.
+    """
+    path = Path(path)
+    tmp = tmp_path(path)
+    try:
+        with tmp.open("wb") as fh:
+            write(fh)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_bytes(path: Path | str, data: bytes) -> Path:
+    return atomic_write(path, lambda fh: fh.write(data))
+
+
+def atomic_write_text(path: Path | str, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: Path | str, obj: Any, *, indent: int | None = 2, default: Any = None) -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=indent, default=default))

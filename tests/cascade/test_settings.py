@@ -1,0 +1,55 @@
+from pathlib import Path
+
+import pytest
+
+from cascade.settings import ConfigError, Settings
+
+
+def test_default_yaml_validates_with_default_depths():
+    s = Settings.from_yaml()
+    depths = [(st.name, st.depth) for st in s.pipeline.stages]
+    assert depths == [("recall", 200), ("coarse", 50), ("llm", 20), ("rules", None), ("fusion", None), ("caps", None)]
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        ({"recal": {}}, "recal: Extra inputs"),
+        ({"pipeline": {"stages": [{"name": "recall", "kind": "recall", "depth": 0, "on_error": "fail"}]}},
+         "pipeline.stages.0.depth"),
+        ({"pipeline": {"stages": [{"name": "recall", "kind": "nope", "on_error": "fail"}]}}, "unknown stage kind 'nope'"),
+        ({"pipeline": {"stages": [{"name": "coarse", "kind": "coarse"}]}}, "must be a recall stage"),
+        ({"pipeline": {"stages": [
+            {"name": "recall", "kind": "recall", "depth": 50, "on_error": "fail"},
+            {"name": "coarse", "kind": "coarse", "depth": 80}]}}, "depth 80 exceeds the previous stage depth 50"),
+        ({"pipeline": {"stages": [
+            {"name": "recall", "kind": "recall", "on_error": "fail"},
+            {"name": "recall", "kind": "coarse"}]}}, "duplicate stage names ['recall']"),
+        ({"serving": {"port": 70000}}, "serving.port"),
+    ],
+)
+def test_bad_keys_are_named(data, needle):
+    with pytest.raises(ConfigError) as err:
+        Settings.build(data)
+    assert needle in str(err.value)
+
+
+def test_yaml_file_errors_name_the_file(tmp_path: Path):
+    bad = tmp_path / "p.yaml"
+    bad.write_text("pipeline: [1, 2\n")
+    with pytest.raises(ConfigError, match="p.yaml: not valid YAML"):
+        Settings.from_yaml(bad)
+    with pytest.raises(ConfigError, match="config file not found"):
+        Settings.from_yaml(tmp_path / "missing.yaml")
+    bad.write_text("serving:\n  port: -1\n")
+    with pytest.raises(ConfigError, match=r"p.yaml: invalid configuration\n  serving.port"):
+        Settings.from_yaml(bad)
+
+
+def test_env_overrides_yaml_and_overrides_win(monkeypatch, tmp_path: Path):
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text("serving:\n  port: 8100\n")
+    assert Settings.from_yaml(cfg).serving.port == 8100
+    monkeypatch.setenv("RECSYS_SERVING__PORT", "9001")
+    assert Settings.from_yaml(cfg).serving.port == 9001
+    assert Settings.from_yaml(cfg, serving={"port": 9002}).serving.port == 9002

@@ -1,0 +1,184 @@
+"""The ``recsys`` console script: help texts, reports, and clear errors for bad input."""
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [[], ["prepare"], ["train"], ["eval"], ["serve"], ["recommend"], ["demo"], ["bench"], ["bench", "recall"],
+     ["bench", "serve"], ["bench", "llm"], ["bench", "llm-probe"]],
+)
+def test_every_command_has_help(args):
+    res = runner.invoke(app, [*args, "--help"])
+    assert res.exit_code == 0, res.output
+    assert "Usage" in res.output
+
+
+def test_prepare_synthetic_writes_a_report(tmp_path: Path):
+    out = tmp_path / "r" / "prepare.json"
+    art = tmp_path / "art"
+    args = ["prepare", "--artifacts", str(art), "--synthetic-users", "60", "--synthetic-items", "120", "--out", str(out)]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    report = json.loads(out.read_text())
+    assert report["dataset"] == "synthetic" and report["n_users"] == 60
+    assert report["protocol"]["k_core"] == 5
+    assert (art / "split" / "split.json").exists()
+    # a second run with the same inputs reuses the split (same report, no rebuild)
+    mtime = (art / "split" / "train.parquet").stat().st_mtime_ns
+    assert runner.invoke(app, args).exit_code == 0
+    assert (art / "split" / "train.parquet").stat().st_mtime_ns == mtime
+
+
+def test_prepare_reports_malformed_data_by_file_and_line(tmp_path: Path):
+    data = tmp_path / "d"
+    data.mkdir()
+    (data / "interactions.csv").write_text("user_id,item_id,rating,timestamp\nu1,i1,5,100\nu1,i2,x,101\n")
+    (data / "items.csv").write_text("item_id,title\ni1,A\ni2,B\n")
+    res = runner.invoke(app, ["prepare", "--data", str(data), "--artifacts", str(tmp_path / "a")])
+    assert res.exit_code == 2
+    assert "interactions.csv line 3" in res.output
+
+
+def test_bad_config_is_refused_naming_the_key(tmp_path: Path):
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text("pipeline:\n  stages:\n    - {name: recall, kind: recall, depth: -3, on_error: fail}\n")
+    res = runner.invoke(app, ["prepare", "--config", str(cfg)])
+    assert res.exit_code == 2
+    assert "pipeline.stages.0.depth" in res.output
+
+
+def test_unknown_stage_and_phase_are_refused(tmp_path: Path):
+    res = runner.invoke(app, ["train", "recall,rerank", "--artifacts", str(tmp_path)])
+    assert res.exit_code == 2 and "unknown stage(s) ['rerank']" in res.output
+    res = runner.invoke(app, ["eval", "--phase", "train", "--artifacts", str(tmp_path)])
+    assert res.exit_code == 2 and "--phase must be 'valid' or 'test'" in res.output
+
+
+def test_serve_and_recommend_need_trained_artifacts(tmp_path: Path):
+    for args in (["serve"], ["recommend", "42"], ["bench", "llm-probe"]):
+        res = runner.invoke(app, [*args, "--artifacts", str(tmp_path / "none")])
+        assert res.exit_code == 2 and "no trained artifacts here" in res.output
+
+
+def _one_line_error(res, *fragments: str) -> str:
+    """The command refused with exit 2 and a single ``error:`` line naming the problem, no traceback."""
+    assert res.exit_code == 2, res.output
+    assert isinstance(res.exception, SystemExit), res.exception  # exited on purpose, nothing escaped
+    [line] = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert line.startswith("error: ") and all(f in line for f in fragments), line
+    return line
+
+
+@pytest.fixture
+def toy_artifacts(tmp_path: Path) -> Path:
+    from tests.serving.toy import save_toy_split
+
+    save_toy_split(tmp_path / "toy")
+    return tmp_path / "toy"
+
+
+def test_recommend_with_k_over_the_limit_is_one_line(toy_artifacts: Path) -> None:
+    """Issue 16 item 8: `recsys recommend u0001 --k 1000` printed a LimitError traceback."""
+    res = runner.invoke(app, ["recommend", "u1", "--k", "1000", "--artifacts", str(toy_artifacts)])
+    _one_line_error(res, "LimitError", "k:", "100")
+
+
+def test_recommend_with_an_empty_user_id_is_one_line(toy_artifacts: Path) -> None:
+    """Issue 16 item 8: `recsys recommend ''` printed a multi-line ValidationError traceback."""
+    res = runner.invoke(app, ["recommend", "", "--artifacts", str(toy_artifacts)])
+    _one_line_error(res, "ValueError", "invalid request: user_id:")
+
+
+def test_recommend_without_a_trained_coarse_model_is_one_line(
+    toy_artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 16 item 8: a missing coarse model raised FileNotFoundError through the CLI."""
+    from recsys.config import STAGE_KINDS
+    from tests.serving.toy import TOY_KINDS
+
+    monkeypatch.setitem(STAGE_KINDS, "recall", TOY_KINDS["recall"])  # recall loads; coarse has no model
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text("pipeline:\n  stages:\n    - {name: recall, kind: recall, on_error: fail}\n"
+                   "    - {name: coarse, kind: coarse}\n")
+    res = runner.invoke(app, ["recommend", "u1", "--config", str(cfg), "--artifacts", str(toy_artifacts)])
+    _one_line_error(res, "FileNotFoundError", str(toy_artifacts / "coarse" / "meta.json"))
+
+
+@pytest.mark.parametrize(("port", "bound"), [("70000", "less than or equal to 65535"),
+                                           ("0", "greater than or equal to 1")])
+def test_serve_refuses_a_port_out_of_range(toy_artifacts: Path, port: str, bound: str) -> None:
+    """Issue 16 item 8: `recsys serve --port 70000` reached uvicorn and died with OverflowError.
+
+    Refused by the option's bounds before anything starts: click's usage error (exit 2).
+    """
+    res = runner.invoke(app, ["serve", "--port", port, "--artifacts", str(toy_artifacts)])
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit), res.output
+    assert "Invalid value for '--port'" in res.output and bound in res.output
+
+
+
+def test_serve_refuses_a_rule_set_this_catalog_cannot_judge(toy_artifacts: Path, tmp_path: Path) -> None:
+    """A fail-closed rules stage whose rule set reads item categories the catalog lacks used to let the
+    server start and answer 503 to every request; now `recsys serve` exits 2 before starting."""
+    rules = tmp_path / "mine.yaml"
+    rules.write_text("version: mine-1\nrules:\n  - {id: no_horror, kind: category_cap, max_items: 1, category: Horrorr}\n")
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"rules: {{ruleset: {rules}}}\n")
+    res = runner.invoke(app, ["serve", "--config", str(cfg), "--artifacts", str(toy_artifacts), "--port", "1"])
+    _one_line_error(res, "stage 'rules'", "no_horror", "no item carries categories")
+
+
+def test_tag_with_a_bad_prompt_document_is_one_line(toy_artifacts: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "prompt.yaml"
+    bad.write_text("sytem: Rank these.\n")
+    res = runner.invoke(app, ["tag", "--prompt", str(bad), "--artifacts", str(toy_artifacts)])
+    _one_line_error(res, "'sytem': unknown key")
+
+
+def _toy_pipeline_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str) -> Path:
+    """A config file for the toy recall + rules pipeline (the registry pointed at the toy stages)."""
+    from recsys.config import STAGE_KINDS
+    from tests.serving.toy import TOY_KINDS
+
+    for kind, path in TOY_KINDS.items():
+        monkeypatch.setitem(STAGE_KINDS, kind, path)
+    cfg = tmp_path / "toy.yaml"
+    cfg.write_text(f"pipeline:\n  {setting}\n  stages:\n"
+                   "    - {name: recall, kind: recall, on_error: fail}\n    - {name: rules, kind: rules, on_error: fail}\n")
+    return cfg
+
+
+def test_recommend_whose_pipeline_cannot_answer_in_time_is_one_line(
+    toy_artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request budget of 1 ms: the required rules stage finds its deadline passed (HTTP answers 503)."""
+    cfg = _toy_pipeline_config(tmp_path, monkeypatch, "request_budget_ms: 0.001")
+    res = runner.invoke(app, ["recommend", "u1", "--config", str(cfg), "--artifacts", str(toy_artifacts)])
+    assert res.exit_code == 1, res.output
+    [line] = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert line.startswith("error: PipelineError: stage 'recall' failed: request deadline passed"), line
+
+
+def test_bench_lists_counts_complete_and_short_lists_per_k(
+    toy_artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = _toy_pipeline_config(tmp_path, monkeypatch, "max_k: 6")
+    out = tmp_path / "lists.json"
+    res = runner.invoke(app, ["bench", "lists", "--k", "1,3", "--config", str(cfg), "--artifacts", str(toy_artifacts),
+                              "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    report = json.loads(out.read_text())
+    # toy catalog, test phase: u1 and u3 have 3+ unseen items allowed; u2 (15) has m3 and m6 left, m4 is adult
+    assert {k: (v["complete"], v["short"], v["empty"]) for k, v in report["k"].items()} == {"1": (3, 0, 0),
+                                                                                        "3": (2, 1, 0)}
+    bad = runner.invoke(app, ["bench", "lists", "--k", "0,3", "--config", str(cfg), "--artifacts", str(toy_artifacts)])
+    _one_line_error(bad, "--k values must be in 1..6")

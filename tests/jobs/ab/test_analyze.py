@@ -1,0 +1,100 @@
+"""``analyze_events`` on hand-made logs: exact CTRs and conversions, SRM, Parquet round trip, report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from jobs.ab.analyze import analyze_events
+from jobs.ab.events import events_frame, export_parquet, load_parquet
+from jobs.ab.report import write_online_report
+from jobs.ab.stats import two_proportion_ztest, wilson_interval
+
+
+def ev(user: str, kind: str, variant: str | None, item: str = "m1") -> tuple[str, dict[str, str]]:
+    fields = {"user_id": user, "item_id": item, "type": kind, "ts": "1.0", "experiment": "exp1"}
+    if variant is not None:
+        fields["variant"] = variant
+    return "0-0", fields
+
+
+def hand_log() -> pd.DataFrame:
+    """control: u1, u2 see 4 items each (8 impressions), u1 clicks twice -> CTR 2/8, conversion 1/2.
+    treatment: u3, u4, u5 see 2 each (6), u3 and u4 click once, u6 clicks unexposed -> CTR 3/6, conv 2/3.
+    """
+    rows = [ev(u, "impression", "control", f"m{i}") for u in ("u1", "u2") for i in range(4)]
+    rows += [ev("u1", "click", "control"), ev("u1", "click", "control", "m2")]
+    rows += [ev(u, "impression", "treatment", f"m{i}") for u in ("u3", "u4", "u5") for i in range(2)]
+    rows += [ev("u3", "click", "treatment"), ev("u4", "click", "treatment"), ev("u6", "click", "treatment")]
+    rows += [ev("u9", "rating", None)]
+    return events_frame(rows)
+
+
+def test_exact_ctr_and_conversion_per_arm() -> None:
+    report = analyze_events(hand_log(), {"control": 0.5, "treatment": 0.5})
+    c, t = report["arms"]["control"], report["arms"]["treatment"]
+    assert (c["impressions"], c["clicks"], c["users_exposed"], c["users_converted"]) == (8, 2, 2, 1)
+    assert (t["impressions"], t["clicks"], t["users_exposed"], t["users_converted"]) == (6, 3, 3, 2)
+    assert c["ctr"]["rate"] == 0.25 and t["ctr"]["rate"] == 0.5
+    assert c["conversion"]["rate"] == 0.5 and t["conversion"]["rate"] == pytest.approx(2 / 3, abs=1e-6)
+    assert c["ctr"]["ci95"] == pytest.approx(list(wilson_interval(2, 8)), abs=1e-6)
+    comp = report["comparisons"]["treatment"]["ctr"]
+    z, p = two_proportion_ztest(2, 8, 3, 6)
+    assert comp["diff"] == 0.25 and comp["relative_lift"] == 1.0
+    assert comp["z"] == pytest.approx(z, abs=1e-4) and comp["p_value"] == pytest.approx(p, abs=1e-6)
+    assert report["control"] == "control"
+    assert report["events_without_variant"] == 1
+    assert report["experiments"] == ["exp1"]
+    assert not report["srm"]["mismatch"] and report["warnings"] == []
+
+
+def test_srm_warns_on_a_skewed_log() -> None:
+    rows = [ev(f"c{i}", "impression", "control") for i in range(700)]
+    rows += [ev(f"t{i}", "impression", "treatment") for i in range(300)]
+    report = analyze_events(events_frame(rows), {"control": 0.5, "treatment": 0.5})
+    assert report["srm"]["mismatch"] and report["srm"]["observed"] == {"control": 700, "treatment": 300}
+    assert any("sample ratio mismatch" in w for w in report["warnings"])
+    fair = analyze_events(events_frame(rows), {"control": 0.7, "treatment": 0.3})
+    assert not fair["srm"]["mismatch"] and fair["warnings"] == []
+
+
+def test_user_in_two_arms_is_flagged_and_control_must_exist() -> None:
+    rows = [ev("u1", "impression", "control"), ev("u1", "impression", "treatment"), ev("u2", "impression", "control")]
+    report = analyze_events(events_frame(rows))
+    assert report["users_in_multiple_arms"] == 1 and report["srm"] is None
+    with pytest.raises(ValueError, match="control 'nope' has no events"):
+        analyze_events(events_frame(rows), control="nope")
+    with pytest.raises(ValueError, match="carries a variant"):
+        analyze_events(events_frame([ev("u1", "click", None)]))
+
+
+def test_parquet_round_trip_and_report(tmp_path: Path) -> None:
+    log = hand_log()
+    loaded = load_parquet(export_parquet(log, tmp_path / "events.parquet"))
+    assert analyze_events(loaded)["arms"] == analyze_events(log)["arms"]
+    md = write_online_report(analyze_events(loaded, {"control": 0.5, "treatment": 0.5}), tmp_path / "rep")
+    text = md.read_text()
+    assert "| control | 8 | 2 | 0.25 |" in text and "no mismatch" in text
+    png = tmp_path / "rep" / "online_rates.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size < 200_000
+
+
+def test_cli_analyze_from_parquet(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    events = export_parquet(hand_log(), tmp_path / "events.parquet")
+    out = tmp_path / "report.json"
+    skew = CliRunner().invoke(app, ["ab", "analyze", "--events", str(events), "--expected", "control=0.9,treatment=0.1",
+                                    "--out", str(out), "--report-dir", str(tmp_path / "md")])
+    assert skew.exit_code == 0, skew.output
+    report = json.loads(out.read_text())
+    assert report["arms"]["treatment"]["ctr"]["rate"] == 0.5
+    assert (tmp_path / "md" / "online.md").exists()
+    bad = CliRunner().invoke(app, ["ab", "analyze", "--out", str(out)])
+    assert bad.exit_code == 2 and "exactly one of --redis-url" in bad.output

@@ -1,0 +1,108 @@
+"""Experiments in serving (toy app, real Redis): variant per user, logged impressions and clicks,
+then replay -> Redis stream -> analysis end to end with exact counts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+from pydantic import Field
+
+from cascade.settings import Settings
+from jobs.ab.analyze import analyze_events
+from jobs.ab.events import read_stream
+from jobs.ab.simulate import check_loopback, replay_artifacts, simulate
+from offline.split import Split
+from recsys.config import StageSpec
+from recsys.experiments import ExperimentsConfig, assign
+from recsys.pipeline import Pipeline
+from serving.app import create_app
+from serving.service import variant_pipelines
+from tests.serving.conftest import redis_env, redis_server, toy_pipeline  # noqa: F401 - fixtures
+from tests.serving.toy import AudienceRules, PopularityRecall, YearRerank, save_toy_split
+
+PAIRS = [(StageSpec(name="recall", kind="recall", on_error="fail"), PopularityRecall),
+         (StageSpec(name="llm", kind="llm"), YearRerank),
+         (StageSpec(name="rules", kind="rules", on_error="fail"), AudienceRules)]
+EXPERIMENT = {"enabled": True, "name": "llm-test", "salt": "t1",
+              "variants": [{"name": "control", "share": 0.5},
+                           {"name": "treatment", "share": 0.5, "overrides": {"llm": True}}]}
+
+
+class ExperimentSettings(Settings):
+    """Settings with the ``experiments`` section (until the root Settings carries it)."""
+
+    experiments: ExperimentsConfig = Field(default_factory=ExperimentsConfig)
+
+
+def app_client(artifact_dir: Path) -> TestClient:
+    settings = ExperimentSettings.build({"pipeline": {"max_k": 5, "stages": [s.model_dump() for s, _ in PAIRS]},
+                                         "experiments": EXPERIMENT})
+    return TestClient(create_app(settings, artifact_dir, pipeline=toy_pipeline(artifact_dir, settings, PAIRS)))
+
+
+def test_variant_in_answer_impressions_and_clicks(tmp_path: Path, redis_env: str) -> None:  # noqa: F811
+    save_toy_split(tmp_path)
+    cfg = ExperimentsConfig.model_validate(EXPERIMENT)
+    with app_client(tmp_path) as client:
+        for user in ("u1", "u2", "u3"):
+            answer = client.post("/v1/recommend", json={"user_id": user, "k": 3}).json()
+            arm = assign(cfg, user).variant
+            assert (answer["experiment"], answer["variant"], answer["impressions_logged"]) == ("llm-test", arm, True)
+            assert answer["path"] == ("llm" if arm == "treatment" else "light")
+        body = {"event_id": "c1", "user_id": "u1", "item_id": "m5", "type": "click"}
+        assert client.post("/v1/events", json=body).status_code == 200
+    log = read_stream(redis.Redis.from_url(redis_env), tmp_path.name)
+    imps = log[log["type"] == "impression"]
+    assert len(imps) == 3 + 2 + 1  # unseen items left: u1 m4 m5 m6, u2 m3 m6, u3 m3
+    assert imps.groupby("user_id")["variant"].first().to_dict() == {u: assign(cfg, u).variant for u in ("u1", "u2", "u3")}
+    assert imps[imps["user_id"] == "u1"]["rank"].tolist() == [1, 2, 3]
+    click = log[log["type"] == "click"].iloc[0]
+    assert (click["variant"], click["experiment"]) == (assign(cfg, "u1").variant, "llm-test")  # derived
+
+
+def test_replay_simulation_to_analysis(tmp_path: Path, redis_env: str) -> None:  # noqa: F811
+    art = tmp_path / "art"
+    split = save_toy_split(art)
+    replay = replay_artifacts(art, tmp_path / f"{tmp_path.name}-replay")
+    assert Split.load(replay / "split").test.tolist() == split.valid.tolist()
+    with app_client(replay) as client:
+        run = simulate("http://testserver", split, users=10, seconds=30, k=5, client=client)
+    assert run["requests"] == 3 and run["events"] == {"click_sent": 3}  # every test item is shown
+    report = analyze_events(read_stream(redis.Redis.from_url(redis_env), replay.name),
+                            ExperimentsConfig.model_validate(EXPERIMENT).shares())
+    arms = report["arms"]
+    assert sum(a["impressions"] for a in arms.values()) == 4 + 3 + 2
+    assert sum(a["clicks"] for a in arms.values()) == 3
+    assert all(a["conversion"]["rate"] == 1.0 for a in arms.values())
+
+    with app_client(art) as client:  # the original split: the server already knows the test items
+        run = simulate("http://testserver", split, users=10, seconds=30, k=5, client=client)
+    assert run["events"] == {}
+
+
+def test_fusion_override_reweights_only_that_variant(tmp_path: Path) -> None:
+    save_toy_split(tmp_path)
+    fusion = StageSpec(name="fusion", kind="fusion")
+    settings = ExperimentSettings.build({"pipeline": {"stages": [PAIRS[0][0].model_dump(), fusion.model_dump()]}})
+    base = toy_pipeline(tmp_path, settings, [(PAIRS[0][0], PopularityRecall)])
+    from fusion.stage import FusionStage
+
+    fused = FusionStage(fusion, settings)
+    base = Pipeline([*base.stages, (fusion, fused)])
+    cfg = ExperimentsConfig.model_validate(
+        {**EXPERIMENT, "variants": [{"name": "control", "share": 0.5},
+                                    {"name": "b", "share": 0.5, "overrides": {"fusion_weights": {"recall": 1.0}}}]})
+    out = variant_pipelines(base, cfg, settings)
+    assert list(out) == ["b"]
+    assert out["b"].stages[0][1] is base.stages[0][1]  # the loaded recall stage is shared
+    assert out["b"].stage("fusion").config.weights == {"recall": 1.0}  # type: ignore[attr-defined]
+    assert out["b"].versions()["fusion"] != base.versions()["fusion"]
+
+
+def test_simulator_refuses_non_loopback() -> None:
+    assert check_loopback("http://127.0.0.1:8000/") == "http://127.0.0.1:8000"
+    with pytest.raises(ValueError, match="not a loopback"):
+        check_loopback("http://example.com:8000")

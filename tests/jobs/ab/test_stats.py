@@ -1,0 +1,73 @@
+"""The closed-form tests against hand-worked values and scipy references."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from scipy import stats as sps
+
+from jobs.ab.stats import (
+    diff_interval,
+    relative_lift,
+    srm_check,
+    two_proportion_ztest,
+    wilson_interval,
+    z_two_sided,
+)
+
+
+def test_two_sided_z() -> None:
+    assert z_two_sided(0.05) == pytest.approx(1.959964, abs=1e-6)
+    assert z_two_sided(0.001) == pytest.approx(3.290527, abs=1e-6)
+    with pytest.raises(ValueError, match="alpha must be in"):
+        z_two_sided(1.0)
+
+
+def test_ztest_hand_worked() -> None:
+    # 100/1000 vs 130/1000: pooled p = 0.115, se = sqrt(0.115 * 0.885 * (2 / 1000)) = 0.0142671
+    # z = 0.03 / 0.0142671 = 2.10274; p = 2 * (1 - Phi(2.10274)) = 0.03549
+    z, p = two_proportion_ztest(100, 1000, 130, 1000)
+    assert z == pytest.approx(0.03 / math.sqrt(0.115 * 0.885 * 0.002), rel=1e-12)
+    assert z == pytest.approx(2.10274, abs=1e-5)
+    assert p == pytest.approx(2 * sps.norm.sf(z), rel=1e-12)
+    assert p == pytest.approx(0.03549, abs=1e-5)
+    z2, p2 = two_proportion_ztest(130, 1000, 100, 1000)
+    assert (z2, p2) == pytest.approx((-z, p))
+    assert two_proportion_ztest(0, 10, 0, 20) == (0.0, 1.0)
+
+
+def test_wilson_hand_values() -> None:
+    # 10/100, z = 1.959964: centre (0.1 + z^2/200) / (1 + z^2/100) = 0.11483,
+    # half-width z * sqrt(0.0009 + z^2/40000) / (1 + z^2/100) = 0.05960
+    lo, hi = wilson_interval(10, 100)
+    assert lo == pytest.approx(0.05523, abs=1e-5)
+    assert hi == pytest.approx(0.17437, abs=1e-5)
+    lo0, hi0 = wilson_interval(0, 50)  # never collapses to a point at 0, unlike the Wald interval
+    assert lo0 == pytest.approx(0.0, abs=1e-12)
+    assert hi0 == pytest.approx(1.959964**2 / (50 + 1.959964**2), abs=1e-6)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    with pytest.raises(ValueError, match="successes=5, n=3"):
+        wilson_interval(5, 3)
+
+
+def test_diff_interval_and_lift() -> None:
+    lo, hi = diff_interval(100, 1000, 130, 1000)
+    se = math.sqrt(0.1 * 0.9 / 1000 + 0.13 * 0.87 / 1000)
+    assert (lo, hi) == pytest.approx((0.03 - 1.959964 * se, 0.03 + 1.959964 * se), abs=1e-6)
+    assert relative_lift(0.1, 0.13) == pytest.approx(0.3)
+    assert relative_lift(0.0, 0.1) is None
+
+
+def test_srm_fires_on_a_skewed_split_and_not_on_a_fair_one() -> None:
+    fair = srm_check({"control": 5030, "treatment": 4970}, {"control": 0.5, "treatment": 0.5})
+    assert fair["chi2"] == pytest.approx(2 * 30**2 / 5000)  # 0.36
+    assert fair["p_value"] == pytest.approx(sps.chi2.sf(0.36, 1))
+    assert not fair["mismatch"]
+    skewed = srm_check({"control": 5300, "treatment": 4700}, {"control": 0.5, "treatment": 0.5})
+    assert skewed["chi2"] == pytest.approx(36.0)
+    assert skewed["p_value"] < 1e-8 and skewed["mismatch"]
+    three = srm_check({"holdout": 100, "a": 450, "b": 450}, {"holdout": 0.1, "a": 0.45, "b": 0.45})
+    assert three["chi2"] == 0.0 and three["df"] == 2 and not three["mismatch"]
+    stray = srm_check({"a": 10, "b": 10, "x": 1}, {"a": 0.5, "b": 0.5})
+    assert stray["mismatch"] and stray["unexpected_arms"] == ["x"]

@@ -1,0 +1,67 @@
+"""The cold-item protocol: the cutoff, a split without the new items' interactions, their slice."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cascade.settings import Settings
+from jobs.cold_items import cold_item_report, cold_split, first_seen, new_items, prepare_cold
+from jobs.train import prepare
+from tests.jobs.test_train import TINY
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+    art = tmp_path_factory.mktemp("cold") / "synthetic"
+    return art, prepare(None, art, n_users=60, n_items=120, seed=3)
+
+
+def test_new_items_are_the_last_share_to_appear(synthetic) -> None:
+    _, split = synthetic
+    first = first_seen(split)
+    new, cutoff = new_items(split, share=0.1)
+    appeared = first < np.iinfo(np.int64).max
+    assert np.all(first[new] > cutoff) and np.all(first[appeared & ~np.isin(np.arange(split.n_items), new)] <= cutoff)
+    assert 0.05 * appeared.sum() <= len(new) <= 0.1 * appeared.sum() + 1
+    with pytest.raises(ValueError, match="share must be in"):
+        new_items(split, share=1.0)
+
+
+def test_cold_split_trains_on_nothing_of_the_new_items(synthetic) -> None:
+    _, split = synthetic
+    cold = cold_split(split, share=0.1)
+    new = cold.unseen_items
+    assert len(new) == cold.protocol["cold_items"]["n_new"] > 0
+    assert not np.isin(cold.train["item_idx"], new).any()
+    assert all(not np.isin(seq, new).any() for seq in cold.train_sequences)
+    assert cold.item_popularity("valid")[new].sum() == 0
+    dropped = np.isin(split.train["item_idx"], new).sum()
+    assert len(split.train) - len(cold.train) == dropped == cold.protocol["cold_items"]["dropped_train_interactions"]
+    # valid items that are new are never learnt from; the original split has no unseen items
+    np.testing.assert_array_equal(cold.valid_trainable(), ~np.isin(split.valid, new))
+    assert split.valid_trainable().all() and len(split.unseen_items) == 0
+    np.testing.assert_array_equal(cold.test, split.test)  # the same test requests
+
+
+@pytest.mark.slow
+def test_cold_item_report_trains_a_cold_cascade_and_slices_by_the_test_item(synthetic) -> None:
+    art, split = synthetic
+    settings = Settings.build(TINY)
+    report = cold_item_report(settings, art, split, share=0.1, n_boot=200, progress=False)
+    cold_dir, cold = prepare_cold(art, split, 0.1)
+    assert cold_dir == art / "cold-items" and (cold_dir / "recall").exists() and (cold_dir / "coarse").exists()
+    slices = report["slices"]
+    new = np.isin(split.test, cold.unseen_items)
+    assert slices["cold_item"]["users"] == int(new.sum()) > 0
+    assert slices["warm_item"]["users"] == int((~new).sum())
+    for row in slices.values():
+        assert {"recall", "coarse", "final"} <= set(row["stages"])
+        assert set(row["deltas"]) == {"coarse_vs_recall", "final_vs_coarse"}
+        assert {"recall", "coarse"} <= set(row["candidate_recall"])
+        assert all(0.0 <= v <= 1.0 for v in row["candidate_recall"].values())
+    # unknown to every model, new items still reach recall's candidates through their content
+    assert report["new_items_among_candidates"]["recall"] > 0
+    assert report["new_items"] == len(cold.unseen_items) and report["item_side_knowledge"]["text"] is False
+    again = cold_item_report(settings, art, split, share=0.1, n_boot=200, progress=False)
+    assert again["slices"] == slices  # the cold cascade is reused, not retrained

@@ -1,0 +1,101 @@
+"""The whole cascade at toy size: prepare -> train every stage -> evaluate, and reuse on rerun."""
+
+from pathlib import Path
+
+import pytest
+
+from cascade.settings import Settings
+from jobs.evaluate import evaluate_pipeline
+from jobs.train import DEFAULT_STAGES, holdout_sequences, prepare, train_stages
+
+TINY = {
+    "recall": {"dim": 16, "max_len": 10, "n_blocks": 1, "n_heads": 1, "max_epochs": 4, "eval_every": 2,
+               "use_text": False},
+    "coarse": {"n_estimators": 20, "min_child_samples": 5, "early_stopping_rounds": 5, "train_positions": 2},
+}
+
+
+@pytest.mark.slow
+def test_tiny_cascade_trains_evaluates_and_is_reused(tmp_path: Path):
+    settings = Settings.build(TINY)
+    art = tmp_path / "synthetic"
+    split = prepare(None, art, n_users=60, n_items=120, seed=3)
+    report = train_stages(settings, art, split)
+    assert list(report) == list(DEFAULT_STAGES)
+    assert all(not r.get("reused") for r in report.values())
+    again = train_stages(settings, art, split)
+    assert all(r.get("reused") for r in again.values())
+    # retraining an upstream stage retrains everything downstream of it
+    forced = train_stages(settings, art, split, stages=("recall_holdout", "coarse"), force=True)
+    assert not forced["coarse"].get("reused")
+
+    ev = evaluate_pipeline(settings, art, split, phase="test", progress=False, n_boot=200)
+    assert ev["n_users"] == split.n_users and ev["dataset"] == "synthetic"
+    assert set(ev["stages"]) == {"popularity", "recall", "coarse", "final"}
+    assert set(ev["candidate_recall"]) == {"recall@200", "coarse@50"}
+    assert set(ev["deltas"]) == {"coarse_vs_recall", "final_vs_coarse"}
+    lo, hi = ev["deltas"]["coarse_vs_recall"]["ndcg@10"]["ci95"]
+    assert lo <= ev["deltas"]["coarse_vs_recall"]["ndcg@10"]["mean"] <= hi
+    assert ev["stage_status"]["llm"] == {"skipped": split.n_users}
+    assert 0 <= ev["stages"]["final"]["ndcg@10"] <= 1
+    # right by default: every user gets a full list, and the price of each rule is reported
+    lists = ev["lists"]
+    assert lists["empty"] == 0 and lists["complete"] + lists["short"] == split.n_users
+    # a user is short only where the whole catalog holds fewer than 10 unseen items they may see
+    assert lists["short_reasons"] == ({"no more candidates pass the rules": lists["short"]} if lists["short"] else {})
+    costs = ev["policy_costs"]
+    assert "adult_gate" in costs["rules_in_force"] and set(costs["per_rule"]) == set(costs["rules_in_force"])
+    dec = costs["decomposition"]
+    assert dec["rules"] + dec["fusion"] + dec["stage_order"] == pytest.approx(dec["final_minus_coarse"], abs=3e-5)
+    assert dec["stage_order"] == 0.0  # no rules and no fusion: exactly coarse's own top 10
+    # short histories: a 5-core toy log has no user with 1-5 items, so that slice is built by truncation
+    short = ev["short_history"]["slices"]
+    assert set(short) == {"1-5", "6-20", ">20"}
+    assert short["1-5"]["truncated"] and 0 < short["1-5"]["users"] <= 300
+    for row in short.values():
+        if "skipped" in row:
+            continue
+        assert {"recall", "coarse", "final"} <= set(row["stages"])
+        assert all(0 <= m["ndcg@10"] <= m["recall@10"] <= 1 for m in row["stages"].values())
+        assert set(row["deltas"]) == {"coarse_vs_recall", "final_vs_coarse"}
+        for d in row["deltas"].values():
+            assert d["ci95"][0] <= d["mean"] <= d["ci95"][1]
+
+    # a changed setting (here the recall popularity share) retrains that stage and everything after it
+    changed = train_stages(Settings.build({**TINY, "recall": {**TINY["recall"], "popularity_share": 0.2}}), art, split)
+    assert not any(r.get("reused") for r in changed.values())
+
+    # fusion weights belong to the rule set they were tuned under: a new rule set retunes them
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("version: mine-1\nrules:\n  - {id: one, kind: blocklist, items: {item_ids: ['i0001']}}\n")
+    retuned = train_stages(Settings.build({**TINY, "recall": {**TINY["recall"], "popularity_share": 0.2},
+                                           "rules": {"ruleset": str(mine)}}), art, split)
+    assert retuned["recall"]["reused"] and retuned["coarse"]["reused"] and not retuned["fusion"].get("reused")
+
+
+def test_holdout_sequences_hold_out_the_last_items(tmp_path: Path):
+    split = prepare(None, tmp_path / "s", n_users=20, n_items=60, seed=1)
+    seqs, targets = holdout_sequences(split, positions=2)
+    for u, full in enumerate(split.train_sequences):
+        if len(full) >= 3:
+            assert seqs[u].tolist() == full[:-2].tolist() and targets[u] == full[-2]
+        else:
+            assert seqs[u].tolist() == full[: len(full) - min(2, len(full) - 1)].tolist()
+
+
+def test_split_fingerprint_follows_content_not_mtime_or_path(tmp_path):
+    import os
+
+    from jobs.train import _fingerprint
+
+    data = tmp_path / "a" / "ml-100k"
+    data.mkdir(parents=True)
+    (data / "u.data").write_text("1\t1\t5\t881250949\n")
+    first = _fingerprint(data, None, 5, {})
+    os.utime(data / "u.data", (1, 1))  # a restored copy: same bytes, new mtime
+    copy = tmp_path / "b" / "ml-100k"
+    copy.mkdir(parents=True)
+    (copy / "u.data").write_bytes((data / "u.data").read_bytes())
+    assert _fingerprint(data, None, 5, {}) == first == _fingerprint(copy, None, 5, {})
+    (data / "u.data").write_text("1\t1\t4\t881250949\n")  # one changed byte, same size
+    assert _fingerprint(data, None, 5, {}) != first

@@ -1,0 +1,176 @@
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from recsys.redis_state import EmbeddedRedis, RedisGuard, RedisUnavailable, connect, redis_url
+from tests.serving.toy import toy_settings
+
+
+def test_redis_url_prefers_settings_then_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REDIS_URL", "redis://env:6379/0")
+    assert redis_url(toy_settings()) == "redis://env:6379/0"
+    assert redis_url(toy_settings().model_copy(update={"redis_url": "redis://cfg:1/2"})) == "redis://cfg:1/2"
+    monkeypatch.delenv("REDIS_URL")
+    assert redis_url(toy_settings()) is None
+    with pytest.raises(ValueError, match="no Redis URL"):
+        connect(toy_settings())
+
+
+def test_embedded_server_stops_and_restarts_on_the_same_socket(tmp_path) -> None:
+    server = EmbeddedRedis(tmp_path / "r")
+    try:
+        client = connect(toy_settings(), server.start())
+        client.set("k", "v")
+        assert client.get("k") == b"v"
+        server.stop()
+        with pytest.raises(redis.exceptions.ConnectionError):
+            client.get("k")
+        server.start()
+        assert client.get("k") is None  # no persistence: a restart is an empty Redis
+    finally:
+        server.close()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_guard_backs_off_exponentially_then_recovers() -> None:
+    clock, calls = Clock(), []
+
+    def down() -> int:
+        calls.append(clock.now)
+        raise redis.exceptions.ConnectionError("refused")
+
+    guard = RedisGuard(min_s=1.0, max_s=3.0, clock=clock)
+    with pytest.raises(RedisUnavailable, match="refused"):
+        guard.call(down)
+    with pytest.raises(RedisUnavailable, match="next retry"):
+        guard.call(down)  # within 1 s: skipped without touching Redis
+    assert calls == [100.0] and guard.down
+    clock.now = 101.0
+    with pytest.raises(RedisUnavailable):
+        guard.call(down)  # second failure: wait 2 s
+    clock.now = 102.5
+    with pytest.raises(RedisUnavailable, match="next retry"):
+        guard.call(down)
+    clock.now = 103.0
+    assert guard.call(lambda: 7) == 7 and not guard.down
+    assert calls == [100.0, 101.0]
+
+
+def test_embedded_redis_starts_from_a_relative_work_dir(tmp_path, monkeypatch):
+    """redis-server chdirs into its --dir: a relative socket path used to make it exit at once."""
+    monkeypatch.chdir(tmp_path)
+    server = EmbeddedRedis(Path("work") / "redis")
+    try:
+        url = server.start()
+        assert redis.Redis.from_url(url).ping()
+    finally:
+        server.stop()
+
+
+def _wait_for(predicate, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+def test_supervised_server_is_restarted_after_sigkill_and_tells_its_listeners(tmp_path) -> None:
+    """Issue 16 item 5: after `kill -9` the child stayed dead for good."""
+    server = EmbeddedRedis(tmp_path / "r", supervise=True)
+    restarted = threading.Event()
+    server.add_restart_listener(restarted.set)
+    try:
+        url = server.start()
+        assert EmbeddedRedis.supervising(url) is server
+        first = server.proc
+        assert first is not None
+        os.kill(first.pid, signal.SIGKILL)
+        assert restarted.wait(timeout=10), "no restart within 10 s"
+        assert server.restarts == 1 and server.proc is not first and server.proc.poll() is None
+        assert redis.Redis.from_url(url).ping()
+    finally:
+        server.close()
+    assert EmbeddedRedis.supervising(url) is None
+
+
+def test_stop_is_not_a_crash_and_unsupervised_servers_stay_down(tmp_path) -> None:
+    supervised = EmbeddedRedis(tmp_path / "s", supervise=True)
+    plain = EmbeddedRedis(tmp_path / "p")
+    try:
+        supervised.start()
+        supervised.stop()  # asked to stop: the supervisor must not bring it back
+        plain.start()
+        assert plain.proc is not None
+        dead = plain.proc
+        os.kill(dead.pid, signal.SIGKILL)
+        dead.wait()
+        time.sleep(0.3)
+        assert supervised.proc is None and supervised.restarts == 0
+        assert plain.proc is dead and plain.restarts == 0
+        supervised.start()  # a stopped supervised server starts again, supervised again
+        os.kill(supervised.proc.pid, signal.SIGKILL)
+        assert _wait_for(lambda: supervised.restarts == 1)
+    finally:
+        supervised.close()
+        plain.close()
+
+
+def test_guard_reset_closes_the_breaker_at_once() -> None:
+    clock = Clock()
+    guard = RedisGuard(min_s=1.0, max_s=3.0, clock=clock)
+
+    def down() -> int:
+        raise redis.exceptions.ConnectionError("refused")
+
+    for _ in range(3):
+        clock.now += 5
+        with pytest.raises(RedisUnavailable):
+            guard.call(down)
+    assert guard.down
+    guard.reset()  # e.g. the supervisor restarted Redis: no need to sit out the 3 s backoff
+    assert not guard.down and guard.call(lambda: 7) == 7
+
+
+def test_a_process_that_exits_without_stop_takes_its_embedded_redis_along(tmp_path) -> None:
+    """`kill -TERM` of `recsys serve` used to leave redis-server orphaned (parent pid 1)."""
+    import subprocess
+    import sys
+
+    code = ("from recsys.redis_state import EmbeddedRedis\n"
+            f"r = EmbeddedRedis({str(tmp_path / 'x')!r}, supervise=True); r.start(); print(r.proc.pid, flush=True)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    pid = int(out.stdout.split()[0])
+    assert _wait_for(lambda: not _alive(pid)), f"redis-server {pid} outlived its server"
+
+
+def test_the_embedded_redis_runs_in_its_own_session(tmp_path) -> None:
+    server = EmbeddedRedis(tmp_path / "s")
+    try:
+        server.start()
+        assert server.proc is not None and os.getsid(server.proc.pid) != os.getsid(0)  # a Ctrl-C does not reach it
+    finally:
+        server.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
