@@ -1,17 +1,72 @@
 """Builds a ``Pipeline`` from settings: imports only the configured stage kinds, then loads them.
 
+A stage never sees the whole ``Settings``: ``build_stage`` gives it its ``spec``, its own
+section (``STAGE_SECTIONS``: kind -> the ``Settings`` field, e.g. ``llm`` -> ``settings.llm``)
+and, for the kinds that need more, explicit keyword arguments computed here from the settings
+(``stage_context``: the LLM stage's artifacts root and tier-2 Redis, fusion's weights key).
+The class behind a kind is ``recsys.config.STAGE_KINDS`` (``module:Class``, imported on use).
+
 Called once at start-up by the server, the evaluator and the CLI; never per request.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
 
 from cascade.settings import Settings
+from fusion.stage import weights_key_for
 from recsys.config import STAGE_KINDS, StageSpec
 from recsys.contract import Stage
 from recsys.pipeline import Pipeline
+
+# kind -> the Settings section its stage is built with, as Cls(spec, section, **stage_context(kind, settings))
+STAGE_SECTIONS: dict[str, str] = {
+    "recall": "recall",
+    "recall_llm": "recall",
+    "coarse": "coarse",
+    "llm": "llm",
+    "rules": "rules",
+    "rules_tagged": "rules",
+    "fusion": "fusion",
+}
+
+
+def weights_key(settings: Settings) -> str:
+    """The fusion weights key of this pipeline (``fusion.stage.weights_key_for``)."""
+    return weights_key_for(settings.pipeline.stages, settings.rules.ruleset_path)
+
+
+def _llm_context(settings: Settings) -> dict[str, Any]:
+    return {"artifacts_root": settings.artifacts_dir, "redis_url": settings.resolve_redis_url(),
+            "redis_socket_timeout_s": settings.serving.redis_socket_timeout_s}
+
+
+def _fusion_context(settings: Settings) -> dict[str, Any]:
+    return {"weights_key": weights_key(settings)}
+
+
+_CONTEXT: dict[str, Callable[[Settings], dict[str, Any]]] = {"llm": _llm_context, "fusion": _fusion_context}
+
+
+def stage_section(kind: str, settings: Settings) -> BaseModel:
+    """The ``Settings`` section a ``kind`` stage is built with (``STAGE_SECTIONS``)."""
+    try:
+        section: BaseModel = getattr(settings, STAGE_SECTIONS[kind])
+    except KeyError:
+        raise ValueError(f"stage kind {kind!r} has no settings section; known: {sorted(STAGE_SECTIONS)}") \
+            from None
+    return section
+
+
+def stage_context(kind: str, settings: Settings) -> dict[str, Any]:
+    """The keyword arguments beyond ``(spec, section)`` a ``kind`` stage takes (none for most kinds)."""
+    make = _CONTEXT.get(kind)
+    return make(settings) if make is not None else {}
 
 
 def stage_class(kind: str) -> type:
@@ -23,10 +78,15 @@ def stage_class(kind: str) -> type:
     return getattr(importlib.import_module(module_name), cls_name)
 
 
-def build_stage(spec: StageSpec, settings: Settings) -> Stage:
-    stage = stage_class(spec.kind)(spec, settings)
+def build_stage(spec: StageSpec, settings: Settings, *, cls: type | None = None) -> Stage:
+    """``Cls(spec, <its section>, **<its context>)`` for ``spec.kind``; cheap (nothing loaded yet).
+
+    ``cls`` replaces the class ``STAGE_KINDS`` names (a stand-in built the same way, in tests).
+    """
+    cls = cls or stage_class(spec.kind)
+    stage = cls(spec, stage_section(spec.kind, settings), **stage_context(spec.kind, settings))
     if not isinstance(stage, Stage):
-        raise TypeError(f"{STAGE_KINDS[spec.kind]} does not implement recsys.contract.Stage")
+        raise TypeError(f"{cls.__module__}:{cls.__qualname__} does not implement recsys.contract.Stage")
     return stage
 
 

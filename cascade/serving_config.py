@@ -3,12 +3,15 @@
 Request-shape limits that depend on the pipeline (the largest ``k``) live in
 ``recsys.config.PipelineConfig.max_k``; this model holds what only the HTTP layer uses.
 Where Redis lives is ``settings.redis_url`` (``RECSYS_REDIS_URL``), else the plain
-``REDIS_URL`` environment variable, else an embedded server (``recsys.redis_state``).
+``REDIS_URL`` environment variable (``Settings.resolve_redis_url``), else an embedded server
+(``recsys.redis_state``).
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+from recsys.redis_state import DEFAULT_SOCKET_TIMEOUT_S
 
 EVENT_TYPES = ("impression", "click", "rating", "purchase", "add_to_cart")
 
@@ -41,7 +44,8 @@ class ServingConfig(BaseModel):
         None, description="Prefix of every Redis key; None uses the artifact directory name (e.g. 'ml-100k')."
     )
     redis_socket_timeout_s: float = Field(
-        0.25, gt=0, le=10, description="Connect/read timeout: a dead Redis costs at most this per attempt."
+        DEFAULT_SOCKET_TIMEOUT_S, gt=0, le=10,
+        description="Connect/read timeout: a dead Redis costs at most this per attempt."
     )
     redis_retry_min_s: float = Field(0.2, gt=0, description="First wait before retrying a Redis that failed.")
     redis_retry_max_s: float = Field(5.0, gt=0, description="Longest wait between retries (exponential backoff).")

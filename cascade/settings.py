@@ -1,7 +1,8 @@
 """The root settings object: the only place that reads the environment.
 
 ``Settings`` bundles one config model per package (``recall``, ``coarse``, ``llm``, ``rules``,
-``serving``) plus the pipeline's stage list. Sources, highest priority first: explicit
+``fusion``, ``serving``, ``experiments``) plus the pipeline's stage list; each stage is built with
+its own section only (``cascade.registry``). Sources, highest priority first: explicit
 keyword arguments, environment variables (``RECSYS_`` prefix, ``__`` for nesting, e.g.
 ``RECSYS_SERVING__PORT=9000``), the YAML file given to ``Settings.from_yaml``, then defaults.
 
@@ -31,6 +32,7 @@ from recsys.experiments import ExperimentsConfig
 from rules.config import RulesConfig
 
 _ENV_PREFIX = "RECSYS_"
+ENV_REDIS_URL = "REDIS_URL"  # the plain name container platforms set, read when no redis_url is configured
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "pipeline.yaml"
 
 
@@ -56,6 +58,11 @@ class Settings(BaseSettings):
     serving: ServingConfig = Field(default_factory=ServingConfig)
     fusion: FusionConfig = Field(default_factory=FusionConfig)
     experiments: ExperimentsConfig = Field(default_factory=ExperimentsConfig)
+
+    def resolve_redis_url(self) -> str | None:
+        """``redis_url``, else ``$REDIS_URL`` (read now, not when the settings were built), else None:
+        the caller then starts a ``recsys.redis_state.EmbeddedRedis``."""
+        return self.redis_url or os.environ.get(ENV_REDIS_URL) or None
 
     @classmethod
     def settings_customise_sources(

@@ -13,15 +13,18 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import yaml
+from pydantic import ValidationError
 
 from cli import common as c
+from recsys.experiments import ExperimentsConfig
 
 ab_app = typer.Typer(no_args_is_help=True, help="A/B evaluation: offline comparison, online analysis, replay.")
 ReportDirOpt = Annotated[Path | None, typer.Option("--report-dir", help="Write Markdown + PNG plots here.")]
 
 
 def _split_of(art: Path) -> Any:
-    from offline.split import Split
+    from offline.split import Split  # lazy: keeps `recsys --help` fast
 
     if not (art / "split").exists():
         c.fail(f"{art}: no split here; run `recsys prepare/train --data ...` first")
@@ -38,7 +41,7 @@ def offline(
     out: c.OutOpt = None, report_dir: ReportDirOpt = None,
 ) -> None:
     """Both configs on the same test users: metrics, latency, LLM cost, paired CIs of B - A."""
-    from jobs.ab.compare import compare_offline
+    from jobs.ab.compare import compare_offline  # lazy: keeps `recsys --help` fast
 
     settings_a, settings_b = c.load_settings(a), c.load_settings(b)
     pair = tuple(n.strip() for n in names.split(","))
@@ -52,7 +55,7 @@ def offline(
     for name, path in zip(pair, (a, b), strict=True):
         report["variants"][name]["config"] = str(path)
     if report_dir is not None:
-        from jobs.ab.report import write_offline_report
+        from jobs.ab.report import write_offline_report  # lazy: keeps `recsys --help` fast
 
         typer.echo(f"report written to {write_offline_report(report, report_dir, latencies)}", err=True)
     c.write_report(report, out)
@@ -67,11 +70,6 @@ def _expected(config: Path | None, expected: str | None) -> dict[str, float] | N
             c.fail(f"--expected takes name=share pairs, comma-separated; got {expected!r}")
     if config is None:
         return None
-    import yaml
-    from pydantic import ValidationError
-
-    from recsys.experiments import ExperimentsConfig
-
     section = (yaml.safe_load(config.read_text()) or {}).get("experiments")
     if section is None:
         c.fail(f"{config}: no `experiments:` section")
@@ -97,15 +95,15 @@ def analyze(
     out: c.OutOpt = None, report_dir: ReportDirOpt = None,
 ) -> None:
     """CTR and conversion per variant with Wilson CIs, z-tests, lift and the sample-ratio check."""
-    from jobs.ab.analyze import analyze_events
-    from jobs.ab.events import export_parquet, load_parquet, read_stream
+    from jobs.ab.analyze import analyze_events  # lazy: keeps `recsys --help` fast
+    from jobs.ab.events import export_parquet, load_parquet, read_stream  # lazy: keeps `recsys --help` fast
 
     if (redis_url is None) == (events is None):
         c.fail("give exactly one of --redis-url (with --namespace) or --events FILE.parquet")
     if events is not None:
         log = load_parquet(events)
     else:
-        import redis
+        import redis  # lazy: keeps `recsys --help` fast
 
         if not namespace:
             c.fail("--redis-url needs --namespace (the serving namespace, e.g. the dataset name)")
@@ -119,7 +117,7 @@ def analyze(
     for warning in report["warnings"]:
         typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)
     if report_dir is not None:
-        from jobs.ab.report import write_online_report
+        from jobs.ab.report import write_online_report  # lazy: keeps `recsys --help` fast
 
         typer.echo(f"report written to {write_online_report(report, report_dir)}", err=True)
     c.write_report(report, out)
@@ -131,7 +129,7 @@ def replay_dir(
     data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
 ) -> None:
     """Build the directory to serve for `ab simulate`: trained stages, test items not yet known."""
-    from jobs.ab.simulate import replay_artifacts
+    from jobs.ab.simulate import replay_artifacts  # lazy: keeps `recsys --help` fast
 
     art = c.artifact_dir(c.load_settings(config), data, artifacts)
     _split_of(art)
@@ -149,7 +147,7 @@ def simulate(
     out: c.OutOpt = None,
 ) -> None:
     """Replay held-out users: recommend, click the true next item when shown, log through /v1/events."""
-    from jobs.ab.simulate import simulate as run
+    from jobs.ab.simulate import simulate as run  # lazy: keeps `recsys --help` fast
 
     art = c.artifact_dir(c.load_settings(config), data, artifacts)
     try:

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from cli import common as c
+from recall.bench import bench_recall as run_bench_recall
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that write JSON reports.")
 
@@ -20,11 +21,9 @@ def bench_recall(
     out: c.OutOpt = None,
 ) -> None:
     """Faiss ANN vs exact search on synthetic vectors: build time, memory, recall@100, latency."""
-    from recall.bench import bench_recall as run
-
     if index not in ("hnsw", "ivf"):
         c.fail(f"--index must be hnsw or ivf, got {index!r}")
-    c.write_report(run(n_items=items, dim=dim, kind=index, n_queries=queries), out)
+    c.write_report(run_bench_recall(n_items=items, dim=dim, kind=index, n_queries=queries), out)
 
 
 @bench_app.command("lists")
@@ -34,8 +33,8 @@ def bench_lists(
     out: c.OutOpt = None,
 ) -> None:
     """Every user's test request at each k through the served pipeline: complete, short and empty lists."""
-    from jobs.evaluate import list_lengths
-    from offline.split import Split
+    from jobs.evaluate import list_lengths  # lazy: keeps `recsys --help` fast
+    from offline.split import Split  # lazy: keeps `recsys --help` fast
 
     try:
         ks = [int(x) for x in k.split(",")]
@@ -64,8 +63,8 @@ def bench_serve(
 
     The LLM rows need an enabled LLM stage (--config configs/pipeline_llm.yaml); see serving.bench.
     """
-    from offline.split import Split
-    from serving.bench import bench_serve as run
+    from offline.split import Split  # lazy: keeps `recsys --help` fast
+    from serving.bench import bench_serve as run  # lazy: keeps `recsys --help` fast
 
     try:
         levels = [int(v) for v in concurrency.split(",") if v.strip()]

@@ -27,7 +27,7 @@ def bench_llm(
     out: c.OutOpt = None,
 ) -> None:
     """Each comparison side by side in one run, on the dataset's validation users (see jobs.llm_perf)."""
-    from jobs.llm_perf import bench_llm as run
+    from jobs.llm_perf import bench_llm as run  # lazy: keeps `recsys --help` fast
 
     chosen = [s.strip() for s in sections.split(",") if s.strip()]
     unknown = set(chosen) - {"precision", "prefix_cache", "batching"}
@@ -35,7 +35,7 @@ def bench_llm(
         c.fail(f"--sections takes precision, prefix_cache, batching; got {sections!r}")
     settings, art = c.trained(config, data, artifacts)
     if threads is not None:
-        import torch
+        import torch  # lazy: heavy (torch)
 
         torch.set_num_threads(threads)
     work = work_dir or (out.parent / f"{out.stem}-work" if out is not None else Path("/tmp/recsys-bench-llm"))
@@ -76,7 +76,7 @@ def bench_llm_probe(
 ) -> None:
     """Linear probe of the backbone's answer-position state, its zero-shot, title likelihood and PMI
     scores: held item vs the stage's other top items; several --model side by side."""
-    from jobs.llm_probe import compare, probe_backbone
+    from jobs.llm_probe import compare, probe_backbone  # lazy: keeps `recsys --help` fast
 
     settings, art = c.trained(config, data, artifacts)
     if threads is not None:

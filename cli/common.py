@@ -2,7 +2,9 @@
 
 Each command that reads a dataset takes ``--data DIR`` (format detected from the files,
 ``--format`` to force one; no ``--data`` means the synthetic default), and each command
-that measures writes its JSON report to ``--out FILE``. Heavy imports stay inside commands.
+that measures writes its JSON report to ``--out FILE``. Heavy imports stay inside commands, and
+so do the jobs, serving and settings modules (pandas, Redis, every stage's config): ``recsys
+--help`` imports only typer, pydantic and numpy.
 
 Errors: ``fail`` prints one ``error: ...`` line and exits 2. ``UserErrorGroup`` (the root
 command group) does the same for the exceptions bad input raises anywhere below a command
@@ -15,12 +17,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
+import numpy as np
 import typer
 from typer.core import TyperGroup
 
+from recsys.atomic import atomic_write_text
 from recsys.pipeline import PipelineError
+
+if TYPE_CHECKING:
+    from cascade.settings import Settings
 
 DataOpt = Annotated[
     Path | None,
@@ -43,22 +50,22 @@ SynthUsersOpt = Annotated[int, typer.Option("--synthetic-users", min=10, help="S
 SynthItemsOpt = Annotated[int, typer.Option("--synthetic-items", min=20, help="Synthetic default: items.")]
 
 
-def load_settings(config: Path | None) -> Any:
-    from cascade.settings import ConfigError, Settings
+def load_settings(config: Path | None) -> Settings:
+    from cascade.settings import ConfigError, Settings  # lazy: keeps `recsys --help` fast
 
     try:
         return Settings.from_yaml(config)
     except ConfigError as exc:
-        fail(str(exc))
+        return fail(str(exc))
 
 
-def artifact_dir(settings: Any, data: Path | None, explicit: Path | None) -> Path:
-    from jobs.train import dataset_name
+def artifact_dir(settings: Settings, data: Path | None, explicit: Path | None) -> Path:
+    from jobs.train import dataset_name  # lazy: keeps `recsys --help` fast (jobs import pandas)
 
     return explicit if explicit is not None else Path(settings.artifacts_dir) / dataset_name(data)
 
 
-def trained(config: Path | None, data: Path | None, artifacts: Path | None) -> tuple[Any, Path]:
+def trained(config: Path | None, data: Path | None, artifacts: Path | None) -> tuple[Settings, Path]:
     """(settings, artifact dir) for a command that needs trained artifacts; exits 2 naming the dir if absent."""
     settings = load_settings(config)
     art = artifact_dir(settings, data, artifacts)
@@ -76,9 +83,7 @@ def write_report(report: dict[str, Any], out: Path | None) -> None:
     text = json.dumps(report, indent=2, default=_default)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.tmp")
-        tmp.write_text(text + "\n")
-        tmp.replace(out)
+        atomic_write_text(out, text + "\n")
         typer.echo(f"report written to {out}", err=True)
     typer.echo(text)
 
@@ -115,8 +120,6 @@ def one_line(exc: BaseException) -> str:
 
 
 def _default(o: Any) -> Any:
-    import numpy as np
-
     if isinstance(o, np.generic):
         return o.item()
     if isinstance(o, np.ndarray):

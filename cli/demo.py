@@ -25,17 +25,27 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import typer
+
+from cascade.registry import weights_key
+from cascade.settings import Settings
+from fusion.stage import WEIGHTS_FILE, save_weights
+from jobs.evaluate import fit_gate, requests_for
+from jobs.train import prepare, train_stages
+from recsys.pipeline import Pipeline
+from serving.bench import start_server_subprocess
+from serving.metrics import llm_cache_counts
+from serving.schemas import RecommendRequest
+from serving.service import Recommender
 
 DEMO_RECALL_MAX_S = 90.0  # bound each two-tower fit so `make demo` stays within minutes on 2 cores
 GATE_USERS = 40  # valid users the demo's fusion gate is tuned on: ~25 s of zero-shot SmolLM2 on 2 cores
 CUT_BUDGET_MS = 1.0  # the LLM stage budget of the fallback request: far below one forward pass
 
 
-def run_demo(settings: Any, artifact_dir: Path, config: Path | None, users: int, items: int) -> None:
-    from jobs.train import prepare, train_stages
-
+def run_demo(settings: Settings, artifact_dir: Path, config: Path | None, users: int, items: int) -> None:
     t0 = time.perf_counter()
     typer.secho(f"[1/4] preparing synthetic data in {artifact_dir}", bold=True)
     split = prepare(None, artifact_dir, n_users=users, n_items=items, seed=settings.seed)
@@ -56,7 +66,7 @@ def run_demo(settings: Any, artifact_dir: Path, config: Path | None, users: int,
     typer.secho(f"\ndemo finished in {time.perf_counter() - t0:.0f} s", bold=True)
 
 
-def llm_enabled(settings: Any) -> Any:
+def llm_enabled(settings: Settings) -> Settings:
     """``settings`` with the configured LLM stage switched on (traffic share unchanged: requests opt in)."""
     stages = [s.model_copy(update={"enabled": True}) if s.kind == "llm" else s for s in settings.pipeline.stages]
     if not any(s.kind == "llm" for s in stages):
@@ -64,11 +74,8 @@ def llm_enabled(settings: Any) -> Any:
     return settings.model_copy(update={"pipeline": settings.pipeline.model_copy(update={"stages": stages})})
 
 
-def llm_in_process(settings: Any, artifact_dir: Path, split: Any, user: str) -> dict[str, Any]:
+def llm_in_process(settings: Settings, artifact_dir: Path, split: Any, user: str) -> dict[str, Any]:
     """Tune (or reuse) the fusion gate with the LLM on, then one request with the LLM budget cut."""
-    from serving.schemas import RecommendRequest
-    from serving.service import Recommender
-
     t0 = time.perf_counter()
     rec = Recommender.load(settings, artifact_dir)
     typer.echo(f"      LLM pipeline loaded in {time.perf_counter() - t0:.1f} s")
@@ -91,16 +98,13 @@ def llm_in_process(settings: Any, artifact_dir: Path, split: Any, user: str) -> 
     return gate
 
 
-def cut_llm_budget(rec: Any, settings: Any) -> Any:
+def cut_llm_budget(rec: Any, settings: Settings) -> Any:
     """A ``Recommender`` over the same loaded stages whose LLM stage has ``CUT_BUDGET_MS`` to answer."""
     return with_llm_budget(rec, settings, CUT_BUDGET_MS)
 
 
-def with_llm_budget(rec: Any, settings: Any, budget_ms: float | None) -> Any:
+def with_llm_budget(rec: Any, settings: Settings, budget_ms: float | None) -> Any:
     """A ``Recommender`` over ``rec``'s loaded stages with the LLM stage's ``budget_ms`` replaced."""
-    from recsys.pipeline import Pipeline
-    from serving.service import Recommender
-
     def budget(spec: Any) -> Any:
         return spec.model_copy(update={"budget_ms": budget_ms}) if spec.kind == "llm" else spec
 
@@ -114,15 +118,12 @@ def with_llm_budget(rec: Any, settings: Any, budget_ms: float | None) -> Any:
     return Recommender(new_settings, rec.catalog, pipeline)
 
 
-def tune_gate(rec: Any, settings: Any, artifact_dir: Path, split: Any) -> dict[str, Any]:
+def tune_gate(rec: Any, settings: Settings, artifact_dir: Path, split: Any) -> dict[str, Any]:
     """The fusion gate for this stage set, tuned on ``GATE_USERS`` valid users unless already saved.
 
     ``jobs.evaluate.fit_gate``, as ``tune_fusion`` does over every valid user (~6 minutes of
     SmolLM2 here), on a seeded sample; the weights land where the server's fusion stage looks.
     """
-    from fusion.stage import WEIGHTS_FILE, save_weights, weights_key
-    from jobs.evaluate import fit_gate, requests_for
-
     key = weights_key(settings)
     path = artifact_dir / "fusion" / key / WEIGHTS_FILE
     if path.exists():
@@ -147,12 +148,7 @@ def tune_gate(rec: Any, settings: Any, artifact_dir: Path, split: Any) -> dict[s
     return {"weights": weights, **meta, "key": key, "seconds": time.perf_counter() - t0}
 
 
-def serve_and_ask(settings: Any, artifact_dir: Path, known: str, other: str, gate: dict[str, Any]) -> None:
-    import httpx
-
-    from serving.bench import start_server_subprocess
-    from serving.metrics import llm_cache_counts
-
+def serve_and_ask(settings: Settings, artifact_dir: Path, known: str, other: str, gate: dict[str, Any]) -> None:
     with start_server_subprocess(settings, artifact_dir) as base_url:
         for user in (known, "a-user-nobody-has-seen"):
             resp = httpx.post(f"{base_url}/v1/recommend", json={"user_id": user, "k": 5}, timeout=30)

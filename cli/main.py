@@ -8,7 +8,8 @@ Python and tests. Errors in user input exit with code 2 and one line naming the 
 
 from __future__ import annotations
 
-from typing import Annotated
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -16,6 +17,10 @@ from cli import common as c
 from cli.ab import ab_app
 from cli.bench import bench_app
 from cli.tag import tag_app
+
+if TYPE_CHECKING:
+    from cascade.settings import Settings
+    from offline.split import Split
 
 app = typer.Typer(cls=c.UserErrorGroup, add_completion=False, no_args_is_help=True,
                   help="Hybrid recommender with LLM re-ranking.")
@@ -27,15 +32,16 @@ STAGES_HELP = ("Stages to train, comma-separated, from recall,recall_holdout,coa
                "('all' = recall,recall_holdout,coarse,fusion).")
 
 
-def _prepare(data, fmt, artifacts, k_core, users, items, settings, force=False):
-    from jobs.train import prepare
-    from offline.schema import DataError
+def _prepare(data: Path | None, fmt: str | None, artifacts: Path, k_core: int, users: int, items: int,
+             settings: Settings, force: bool = False) -> Split:
+    from jobs.train import prepare  # lazy: keeps `recsys --help` fast
+    from offline.schema import DataError  # lazy: keeps `recsys --help` fast
 
     try:
         return prepare(data, artifacts, fmt=fmt, k_core=k_core, force=force,
                        **c.synthetic_kwargs(data, users, items, settings.seed))
     except (DataError, FileNotFoundError) as exc:
-        c.fail(str(exc))
+        return c.fail(str(exc))
 
 
 @app.command()
@@ -62,7 +68,7 @@ def train(
     out: c.OutOpt = None,
 ) -> None:
     """Train the cascade's stages in order (artifacts reused unless --force)."""
-    from jobs.train import DEFAULT_STAGES, STAGE_ORDER, train_stages
+    from jobs.train import DEFAULT_STAGES, STAGE_ORDER, train_stages  # lazy: keeps `recsys --help` fast
 
     settings = c.load_settings(config)
     names = DEFAULT_STAGES if stages == "all" else tuple(s.strip() for s in stages.split(","))
@@ -90,8 +96,8 @@ def evaluate(
     out: c.OutOpt = None,
 ) -> None:
     """Train (or reuse) every stage, then measure each stage and the fused result."""
-    from jobs.evaluate import evaluate_pipeline
-    from jobs.train import DEFAULT_STAGES, train_stages
+    from jobs.evaluate import evaluate_pipeline  # lazy: keeps `recsys --help` fast
+    from jobs.train import DEFAULT_STAGES, train_stages  # lazy: keeps `recsys --help` fast
 
     if phase not in ("valid", "test"):
         c.fail(f"--phase must be 'valid' or 'test', got {phase!r}")
@@ -100,7 +106,7 @@ def evaluate(
     split = _prepare(data, fmt, art, k_core, synthetic_users, synthetic_items, settings)
     wanted = DEFAULT_STAGES + (("llm",) if _llm_enabled(settings) else ())
     if seeds > 1:
-        from jobs.seeds import evaluate_seeds
+        from jobs.seeds import evaluate_seeds  # lazy: keeps `recsys --help` fast
 
         c.write_report(evaluate_seeds(settings, art, split, n_seeds=seeds, stages=wanted, phase=phase,
                                       retrain=retrain), out)
@@ -109,7 +115,7 @@ def evaluate(
     report = evaluate_pipeline(settings, art, split, phase=phase)  # type: ignore[arg-type]
     report["timings"]["train_s"] = {k: v.get("seconds") for k, v in train_report.items()}
     if cold_items:
-        from jobs.cold_items import cold_item_report
+        from jobs.cold_items import cold_item_report  # lazy: keeps `recsys --help` fast
 
         report["cold_items"] = cold_item_report(settings, art, split, share=cold_share, phase=phase)
     c.write_report(report, out)
@@ -124,7 +130,7 @@ def evaluate(
 EMPTY_LIST_LIMIT = 0.01  # share of users with an empty final list above which `eval` fails
 
 
-def _llm_enabled(settings) -> bool:
+def _llm_enabled(settings: Settings) -> bool:
     return any(s.kind == "llm" and s.enabled for s in settings.pipeline.stages)
 
 
@@ -141,7 +147,7 @@ def serve(
     serving.admin_api_key in --config); clients send it as the X-API-Key header. Without a key
     the admin routes answer 503.
     """
-    from serving.run import serve as run_server
+    from serving.run import serve as run_server  # lazy: keeps `recsys --help` fast
 
     settings, art = c.trained(config, data, artifacts)
     run_server(settings, art, host, port, workers)
@@ -155,7 +161,7 @@ def recommend(
     data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
 ) -> None:
     """Answer one recommendation request from the shell (same JSON as the HTTP endpoint)."""
-    from serving.run import recommend_once
+    from serving.run import recommend_once  # lazy: keeps `recsys --help` fast
 
     settings, art = c.trained(config, data, artifacts)
     c.write_report(recommend_once(settings, art, user, k, debug), None)
@@ -167,7 +173,7 @@ def demo(
     synthetic_users: c.SynthUsersOpt = 600, synthetic_items: c.SynthItemsOpt = 1200,
 ) -> None:
     """Synthetic data -> train every stage -> start the server -> send a request -> stop."""
-    from cli.demo import run_demo
+    from cli.demo import run_demo  # lazy: keeps `recsys --help` fast
 
     settings = c.load_settings(config)
     art = c.artifact_dir(settings, None, artifacts)

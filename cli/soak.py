@@ -25,8 +25,8 @@ def bench_soak(
     out: c.OutOpt = None,
 ) -> None:
     """Soak the server on loopback: errors, p50/p99 per window, server RSS at start and end (JSON)."""
-    from offline.split import Split
-    from serving.soak import soak
+    from offline.split import Split  # lazy: keeps `recsys --help` fast
+    from serving.soak import soak  # lazy: keeps `recsys --help` fast
 
     settings, art = c.trained(config, data, artifacts)
     split = Split.load(art / "split")

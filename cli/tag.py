@@ -13,12 +13,19 @@ adapted model in ``tags/model`` when ``recsys tag adapt`` has made one, else the
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from cli import common as c
+from llm_rerank.backbone import resolve_model
+from llm_rerank.template import load_prompt_file
+from recsys.atomic import atomic_write_text
+
+if TYPE_CHECKING:
+    from cascade.settings import Settings
 
 tag_app = typer.Typer(help="LLM tags and embeddings for the item catalog (issue 6).", invoke_without_command=True,
                       no_args_is_help=False)
@@ -27,8 +34,8 @@ ModelOpt = Annotated[Path | None, typer.Option("--model", help="HF model directo
 ThreadsOpt = Annotated[int | None, typer.Option("--threads", min=1, help="torch threads per worker.")]
 
 
-def _split(settings: Any, data: Path | None, artifacts: Path | None) -> tuple[Any, Path]:
-    from offline.split import Split
+def _split(settings: Settings, data: Path | None, artifacts: Path | None) -> tuple[Any, Path]:
+    from offline.split import Split  # lazy: keeps `recsys --help` fast
 
     root = c.artifact_dir(settings, data, artifacts)
     if not (root / "split").exists():
@@ -36,9 +43,7 @@ def _split(settings: Any, data: Path | None, artifacts: Path | None) -> tuple[An
     return Split.load(root / "split"), root
 
 
-def _model_dir(settings: Any, root: Path, explicit: Path | None, base: bool = False) -> str:
-    from llm_rerank.backbone import resolve_model
-
+def _model_dir(settings: Settings, root: Path, explicit: Path | None, base: bool = False) -> str:
     if explicit is not None:
         return str(explicit)
     adapted = root / "tags" / "model"
@@ -73,9 +78,8 @@ def tag(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, 
     """Tag every item of the dataset's split (resumable; rerun after a kill to continue)."""
     if ctx.invoked_subcommand is not None:
         return
-    from jobs.tagging.generate import TaggerSettings
-    from jobs.tagging.run import tag_catalog
-    from llm_rerank.template import load_prompt_file
+    from jobs.tagging.generate import TaggerSettings  # lazy: keeps `recsys --help` fast
+    from jobs.tagging.run import tag_catalog  # lazy: keeps `recsys --help` fast
 
     if engine not in ("local", "ray"):
         c.fail(f"--engine must be local or ray, got {engine!r}")
@@ -105,8 +109,8 @@ def adapt(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.Artif
           max_items: Annotated[int | None, typer.Option("--max-items", min=1)] = None,
           lr: Annotated[float, typer.Option("--lr")] = 1e-3) -> None:
     """LoRA-adapt the tagger on the catalog's known genres (held-out items excluded)."""
-    from jobs.tagging.adapt import AdaptSettings
-    from jobs.tagging.run import adapt_tagger_for
+    from jobs.tagging.adapt import AdaptSettings  # lazy: keeps `recsys --help` fast
+    from jobs.tagging.run import adapt_tagger_for  # lazy: keeps `recsys --help` fast
 
     settings = c.load_settings(config)
     split, root = _split(settings, data, artifacts)
@@ -121,7 +125,7 @@ def embed_train(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c
                 epochs: Annotated[int, typer.Option("--epochs", min=1)] = 30,
                 dim: Annotated[int, typer.Option("--dim", min=8)] = 256) -> None:
     """Train the 256-d projection of the cached pooled states (InfoNCE) and build its faiss index."""
-    from jobs.tagging.embed import EmbedSettings, train_embeddings
+    from jobs.tagging.embed import EmbedSettings, train_embeddings  # lazy: keeps `recsys --help` fast
 
     settings = c.load_settings(config)
     split, root = _split(settings, data, artifacts)
@@ -133,7 +137,7 @@ def embed_train(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c
 def merge_items(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
                 out: c.OutOpt = None) -> None:
     """Write tags/items.parquet: the split's items with tags merged (for rules and coarse)."""
-    from jobs.tagging.wiring import write_tagged_items
+    from jobs.tagging.wiring import write_tagged_items  # lazy: keeps `recsys --help` fast
 
     settings = c.load_settings(config)
     split, root = _split(settings, data, artifacts)
@@ -154,7 +158,7 @@ def ablation(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.Ar
     The tag_features and all variants need coarse_tags/ (the coarse ranker with tag features);
     it is trained first from split/, recall_holdout/ and tags/ when missing or stale.
     """
-    from jobs.tagging.ablation import run_ablation
+    from jobs.tagging.ablation import run_ablation  # lazy: keeps `recsys --help` fast
 
     settings = c.load_settings(config)
     split, root = _split(settings, data, artifacts)
@@ -184,10 +188,9 @@ def bench_logits(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: 
                  shots: Annotated[int, typer.Option("--shots", min=0)] = 0,
                  max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=8)] = 128) -> None:
     """Logits tagging of the whole catalog per backbone beside the generation path, in one run."""
-    from jobs.tagging.bench_logits import compare_taggers
-    from jobs.tagging.generate import TaggerSettings
-    from llm_rerank.backbone import resolve_model
-    from offline.loaders import load_dataset
+    from jobs.tagging.bench_logits import compare_taggers  # lazy: keeps `recsys --help` fast
+    from jobs.tagging.generate import TaggerSettings  # lazy: keeps `recsys --help` fast
+    from offline.loaders import load_dataset  # lazy: keeps `recsys --help` fast
 
     settings = c.load_settings(config)
     split, _ = _split(settings, data, artifacts)
@@ -214,9 +217,5 @@ def bench_logits(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: 
 def _write_quietly(report: dict[str, Any], out: Path | None) -> None:
     """The report so far, written atomically to ``out`` (when given) without printing it."""
     if out is not None:
-        import json
-
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.tmp")
-        tmp.write_text(json.dumps({**report, "partial": True}, indent=2, default=str) + "\n")
-        tmp.replace(out)
+        atomic_write_text(out, json.dumps({**report, "partial": True}, indent=2, default=str) + "\n")

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from coarse_rank.config import CoarseConfig
 from coarse_rank.features import FeatureBuilder
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request, StageError
@@ -26,7 +27,10 @@ DEFAULT_SUBDIR = "coarse"
 
 
 class CoarseStage:
-    """Built cheaply as ``CoarseStage(spec, settings)``; ``load`` reads ``<artifact_dir>/<subdir>``.
+    """Built cheaply as ``CoarseStage(spec, settings.coarse)``; ``load`` reads ``<artifact_dir>/<subdir>``.
+
+    The ``CoarseConfig`` is that of training; serving reads everything it needs from the saved
+    model (the booster and the fitted feature builder), so the stage only keeps it as ``config``.
 
     ``spec.params``: ``subdir`` (default ``"coarse"``) selects another trained copy beside the
     default one, e.g. ``coarse_tags`` (the tag-feature model of ``jobs.coarse_tags``).
@@ -34,8 +38,9 @@ class CoarseStage:
 
     reads: tuple[str, ...] = ("recall",)
 
-    def __init__(self, spec: StageSpec, settings: Any) -> None:
+    def __init__(self, spec: StageSpec, config: CoarseConfig) -> None:
         self.spec = spec
+        self.config = config
         self.name = spec.name
         self.writes: tuple[str, ...] = (spec.name,)
         # one request scores at most a few hundred rows: extra threads only add hand-off cost
@@ -57,7 +62,7 @@ class CoarseStage:
         The builder carries every item and segment table the features need, so the split is
         not read here.
         """
-        import lightgbm as lgb
+        import lightgbm as lgb  # lazy: heavy, only once a model is loaded
 
         directory = Path(artifact_dir) / self.subdir
         if not (directory / "meta.json").exists():

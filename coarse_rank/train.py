@@ -64,7 +64,7 @@ def train_coarse(
     ``tags``: the item tag tables, required exactly when ``config.tag_features`` (both feature
     builders use them; see ``jobs.coarse_tags`` for leak-free ones).
     """
-    import lightgbm as lgb
+    import lightgbm as lgb  # lazy: imports lightgbm
 
     check_tags(config, tags, split.n_items)  # fail before the slow candidate pass
     started = time.perf_counter()
@@ -192,7 +192,7 @@ def _valid_ndcg(va: QueryGroups, pred: np.ndarray, k: int, n_users: int) -> dict
 
 def _save(out_dir: Path, booster: Any, best: int, builder: FeatureBuilder, report: dict[str, Any],
           config: CoarseConfig, seed: int, split: Split) -> None:
-    import lightgbm as lgb
+    import lightgbm as lgb  # lazy: imports lightgbm
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -17,8 +17,9 @@ current order is kept.
 
 Weights come from ``artifact_dir/fusion/<key>/weights.json`` written by ``save_weights`` after
 ``tune_fusion_weights`` (grid search maximising NDCG@10 on the valid split, kept only when it
-beats the best single stage), where ``<key>`` is ``weights_key(settings)``: the scored stages
-plus a digest of the depths and rule sets they were tuned under. Without weights tuned for this
+beats the best single stage), where ``<key>`` is ``weights_key_for`` (computed from the settings
+by ``cascade.registry.weights_key``): the scored stages plus a digest of the depths and rule sets
+they were tuned under. Without weights tuned for this
 exact pipeline, ``FusionConfig.weights`` when set, else the most refined scored stage's order
 alone (no signal, no mixture).
 
@@ -31,13 +32,14 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from recsys.atomic import atomic_write_text
 from recsys.config import POLICY_KINDS, StageSpec
 from recsys.contract import Candidates, Request
 from recsys.digest import file_sha256
@@ -123,10 +125,10 @@ def most_refined(names: Sequence[str]) -> str | None:
     return present[-1] if present else None
 
 
-def fused_stage_names(settings: Any) -> list[str]:
+def fused_stage_names(stages: Sequence[StageSpec]) -> list[str]:
     """The enabled scored stages that run before fusion, in pipeline order."""
     names: list[str] = []
-    for spec in getattr(getattr(settings, "pipeline", None), "stages", []):
+    for spec in stages:
         if spec.kind == "fusion":
             break
         if spec.enabled and spec.name in FUSED_STAGES:
@@ -134,29 +136,29 @@ def fused_stage_names(settings: Any) -> list[str]:
     return names
 
 
-def weights_key(settings: Any) -> str:
+def weights_key_for(stages: Sequence[StageSpec], ruleset_path: Callable[[str | None], Path]) -> str:
     """Names everything tuned weights depend on: ``<stages>-<digest>``, e.g. ``recall+coarse-3f2a9c01d4e5``.
 
-    The digest covers the scored stages, every enabled stage's kind and depth, and each policy
-    stage's rule set (its file's bytes and params), so weights tuned under one rule set or
-    candidate depth are never served under another: a change gives a new key, and the next
-    ``recsys train``/``eval`` tunes for it (``jobs.train``) while serving falls back to the
-    most refined stage's order.
+    ``stages`` is the whole pipeline; ``ruleset_path`` gives a policy stage's rule set file from
+    its ``params.ruleset`` (``rules.config.RulesConfig.ruleset_path``; ``cascade.registry.weights_key``
+    passes both from the settings). The digest covers the scored stages, every enabled stage's
+    kind and depth, and each policy stage's rule set (its file's bytes and params), so weights
+    tuned under one rule set or candidate depth are never served under another: a change gives
+    a new key, and the next ``recsys train``/``eval`` tunes for it (``jobs.train``) while serving
+    falls back to the most refined stage's order.
     """
-    stages = fused_stage_names(settings)
-    specs = getattr(getattr(settings, "pipeline", None), "stages", [])
-    rules_cfg = getattr(settings, "rules", None)
-    parts: list[Any] = [stages]
-    for spec in specs:
+    fused = fused_stage_names(stages)
+    parts: list[Any] = [fused]
+    for spec in stages:
         if not spec.enabled:
             continue
         part: list[Any] = [spec.name, spec.kind, spec.depth]
-        if spec.kind in POLICY_KINDS and rules_cfg is not None:
-            path = Path(rules_cfg.ruleset_path(spec.params.get("ruleset")))
+        if spec.kind in POLICY_KINDS:
+            path = Path(ruleset_path(spec.params.get("ruleset")))
             part += [sorted(spec.params.items()), file_sha256(path) if path.is_file() else f"missing:{path}"]
         parts.append(part)
     digest = hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:12]
-    return f"{'+'.join(stages) or 'none'}-{digest}"
+    return f"{'+'.join(fused) or 'none'}-{digest}"
 
 
 class FusionStage:
@@ -165,12 +167,13 @@ class FusionStage:
     reads: tuple[str, ...] = FUSED_STAGES
     writes: tuple[str, ...] = (FINAL,)
 
-    def __init__(self, spec: StageSpec, settings: Any):
+    def __init__(self, spec: StageSpec, config: FusionConfig, *, weights_key: str):
+        """``config`` is ``settings.fusion`` (``spec.params`` override its keys); ``weights_key`` names
+        this pipeline's tuned weights (``cascade.registry.weights_key``)."""
         self.name = spec.name
         self.spec = spec
-        self.weights_key = weights_key(settings)
-        base = getattr(settings, "fusion", None) or FusionConfig()
-        self.config = FusionConfig.model_validate({**base.model_dump(), **spec.params})
+        self.weights_key = weights_key
+        self.config = FusionConfig.model_validate({**config.model_dump(), **spec.params})
         self.reads = tuple(self.config.weights or FUSED_STAGES)
         self.tuned = False  # whether weights.json tuned for this exact pipeline was found
 
@@ -214,9 +217,8 @@ def save_weights(directory: Path, weights: Mapping[str, float], **meta: Any) -> 
     FusionConfig(weights=dict(weights))  # refuse invalid weights before writing
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / f".{WEIGHTS_FILE}.tmp"
-    tmp.write_text(json.dumps({"weights": dict(weights), **meta}, indent=2, sort_keys=True))
-    return tmp.replace(directory / WEIGHTS_FILE)
+    text = json.dumps({"weights": dict(weights), **meta}, indent=2, sort_keys=True)
+    return atomic_write_text(directory / WEIGHTS_FILE, text)
 
 
 def load_weights(directory: Path, which: str = "checked") -> dict[str, float] | None:

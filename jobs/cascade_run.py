@@ -17,9 +17,14 @@ import time
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
+from offline.bootstrap import paired_bootstrap
+from offline.metrics import per_user_metrics
 from offline.split import Phase, Split
+from recsys.config import POLICY_KINDS
 from recsys.contract import Candidates, Request
+from recsys.pipeline import Pipeline
 
 K = 10
 SCORED = ("recall", "coarse", "llm")  # stages whose own order is measured
@@ -38,8 +43,6 @@ def run_cascade(pipeline: Any, split: Split, phase: Phase, progress: bool = True
                 requests: list[Request] | None = None) -> dict:
     """Run every user's request (or ``requests``: row i of each result is ``requests[i]``); return
     per-stage top-k rankings, candidate sets and timings."""
-    from tqdm import tqdm
-
     requests = requests_for(split, phase) if requests is None else requests
     n = len(requests)
     tops = {s: np.full((n, K), -1, dtype=np.int64) for s in (*SCORED, "final")}
@@ -90,9 +93,6 @@ def slice_table(tops: dict[str, np.ndarray], targets: np.ndarray, stages: list[s
     """NDCG@10 and Recall@10 of each stage's top-10 ``tops[stage]`` (rows = the slice's users) and the
     paired-bootstrap CI of each stage against the one before it in ``stages`` (and of final against
     coarse when a stage sits between them: the LLM path against the light path's order)."""
-    from offline.bootstrap import paired_bootstrap
-    from offline.metrics import per_user_metrics
-
     if len(targets) == 0:
         return {"users": 0, "stages": {}, "deltas": {}}
     metrics = {s: per_user_metrics(tops[s], targets, K) for s in stages}
@@ -156,9 +156,6 @@ class _Replay:
 
 def memoised(pipeline: Any) -> Any:
     """``pipeline`` with every stage before the first policy stage wrapped in ``_Replay``."""
-    from recsys.config import POLICY_KINDS
-    from recsys.pipeline import Pipeline
-
     stages, before_policy = [], True
     for spec, stage in pipeline.stages:
         before_policy = before_policy and spec.kind not in POLICY_KINDS

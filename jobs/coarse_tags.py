@@ -27,24 +27,29 @@ from typing import Any
 
 import numpy as np
 
+from cascade.settings import Settings
+from coarse_rank.config import CoarseConfig
 from coarse_rank.item_tags import ItemTags
+from coarse_rank.train import train_coarse
+from jobs.tagging.embed import EmbedSettings, cooccurrence_pairs, train_projection
+from jobs.train import holdout_sequences
 from offline.split import Split
+from offline.tag_store import load_tags
+from recall.stage import RecallStage
+from recsys.atomic import atomic_write_json
 from recsys.digest import file_sha256
 
 SUBDIR = "coarse_tags"
 SOURCE_FILE = "tags_source.json"
 
 
-def holdout_embeddings(split: Split, hidden: np.ndarray, positions: int, settings: Any) -> tuple[np.ndarray, dict]:
+def holdout_embeddings(split: Split, hidden: np.ndarray, positions: int,
+                       settings: EmbedSettings) -> tuple[np.ndarray, dict]:
     """Unit ``[n_items, dim]`` embeddings projected from ``hidden`` by an MLP trained without the labels.
 
     The InfoNCE pairs come from the training sequences cut by their last ``positions`` items;
-    ``settings`` is an ``jobs.tagging.embed.EmbedSettings``.
     """
-    import torch
-
-    from jobs.tagging.embed import cooccurrence_pairs, train_projection
-    from jobs.train import holdout_sequences
+    import torch  # lazy: heavy (torch)
 
     if len(hidden) != split.n_items:
         raise ValueError(f"{len(hidden)} pooled hidden states for a catalog of {split.n_items} items")
@@ -55,19 +60,17 @@ def holdout_embeddings(split: Split, hidden: np.ndarray, positions: int, setting
     return vectors, {"pairs": len(pairs), "loss_per_epoch": curve, "holdout_positions": positions}
 
 
-def load_item_tags(split: Split, tags_dir: Path, positions: int, settings: Any) -> tuple[ItemTags, dict]:
+def load_item_tags(split: Split, tags_dir: Path, positions: int, settings: EmbedSettings) -> tuple[ItemTags, dict]:
     """``ItemTags`` from ``tags_dir`` with the leak-free embeddings of ``holdout_embeddings``."""
-    from offline.tag_store import load_tags
-
     frame, hidden, _ = load_tags(tags_dir)
     checked = ItemTags.from_tags(frame, hidden, split.n_items)  # coverage errors before any training
     vectors, report = holdout_embeddings(split, hidden, positions, settings)
     return dataclasses.replace(checked, embeddings=vectors), report
 
 
-def tags_source(settings: Any, artifact_dir: Path, embed: Any) -> dict[str, Any]:
+def tags_source(settings: Settings, artifact_dir: Path, embed: EmbedSettings) -> dict[str, Any]:
     """What a coarse_tags model depends on: input digests and settings (compared by ``is_current``)."""
-    from recall.train import MODEL_FILE
+    from recall.train import MODEL_FILE  # lazy: imports torch
 
     root = Path(artifact_dir)
     inputs = [root / "tags" / "tags.parquet", root / "tags" / "hidden.npy", root / "recall_holdout" / MODEL_FILE]
@@ -78,7 +81,7 @@ def tags_source(settings: Any, artifact_dir: Path, embed: Any) -> dict[str, Any]
             "coarse": _tag_config(settings).model_dump(), "embed": dataclasses.asdict(embed), "seed": settings.seed}
 
 
-def is_current(settings: Any, artifact_dir: Path, embed: Any) -> bool:
+def is_current(settings: Settings, artifact_dir: Path, embed: EmbedSettings) -> bool:
     """True when ``coarse_tags/`` is complete and was trained from the present inputs and settings."""
     recorded = _recorded_source(artifact_dir)
     return recorded is not None and recorded == tags_source(settings, artifact_dir, embed)
@@ -92,35 +95,27 @@ def _recorded_source(artifact_dir: Path) -> dict[str, Any] | None:
     return json.loads((out / SOURCE_FILE).read_text())["source"]
 
 
-def train_coarse_tags(settings: Any, artifact_dir: Path, split: Split, *, embed: Any = None,
+def train_coarse_tags(settings: Settings, artifact_dir: Path, split: Split, *, embed: EmbedSettings | None = None,
                       progress: bool = True, source: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train ``<artifact_dir>/coarse_tags`` (``settings.coarse`` with ``tag_features`` on); its report.
 
     ``source``: the ``tags_source`` of these inputs when the caller already has it.
     """
-    from coarse_rank.train import train_coarse
-    from jobs.tagging.embed import EmbedSettings
-    from recall.stage import RecallStage
-
     root = Path(artifact_dir)
     embed = embed or EmbedSettings(seed=settings.seed)
     source = source or tags_source(settings, root, embed)
     config = _tag_config(settings)
     tags, embed_report = load_item_tags(split, root / "tags", config.train_positions, embed)
-    recall = RecallStage(settings.pipeline.stage("recall"), settings)
+    recall = RecallStage(settings.pipeline.stage("recall"), settings.recall)
     recall.load(root, subdir="recall_holdout")
     report = train_coarse(split, recall, root / SUBDIR, config, seed=settings.seed, progress=progress, tags=tags)
-    tmp = root / SUBDIR / f".{SOURCE_FILE}.tmp"
-    tmp.write_text(json.dumps({"source": source, "embedding": embed_report}, indent=2))
-    tmp.replace(root / SUBDIR / SOURCE_FILE)
+    atomic_write_json(root / SUBDIR / SOURCE_FILE, {"source": source, "embedding": embed_report})
     return {**report, "embedding": {k: v for k, v in embed_report.items() if k != "loss_per_epoch"}}
 
 
-def ensure_coarse_tags(settings: Any, artifact_dir: Path, split: Split, *, retrain: bool = False,
-                       embed: Any = None, progress: bool = True) -> dict[str, Any]:
+def ensure_coarse_tags(settings: Settings, artifact_dir: Path, split: Split, *, retrain: bool = False,
+                       embed: EmbedSettings | None = None, progress: bool = True) -> dict[str, Any]:
     """Train ``coarse_tags/`` when missing, stale or ``retrain``; {"trained": bool, "report": ...}."""
-    from jobs.tagging.embed import EmbedSettings
-
     embed = embed or EmbedSettings(seed=settings.seed)
     recorded = None if retrain else _recorded_source(artifact_dir)
     source = tags_source(settings, artifact_dir, embed)  # input digests, computed once
@@ -131,5 +126,5 @@ def ensure_coarse_tags(settings: Any, artifact_dir: Path, split: Split, *, retra
                                                           progress=progress, source=source)}
 
 
-def _tag_config(settings: Any) -> Any:
+def _tag_config(settings: Settings) -> CoarseConfig:
     return settings.coarse.model_copy(update={"tag_features": True})

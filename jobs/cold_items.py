@@ -32,8 +32,11 @@ from typing import Any
 
 import numpy as np
 
+from cascade.registry import build_pipeline
+from cascade.settings import Settings
 from jobs.cascade_run import SCORED, memoised, run_cascade, slice_table
 from jobs.train import DEFAULT_STAGES, split_id, train_stages
+from offline.metrics import candidate_recall as share_found
 from offline.split import Split
 
 COLD_DIR = "cold-items"
@@ -92,17 +95,13 @@ def candidate_recall(candidates: dict[str, list[np.ndarray]], targets: np.ndarra
     >>> candidate_recall({"recall": [np.array([1, 2]), np.array([3])]}, np.array([2, 4]), np.array([0, 1]))
     {'recall': 0.5}
     """
-    from offline.metrics import candidate_recall as share_found
-
     return {s: round(share_found([c[u] for u in users], targets[users]), 5) if len(users) else 0.0
             for s, c in candidates.items() if any(len(x) for x in c)}
 
 
-def cold_item_report(settings: Any, artifact_dir: Path, split: Split, *, share: float = 0.1,
+def cold_item_report(settings: Settings, artifact_dir: Path, split: Split, *, share: float = 0.1,
                      phase: str = "test", n_boot: int = 2000, progress: bool = True) -> dict[str, Any]:
     """Train the cold cascade (or reuse it) and measure every stage on the cold- and warm-item slices."""
-    from cascade.registry import build_pipeline
-
     t0 = time.perf_counter()
     cold_dir, cold = prepare_cold(artifact_dir, split, share)
     wanted = DEFAULT_STAGES + (("llm",) if any(s.enabled and s.kind == "llm" for s in settings.pipeline.stages)

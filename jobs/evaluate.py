@@ -12,12 +12,24 @@ ever read by ``evaluate_pipeline``.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
+from cascade.registry import build_pipeline, weights_key
+from cascade.settings import Settings
+from fusion.stage import (
+    FUSED_STAGES,
+    FusionExample,
+    most_refined,
+    ndcg_at_k,
+    save_weights,
+    tune_fusion_weights,
+)
 from jobs.cascade_run import (
     SCORED,
     K,
@@ -29,20 +41,19 @@ from jobs.cascade_run import (
     run_cascade,
     slice_table,
 )
+from llm_rerank.meta import read_train_meta
+from offline.baselines import evaluate_rankings_per_user, popularity_rankings
+from offline.bootstrap import paired_bootstrap
+from offline.metrics import candidate_recall, coverage, summarize
 from offline.split import Phase, Split
+from recsys.config import POLICY_KINDS
 from recsys.contract import Candidates
 
 
-def list_lengths(settings: Any, artifact_dir: Path, split: Split, ks: list[int], phase: Phase = "test",
+def list_lengths(settings: Settings, artifact_dir: Path, split: Split, ks: list[int], phase: Phase = "test",
                  progress: bool = True) -> dict[str, Any]:
     """For each ``k``: every user's request through the served pipeline; complete, short and empty
     lists, why they are short, and how many served items came from backfill (``recsys bench lists``)."""
-    import dataclasses
-
-    from tqdm import tqdm
-
-    from cascade.registry import build_pipeline
-
     pipeline = build_pipeline(settings, artifact_dir)
     out: dict[str, Any] = {"dataset": split.name, "phase": phase, "users": split.n_users, "k": {}}
     for k in ks:
@@ -77,8 +88,6 @@ def short_history(pipeline: Any, split: Split, phase: Phase, run: dict, *, min_u
     Per slice and stage: NDCG@10, Recall@10, users, and the paired-bootstrap CI of each stage
     against the one before it (recall -> coarse -> llm -> final).
     """
-    import dataclasses
-
     targets = split.targets(phase)
     length = np.array([len(split.history(u, phase)) for u in range(split.n_users)])
     rng = np.random.default_rng([seed, 0x5107])
@@ -121,15 +130,10 @@ def _pct(values: list[float] | np.ndarray) -> dict[str, float]:
 
 
 def evaluate_pipeline(
-    settings: Any, artifact_dir: Path, split: Split, *, phase: Phase = "test", progress: bool = True,
+    settings: Settings, artifact_dir: Path, split: Split, *, phase: Phase = "test", progress: bool = True,
     n_boot: int = 2000,
 ) -> dict[str, Any]:
     """Measure every stage on ``phase`` and return the eval report (see issue #3's format)."""
-    from cascade.registry import build_pipeline
-    from offline.baselines import evaluate_rankings_per_user, popularity_rankings
-    from offline.bootstrap import paired_bootstrap
-    from offline.metrics import candidate_recall, coverage, summarize
-
     t0 = time.perf_counter()
     pipeline = memoised(build_pipeline(settings, artifact_dir))  # policy passes replay the scorers
     load_s = time.perf_counter() - t0
@@ -164,7 +168,7 @@ def evaluate_pipeline(
         report_extra["llm_cost"] = llm_cost(pipeline, split, phase, run, depths.get("llm"))
     recall_stage = next((st for spec, st in pipeline.stages if spec.enabled and spec.kind == "recall"), None)
     if recall_stage is not None and hasattr(recall_stage, "channel_lists"):
-        from recall.extra_channels import channel_candidate_recall
+        from recall.extra_channels import channel_candidate_recall  # lazy: imports scipy
 
         report_extra["channel_recall"] = channel_candidate_recall(recall_stage, split, phase)
     t3 = time.perf_counter()
@@ -212,11 +216,6 @@ def policy_costs(pipeline: Any, split: Split, phase: Phase, per_user: dict[str, 
     deltas show which rule carries the rules' part (their sum differs from the total by the
     rules' interaction, reported as such).
     """
-    from fusion.stage import FUSED_STAGES, most_refined
-    from offline.baselines import evaluate_rankings_per_user
-    from offline.bootstrap import paired_bootstrap
-    from recsys.config import POLICY_KINDS
-
     metric = f"ndcg@{K}"
     policies = [st for spec, st in pipeline.stages if spec.enabled and spec.kind in POLICY_KINDS]
     fusions = [st for spec, st in pipeline.stages if spec.enabled and spec.kind == "fusion"]
@@ -292,15 +291,12 @@ def llm_cost(pipeline: Any, split: Split, phase: Phase, run: dict, depth: int | 
             "stage_ms_p50": _pct(ms).get("p50"), "stage_ms_p99": _pct(ms).get("p99")}
 
 
-def tune_fusion(settings: Any, artifact_dir: Path, split: Split, *, progress: bool = True) -> dict[str, Any]:
+def tune_fusion(settings: Settings, artifact_dir: Path, split: Split, *, progress: bool = True) -> dict[str, Any]:
     """Pick fusion weights on the *valid* phase and save them to ``artifact_dir/fusion``.
 
     Every valid user whose valid item no stage learnt from is one example (``fit_gate``). The
     test phase is never read.
     """
-    from cascade.registry import build_pipeline
-    from fusion.stage import save_weights, weights_key
-
     names = [s.name for s in settings.pipeline.stages if s.enabled]
     before_fusion = names[names.index("fusion") - 1] if "fusion" in names else names[-1]
     pipeline = build_pipeline(settings, artifact_dir, only=tuple(names[: names.index(before_fusion) + 1]))
@@ -318,7 +314,7 @@ def tune_fusion(settings: Any, artifact_dir: Path, split: Split, *, progress: bo
             "single_stage_valid_ndcg@10": {s: round(v, 5) for s, v in single.items()}}
 
 
-def fit_gate(pipeline: Any, split: Split, requests: list[Any], settings: Any, *,
+def fit_gate(pipeline: Any, split: Split, requests: list[Any], settings: Settings, *,
              progress: bool = False) -> dict[str, Any]:
     """Fusion weights from valid ``requests`` (the caller picks which users count).
 
@@ -329,10 +325,6 @@ def fit_gate(pipeline: Any, split: Split, requests: list[Any], settings: Any, *,
     (``_significant_mixture``). Returns the weights, ``valid_ndcg@10``, the single-stage NDCGs,
     the grid's best, the check and the ``captured`` candidates.
     """
-    from tqdm import tqdm
-
-    from fusion.stage import FusionExample, ndcg_at_k, tune_fusion_weights
-
     names = [spec.name for spec, _ in pipeline.stages if spec.enabled]
     before = names[names.index("fusion") - 1] if "fusion" in names else names[-1]
     captured: list[Candidates] = []
@@ -349,8 +341,6 @@ def fit_gate(pipeline: Any, split: Split, requests: list[Any], settings: Any, *,
 
 def llm_trained_users(pipeline: Any) -> set[int]:
     """Users whose valid item trained the served LLM (``valid_users`` in its ``train_meta.json``)."""
-    from llm_rerank.meta import read_train_meta
-
     held: set[int] = set()
     for spec, stage in pipeline.stages:
         location = getattr(stage, "model_location", "")
@@ -370,9 +360,6 @@ def _significant_mixture(
     this check that noise carries to test as a loss (measured on ML-100K: +0.001 on valid,
     -0.0055 on test).
     """
-    from fusion.stage import ndcg_at_k
-    from offline.bootstrap import paired_bootstrap
-
     top = max(reversed(list(single)), key=lambda s: single[s])  # ties go to the most refined stage
     alone = {top: 1.0}
     if {s: w for s, w in grid_best.items() if w > 0} == alone:

@@ -47,10 +47,16 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from tqdm import tqdm
 
+from cascade.registry import stage_context
+from cascade.settings import Settings
+from llm_rerank.backbone import load_model, native_bf16, resolve_model
 from llm_rerank.config import AdaptConfig
 from llm_rerank.meta import TRAIN_META
-from llm_rerank.scoring import zscore
+from llm_rerank.scoring import answer_logits, zscore
+from llm_rerank.stage import LLMRerankStage
+from recsys.atomic import atomic_write
 from recsys.contract import Candidates, Request, Stage
 
 
@@ -152,10 +158,8 @@ def example_loss(stage: Any, model: Any, examples: list[Example], split: Any, li
     ``beta`` (a scalar tensor, residual training): the listwise logits are
     ``letters + beta * example.prior``, so the LLM learns a correction of the coarse order.
     """
-    import torch
-    import torch.nn.functional as F
-
-    from llm_rerank.scoring import answer_logits
+    import torch  # lazy: heavy (torch)
+    import torch.nn.functional as F  # lazy: heavy (torch)
 
     pad = stage.scorer.pad_id
     prompts = stage._prompts()
@@ -178,18 +182,14 @@ def example_loss(stage: Any, model: Any, examples: list[Example], split: Any, li
     return torch.stack(losses).mean()
 
 
-def train_llm(split: Any, candidate_stage: Stage, settings: Any, artifact_dir: Path | str, *,
+def train_llm(split: Any, candidate_stage: Stage, settings: Settings, artifact_dir: Path | str, *,
               adapt: AdaptConfig | None = None, progress: bool = True) -> dict[str, Any]:
     """Fine-tune the base LLM with LoRA on ``split``'s train part; write the merged model.
 
     Called by ``recsys train llm``; returns a report (steps, wall time, losses, paths).
     """
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from tqdm import tqdm
-
-    from llm_rerank.backbone import load_model, resolve_model
-    from llm_rerank.stage import LLMRerankStage
+    import torch  # lazy: heavy (torch)
+    from peft import LoraConfig, get_peft_model  # lazy: imports torch and transformers
 
     cfg = adapt or settings.llm.adapt
     llm_cfg = settings.llm
@@ -201,7 +201,7 @@ def train_llm(split: Any, candidate_stage: Stage, settings: Any, artifact_dir: P
     t0 = time.perf_counter()
     base = resolve_model(llm_cfg, Path(settings.artifacts_dir))
     model, tokenizer = load_model(base, "fp32", llm_cfg.threads)
-    stage = LLMRerankStage(None, settings)
+    stage = LLMRerankStage(None, settings.llm, **stage_context("llm", settings))
     stage.attach(model, tokenizer, split.items["title"].to_numpy(dtype=object))
     n_cands = min(cfg.candidates, llm_cfg.candidates) if listwise else cfg.negatives + 1
     examples = build_examples(split, candidate_stage, n_users=cfg.users, n_candidates=n_cands,
@@ -218,6 +218,7 @@ def train_llm(split: Any, candidate_stage: Stage, settings: Any, artifact_dir: P
     if beta is not None:  # one scalar: a faster rate than the adapter's, no decay
         groups.append({"params": [beta], "lr": BETA_LR, "weight_decay": 0.0})
     optim = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    autocast = native_bf16() if cfg.autocast_bf16 is None else cfg.autocast_bf16
     start = _resume(ckpt_dir, model, optim, beta)
     losses: list[float] = []
     bar = tqdm(range(start, len(schedule)), desc="llm adapt", disable=not progress, initial=start,
@@ -228,7 +229,7 @@ def train_llm(split: Any, candidate_stage: Stage, settings: Any, artifact_dir: P
     for step in bar:
         torch.manual_seed(settings.seed + step)  # LoRA dropout masks reproducible across resumes
         batch = [examples[i] for i in schedule[step]]
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             loss = example_loss(stage, model, batch, split, listwise, beta)
         optim.zero_grad()
         loss.backward()
@@ -241,7 +242,7 @@ def train_llm(split: Any, candidate_stage: Stage, settings: Any, artifact_dir: P
     merged = model.merge_and_unload()
     report = {"base": base, "scoring": llm_cfg.scoring, "examples": len(examples), "steps": len(schedule),
               "resumed_from": start, "steps_run": len(schedule) - start, "losses": losses,
-              "wall_s": train_s, "adapt": cfg.model_dump(), "out_dir": str(out_dir),
+              "wall_s": train_s, "adapt": cfg.model_dump(), "autocast_bf16": autocast, "out_dir": str(out_dir),
               "residual_beta": float(beta.detach()) if beta is not None else None,
               "prior_only": prior_fit,
               "valid_users": (llm_valid_users(split.n_users, cfg.valid_share, settings.seed).tolist()
@@ -283,22 +284,21 @@ def _schedule(n_examples: int, cfg: AdaptConfig, seed: int) -> list[list[int]]:
 
 
 def _checkpoint(ckpt_dir: Path, model: Any, optim: Any, step: int, beta: Any = None) -> None:
-    import torch
-    from peft import get_peft_model_state_dict
+    import torch  # lazy: heavy (torch)
+    from peft import get_peft_model_state_dict  # lazy: imports torch and transformers
 
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    tmp = ckpt_dir / f".step-{step:06d}.pt.tmp"
-    torch.save({"adapter": get_peft_model_state_dict(model), "optimizer": optim.state_dict(), "step": step,
-                "beta": None if beta is None else beta.detach().clone()}, tmp)
-    tmp.replace(ckpt_dir / f"step-{step:06d}.pt")
+    state = {"adapter": get_peft_model_state_dict(model), "optimizer": optim.state_dict(), "step": step,
+             "beta": None if beta is None else beta.detach().clone()}
+    atomic_write(ckpt_dir / f"step-{step:06d}.pt", lambda fh: torch.save(state, fh))
     for old in sorted(ckpt_dir.glob("step-*.pt"))[:-2]:  # keep the last two
         old.unlink()
 
 
 def _resume(ckpt_dir: Path, model: Any, optim: Any, beta: Any = None) -> int:
     """Load the latest checkpoint into ``model``/``optim``; the step to start from (0 if none)."""
-    import torch
-    from peft import set_peft_model_state_dict
+    import torch  # lazy: heavy (torch)
+    from peft import set_peft_model_state_dict  # lazy: imports torch and transformers
 
     found = sorted(ckpt_dir.glob("step-*.pt"))
     if not found:

@@ -16,6 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from cascade.registry import stage_context
+from cascade.settings import Settings
+from jobs.llm_adapt import user_request
+from llm_rerank.stage import LLMRerankStage
 from recsys.contract import Candidates, Request
 
 
@@ -36,22 +40,17 @@ def score_requests(stage: Any, requests: Sequence[Request], candidates_list: Seq
 
 
 def bench_llm_stage(artifact_dir: Path | str, split: Any, n_requests: int = 20, candidates: int = 20,
-                    settings: Any = None, stage: Any = None, seed: int = 0) -> dict[str, float]:
+                    settings: Settings | None = None, stage: Any = None, seed: int = 0) -> dict[str, float]:
     """Stage latency for ``candidates`` candidates, one request at a time, cold prefix.
 
     Candidates are the most popular items outside the user's history (a realistic coarse
     list). Pass ``stage`` to bench an already loaded one; else it is built from ``settings``
     (default ``Settings()``) and loaded from ``artifact_dir``.
     """
-    from jobs.llm_adapt import user_request
-
     if stage is None:
-        from cascade.settings import Settings
-        from llm_rerank.stage import LLMRerankStage
-
         settings = settings or Settings()
-        stage = LLMRerankStage(None, settings.model_copy(update={"llm": settings.llm.with_overrides(
-            {"candidates": candidates})}))
+        stage = LLMRerankStage(None, settings.llm.with_overrides({"candidates": candidates}),
+                               **stage_context("llm", settings))
         stage.load(artifact_dir)
     rng = np.random.default_rng(seed)
     users = rng.choice(split.n_users, size=min(n_requests, split.n_users), replace=False)

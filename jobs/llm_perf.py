@@ -18,7 +18,9 @@ Deliberately left out: the report file (the CLI writes it) and any GPU path (doc
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -28,13 +30,21 @@ from typing import Any
 
 import numpy as np
 
+from cascade.registry import build_pipeline, stage_context
+from cascade.settings import Settings
+from jobs.llm_adapt import user_request
+from llm_rerank.backbone import resolve_model
+from llm_rerank.stage import LLMRerankStage
+from offline.metrics import PAD, per_user_metrics
+from offline.split import Split
 from recsys.contract import Request
+from recsys.redis_state import EmbeddedRedis
 
 log = logging.getLogger(__name__)
 Case = tuple[Request, np.ndarray, int]  # request, candidate item_idx (coarse order), held-out item
 
 
-def bench_requests(split: Any, artifact_dir: Path, settings: Any, n: int, candidates: int, seed: int,
+def bench_requests(split: Any, artifact_dir: Path, settings: Settings, n: int, candidates: int, seed: int,
                    phase: str = "valid") -> tuple[list[Case], str]:
     """``n`` validation users with their coarse (or popularity) candidates; returns (cases, source)."""
     rng = np.random.default_rng(seed)
@@ -48,19 +58,15 @@ def bench_requests(split: Any, artifact_dir: Path, settings: Any, n: int, candid
     return cases, source
 
 
-def candidate_source(split: Any, artifact_dir: Path, settings: Any, phase: str = "valid"
+def candidate_source(split: Any, artifact_dir: Path, settings: Settings, phase: str = "valid"
                      ) -> tuple[Callable[[int, np.ndarray], tuple[Request, np.ndarray]], str]:
     """(``f(user_idx, history) -> (request, candidate items in order)``, where they come from).
 
     The recall -> coarse cut of the configured pipeline when ``<artifact_dir>/coarse`` exists,
     else the most popular items outside the history; the request excludes the history.
     """
-    from jobs.llm_adapt import user_request
-
     pipeline, source = None, "popularity"
     if (artifact_dir / "coarse").exists():
-        from cascade.registry import build_pipeline
-
         try:
             pipeline = build_pipeline(settings, artifact_dir, only=("recall", "coarse"))
             source = "coarse"
@@ -78,21 +84,17 @@ def candidate_source(split: Any, artifact_dir: Path, settings: Any, phase: str =
     return candidates_for, source
 
 
-def make_stage(settings: Any, artifact_dir: Path, **llm: Any) -> Any:
-    from llm_rerank.stage import LLMRerankStage
-
-    stage = LLMRerankStage(None, settings.model_copy(update={"llm": settings.llm.with_overrides(llm)}))
+def make_stage(settings: Settings, artifact_dir: Path, **llm: Any) -> Any:
+    stage = LLMRerankStage(None, settings.llm.with_overrides(llm), **stage_context("llm", settings))
     stage.load(artifact_dir)
     return stage
 
 
-def ensure_calibrated(settings: Any, artifact_dir: Path, out_dir: Path, cases: Sequence[Case],
+def ensure_calibrated(settings: Settings, artifact_dir: Path, out_dir: Path, cases: Sequence[Case],
                       alpha: float) -> dict[str, Any]:
     """SmoothQuant-calibrate the fp32 serving model on the prompts of ``cases`` into ``out_dir``
     (reused when a calibration with the same alpha is there)."""
-    import json
-
-    from llm_rerank.quant import CALIBRATION_FILE, calibrate, save_calibrated
+    from llm_rerank.quant import CALIBRATION_FILE, calibrate, save_calibrated  # lazy: imports torch
 
     fp32 = make_stage(settings, artifact_dir, precision="fp32")
     if (out_dir / CALIBRATION_FILE).exists():
@@ -108,7 +110,7 @@ def ensure_calibrated(settings: Any, artifact_dir: Path, out_dir: Path, cases: S
     return record
 
 
-def bench_llm(settings: Any, artifact_dir: Path, work_dir: Path, *, requests: int = 30, calib_requests: int = 32,
+def bench_llm(settings: Settings, artifact_dir: Path, work_dir: Path, *, requests: int = 30, calib_requests: int = 32,
               concurrency: int = 8, batch_requests: int = 32, alpha: float = 0.5, block_tokens: int = 16,
               sections: Sequence[str] = ("precision", "prefix_cache", "batching"), seed: int = 0,
               on_section: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
@@ -117,8 +119,6 @@ def bench_llm(settings: Any, artifact_dir: Path, work_dir: Path, *, requests: in
     ``on_section(report_so_far)`` runs after each section (the CLI saves partial results).
     """
     done = on_section or (lambda _report: None)
-    from offline.split import Split
-
     split = Split.load(artifact_dir / "split")
     # pin the served model once, so every precision and section measures the same weights even if
     # a training job replaces <artifact_dir>/llm during the run
@@ -139,8 +139,6 @@ def bench_llm(settings: Any, artifact_dir: Path, work_dir: Path, *, requests: in
                                                calib, alpha)
         done(report)
     if "prefix_cache" in sections:
-        from recsys.redis_state import EmbeddedRedis
-
         server = EmbeddedRedis(work_dir / "redis")
         url = server.start()
         try:
@@ -157,9 +155,7 @@ def bench_llm(settings: Any, artifact_dir: Path, work_dir: Path, *, requests: in
     return report
 
 
-def _serving_location(settings: Any, artifact_dir: Path) -> str:
-    from llm_rerank.backbone import resolve_model
-
+def _serving_location(settings: Settings, artifact_dir: Path) -> str:
     adapted = artifact_dir / "llm"
     if settings.llm.use_adapted and (adapted / "config.json").exists():
         return str(adapted)
@@ -167,23 +163,19 @@ def _serving_location(settings: Any, artifact_dir: Path) -> str:
 
 
 def _threads() -> int:
-    import torch
+    import torch  # lazy: heavy (torch)
 
     return torch.get_num_threads()
 
 
 def _set_threads(threads: int | None) -> None:
-    import os
-
-    import torch
+    import torch  # lazy: heavy (torch)
 
     torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
 
 
 def _ranking_metrics(scores: Sequence[np.ndarray], ref: Sequence[np.ndarray], cases: Sequence[Case]) -> dict:
-    from scipy.stats import spearmanr
-
-    from offline.metrics import PAD, per_user_metrics
+    from scipy.stats import spearmanr  # lazy: imports scipy
 
     overlap, rho = [], []
     ranking = np.full((len(cases), 10), PAD, dtype=np.int64)
@@ -202,7 +194,7 @@ def _summary(ms: Sequence[float]) -> dict[str, float]:
     return {"p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99))}
 
 
-def bench_precisions(settings: Any, artifact_dir: Path, cases: Sequence[Case], int8_dir: Path,
+def bench_precisions(settings: Settings, artifact_dir: Path, cases: Sequence[Case], int8_dir: Path,
                      calib: Sequence[Case], alpha: float) -> dict[str, Any]:
     """The same requests through fp32, bf16 and int8, interleaved request by request.
 
@@ -237,7 +229,7 @@ def bench_precisions(settings: Any, artifact_dir: Path, cases: Sequence[Case], i
     return out
 
 
-def bench_prefix_cache(settings: Any, artifact_dir: Path, cases: Sequence[Case], redis_url: str,
+def bench_prefix_cache(settings: Settings, artifact_dir: Path, cases: Sequence[Case], redis_url: str,
                        precision: str, block_tokens: int) -> dict[str, Any]:
     kv = {"enabled": True, "tier2": True, "tier2_url": redis_url, "block_tokens": block_tokens,
           "tier2_prefix": f"bench-{precision}:"}
@@ -284,7 +276,7 @@ def _drive(score: Callable[[Case], Any], cases: Sequence[Case], concurrency: int
     return {"rps": len(cases) / wall, "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99))}
 
 
-def bench_batching(settings: Any, artifact_dir: Path, cases: Sequence[Case], concurrency: int,
+def bench_batching(settings: Settings, artifact_dir: Path, cases: Sequence[Case], concurrency: int,
                    precision: str) -> dict[str, Any]:
     batched = make_stage(settings, artifact_dir, precision=precision, prefix_cache_size=0,
                          batching={"enabled": True, "max_batch": concurrency})

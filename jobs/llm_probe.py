@@ -37,6 +37,7 @@ scores from the LM head's own logits).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +45,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
+
+from cascade.settings import Settings
+from fusion.stage import rank_normalise
+from jobs.llm_perf import _set_threads, candidate_source, make_stage
+from llm_rerank.backbone import resolve_model
+from llm_rerank.scoring import run_prefix, suffix_hidden
+from offline.bootstrap import paired_bootstrap
+from offline.metrics import ndcg_at_ranks, random_ndcg
+from offline.split import Split
 
 K = 10
 FUSION_WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)  # the probe's share; the stage order keeps the rest
@@ -71,9 +82,7 @@ def _suffix_pass(model: Any, prefix: Any, suffixes: Sequence[Sequence[int]], slo
     One decoder pass over the suffixes continuing the cached prefix; the LM head runs only on the
     positions that predict a title token (Gemma 3's 262k vocabulary makes the full head costly).
     """
-    import torch
-
-    from llm_rerank.scoring import suffix_hidden
+    import torch  # lazy: heavy (torch)
 
     hidden, last, ids = suffix_hidden(model, prefix, suffixes, pad_id)
     head = model.get_output_embeddings()
@@ -102,10 +111,7 @@ def collect(stage: Any, cases: Sequence[tuple[Any, np.ndarray, int]], progress: 
     score, the likelihood with each title's popularity prior taken out. ``prior=None`` skips the
     priors (the probe's train requests need only the states).
     """
-    import torch
-    from tqdm import tqdm
-
-    from llm_rerank.scoring import run_prefix
+    import torch  # lazy: heavy (torch)
 
     model, prompts = stage.model, stage.prompts
     yes, no = prompts.yes_no
@@ -157,8 +163,6 @@ def collect(stage: Any, cases: Sequence[tuple[Any, np.ndarray, int]], progress: 
 
 def replace_history(request: Any) -> Any:
     """``request`` with no history and no user attributes (the frame a title's prior is read in)."""
-    import dataclasses
-
     return dataclasses.replace(request, history=request.history[:0], user_attrs={})
 
 
@@ -182,9 +186,9 @@ def centre(x: np.ndarray, group: np.ndarray) -> np.ndarray:
 
 def fit_probe(train: ProbeData, c: float = 0.01, seed: int = 0) -> Callable[[ProbeData], np.ndarray]:
     """Logistic regression on request-centred, standardised states; returns ``data -> scores``."""
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
+    from sklearn.linear_model import LogisticRegression  # lazy: heavy (sklearn imports scipy)
+    from sklearn.pipeline import make_pipeline  # lazy: heavy (sklearn imports scipy)
+    from sklearn.preprocessing import StandardScaler  # lazy: heavy (sklearn imports scipy)
 
     if train.label.min() == train.label.max():
         raise ValueError("llm probe: the training requests need both held and other items")
@@ -194,36 +198,30 @@ def fit_probe(train: ProbeData, c: float = 0.01, seed: int = 0) -> Callable[[Pro
 
 
 def per_request_ndcg(data: ProbeData, scores: np.ndarray, k: int = K) -> np.ndarray:
-    """NDCG@k of the held item (0 when absent) per request, ranking rows by ``scores`` (ties: stage order)."""
-    from offline.metrics import PAD, per_user_metrics
+    """NDCG@k of the held item (0 when absent) per request, ranking rows by ``scores`` (ties: stage order).
 
-    n = int(data.group.max()) + 1
-    ranking = np.full((n, int(np.bincount(data.group).max())), PAD, dtype=np.int64)
-    target = np.full(n, len(data.label), dtype=np.int64)  # a row no ranking holds: no hit
-    for g in np.unique(data.group):
-        rows = np.flatnonzero(data.group == g)
-        ranking[g, : len(rows)] = rows[np.lexsort((data.position[rows], -scores[rows]))]
-        held = rows[data.label[rows] == 1]
-        if len(held):
-            target[g] = held[0]
-    return per_user_metrics(ranking, target, k)[f"ndcg@{k}"]
+    A request with several held rows counts its first (lowest row index) as the target.
+    """
+    order = np.lexsort((data.position, -scores, data.group))  # by request, then score, then stage order
+    by_group = data.group[order]
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order)) - np.searchsorted(by_group, by_group)  # 0-based within the request
+    held = np.flatnonzero(data.label == 1)
+    first = held[np.unique(data.group[held], return_index=True)[1]]
+    ranks = np.full(int(data.group.max()) + 1, -1, dtype=np.int64)
+    ranks[data.group[first]] = rank[first]
+    return ndcg_at_ranks(ranks, k)
 
 
 def random_expectation(data: ProbeData, k: int = K) -> np.ndarray:
-    """Expected NDCG@k per request when its candidates are shuffled uniformly."""
-    out = np.zeros(int(data.group.max()) + 1)
-    for g in np.unique(data.group):
-        rows = data.group == g
-        if data.label[rows].any():
-            n = int(rows.sum())
-            out[g] = sum(1.0 / np.log2(r + 2) for r in range(min(k, n))) / n
-    return out
+    """Expected NDCG@k per request when its candidates are shuffled uniformly (0 without a held item)."""
+    n = int(data.group.max()) + 1
+    has_held = np.bincount(data.group[data.label != 0], minlength=n) > 0
+    return np.where(has_held, random_ndcg(np.bincount(data.group, minlength=n), k), 0.0)
 
 
 def fused_scores(data: ProbeData, probe: np.ndarray, weight: float) -> np.ndarray:
     """``fusion.stage`` rank-linear fusion of the stage order (1 - weight) and the probe (weight)."""
-    from fusion.stage import rank_normalise
-
     out = np.zeros(len(probe))
     for g in np.unique(data.group):
         rows = np.flatnonzero(data.group == g)
@@ -264,7 +262,7 @@ def train_cases(split: Any, candidates_for: Callable[[int, np.ndarray], tuple[An
     return cases
 
 
-def probe_backbone(settings: Any, artifact_dir: Path, *, model: str | None = None, train_users: int = 800,
+def probe_backbone(settings: Settings, artifact_dir: Path, *, model: str | None = None, train_users: int = 800,
                    valid_users: int | None = None, candidates: int | None = None, c: float = 0.01,
                    seed: int = 0, min_history: int = 5, held_only: bool = False,
                    progress: bool = True) -> dict[str, Any]:
@@ -274,10 +272,7 @@ def probe_backbone(settings: Any, artifact_dir: Path, *, model: str | None = Non
     score 0 under every order, so they add cost and no contrast); the report gives the share of
     such users, by which the NDCGs scale back to all users.
     """
-    from jobs.llm_perf import _set_threads, candidate_source, make_stage
-    from llm_rerank.backbone import resolve_model
-    from offline.bootstrap import paired_bootstrap
-    from offline.split import Split
+    from scipy.stats import spearmanr  # lazy: heavy (scipy)
 
     t0 = time.perf_counter()
     split = Split.load(artifact_dir / "split")
@@ -324,8 +319,6 @@ def probe_backbone(settings: Any, artifact_dir: Path, *, model: str | None = Non
         if name in scores:
             boot = paired_bootstrap(rows["random"], v, n_boot=2000, seed=seed)
             vs_random[name] = {"mean": round(boot["mean"], 5), "ci95": [round(x, 5) for x in boot["ci95"]]}
-    from scipy.stats import spearmanr
-
     pop = scores["popularity"]
     return {"model": location, "candidates_from": source, "candidates": n_cands,
             "train_requests": int(train.group.max()) + 1, "valid_users": len(valid_cases),
@@ -362,6 +355,6 @@ def compare(reports: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def torch_threads() -> int:
-    import torch
+    import torch  # lazy: heavy (torch)
 
     return int(torch.get_num_threads())

@@ -26,6 +26,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cascade.settings import Settings
+from jobs.evaluate import evaluate_pipeline
+from jobs.train import DEFAULT_STAGES, prepare, train_stages
+
 EVENTS_PER_USER = 40  # offline.synthetic's default mean_sessions x mean_session_len
 USERS_PER_ITEM = 2
 
@@ -56,10 +60,6 @@ def _rss_mib() -> float:
 
 def measure_one(interactions: int, artifact_dir: Path, config: Path | None = None) -> dict[str, Any]:
     """Prepare, train and evaluate one size in this process; the size's row of the report."""
-    from cascade.settings import Settings
-    from jobs.evaluate import evaluate_pipeline
-    from jobs.train import DEFAULT_STAGES, prepare, train_stages
-
     settings = Settings.from_yaml(config)
     n_users = max(interactions // EVENTS_PER_USER, 10)
     rss = PeakRss()

@@ -23,6 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from cascade.settings import Settings
+from jobs.evaluate import evaluate_pipeline
+from jobs.train import train_stages
 from offline.split import Split
 
 SUMMARISED = ("stages", "deltas", "candidate_recall", "channel_recall", "policy_costs", "train_s")
@@ -46,13 +49,10 @@ def share_split(artifact_dir: Path, seed_dir: Path) -> None:
 
 
 def evaluate_seeds(
-    settings: Any, artifact_dir: Path, split: Split, *, n_seeds: int, stages: tuple[str, ...],
+    settings: Settings, artifact_dir: Path, split: Split, *, n_seeds: int, stages: tuple[str, ...],
     phase: str = "test", retrain: bool = False, progress: bool = True,
 ) -> dict[str, Any]:
     """Train and evaluate once per seed (see module doc); the summary report."""
-    from jobs.evaluate import evaluate_pipeline
-    from jobs.train import train_stages
-
     per_seed: dict[int, dict[str, Any]] = {}
     for seed, directory in seed_dirs(artifact_dir, settings.seed, n_seeds):
         share_split(artifact_dir, directory)

@@ -15,6 +15,7 @@ Deliberately left out: evaluation (``jobs.evaluate``), the LLM job (``llm_rerank
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -23,8 +24,17 @@ from typing import Any
 
 import numpy as np
 
+from cascade.registry import build_pipeline, weights_key
+from cascade.settings import Settings
+from jobs.evaluate import tune_fusion
+from jobs.llm_adapt import train_llm
+from offline.loaders import load_dataset
+from offline.protocol import make_split
 from offline.split import Split
+from recall.stage import RecallStage
+from recsys.atomic import atomic_write_json
 from recsys.digest import file_sha256
+from recsys.pipeline import PipelineStage
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +66,6 @@ def prepare(
     force: bool = False, **synthetic: Any,
 ) -> Split:
     """Load the dataset, split it with the protocol and save it (reused when inputs are unchanged)."""
-    from offline.loaders import load_dataset
-    from offline.protocol import make_split
-
     split_dir = Path(artifact_dir) / "split"
     fp = _fingerprint(data, fmt, k_core, synthetic)
     fp_path = split_dir / "source.json"
@@ -90,7 +97,7 @@ def holdout_sequences(split: Split, positions: int = 1) -> tuple[list[np.ndarray
 
 
 def train_stages(
-    settings: Any, artifact_dir: Path, split: Split, *, stages: tuple[str, ...] = DEFAULT_STAGES,
+    settings: Settings, artifact_dir: Path, split: Split, *, stages: tuple[str, ...] = DEFAULT_STAGES,
     force: bool = False, progress: bool = True,
 ) -> dict[str, Any]:
     """Train ``stages`` in cascade order; a stage whose artifacts exist is reused unless ``force``."""
@@ -117,19 +124,15 @@ def train_stages(
     return report
 
 
-def _stage_dir(settings: Any, artifact_dir: Path, stage: str) -> Path:
+def _stage_dir(settings: Settings, artifact_dir: Path, stage: str) -> Path:
     """Where a stage's artifacts (and its completion marker) live; fusion has one per stage set."""
     if stage == "fusion":
-        from fusion.stage import weights_key
-
         return artifact_dir / "fusion" / weights_key(settings)
     return artifact_dir / stage
 
 
 def split_id(artifact_dir: Path) -> str:
     """Identity of the split the stages train on (its source fingerprint and protocol)."""
-    import hashlib
-
     parts = [(artifact_dir / "split" / n).read_bytes() for n in ("source.json", "split.json")
              if (artifact_dir / "split" / n).exists()]
     return hashlib.sha256(b"".join(parts)).hexdigest()[:16]
@@ -140,11 +143,9 @@ def _read_meta(directory: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def _config_id(settings: Any, stage: str) -> str:
+def _config_id(settings: Settings, stage: str) -> str:
     """Digest of the config section a stage is trained from: a changed setting (or a new default,
     e.g. a recall channel switched on) retrains the stage instead of serving stale artifacts."""
-    import hashlib
-
     section = {"recall": "recall", "recall_holdout": "recall", "coarse": "coarse", "llm": "llm",
                "fusion": "fusion"}[stage]
     config = getattr(settings, section, None)
@@ -154,10 +155,8 @@ def _config_id(settings: Any, stage: str) -> str:
 
 def _write_meta(directory: Path, report: dict[str, Any], split_id: str, config_id: str = "") -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / ".stage.json.tmp"
-    tmp.write_text(json.dumps({"split_id": split_id, "config_id": config_id, "report": report}, indent=2,
-                              default=_json_default))
-    tmp.replace(directory / "stage.json")  # last write: marks the stage complete
+    atomic_write_json(directory / "stage.json", {"split_id": split_id, "config_id": config_id, "report": report},
+                      default=_json_default)  # last write: marks the stage complete
 
 
 def _json_default(o: Any) -> Any:
@@ -168,14 +167,14 @@ def _json_default(o: Any) -> Any:
     return str(o)
 
 
-def _train_recall(settings: Any, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
-    from recall.train import train_two_tower
+def _train_recall(settings: Settings, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
+    from recall.train import train_two_tower  # lazy: imports torch
 
     return train_two_tower(split, artifact_dir / "recall", settings.recall, progress=progress, seed=settings.seed)
 
 
-def _train_recall_holdout(settings: Any, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
-    from recall.train import train_two_tower
+def _train_recall_holdout(settings: Settings, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
+    from recall.train import train_two_tower  # lazy: imports torch
 
     seqs, targets = holdout_sequences(split, settings.coarse.train_positions)
     return train_two_tower(
@@ -184,26 +183,19 @@ def _train_recall_holdout(settings: Any, artifact_dir: Path, split: Split, progr
     )
 
 
-def _train_coarse(settings: Any, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
-    from coarse_rank.train import train_coarse
-    from recall.stage import RecallStage
+def _train_coarse(settings: Settings, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
+    from coarse_rank.train import train_coarse  # lazy: imports scipy
 
-    recall = RecallStage(settings.pipeline.stage("recall"), settings)
+    recall = RecallStage(settings.pipeline.stage("recall"), settings.recall)
     recall.load(artifact_dir, subdir="recall_holdout")
     return train_coarse(split, recall, artifact_dir / "coarse", settings.coarse, seed=settings.seed, progress=progress)
 
 
-def _train_fusion(settings: Any, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
-    from jobs.evaluate import tune_fusion
-
+def _train_fusion(settings: Settings, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
     return tune_fusion(settings, artifact_dir, split, progress=progress)
 
 
-def _train_llm(settings: Any, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
-    from cascade.registry import build_pipeline
-    from jobs.llm_adapt import train_llm
-    from recsys.pipeline import PipelineStage
-
+def _train_llm(settings: Settings, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
     cascade = PipelineStage(build_pipeline(settings, artifact_dir, only=("recall", "coarse")))
     return train_llm(split, cascade, settings, artifact_dir, progress=progress)
 

@@ -47,8 +47,8 @@ def convert_gguf(src: Path, out_dir: Path, *, chat: bool = True, check: bool = T
     ``chat=False`` (a base model) drops the tokenizer's chat template. ``check`` reloads the saved
     checkpoint and compares its logits on ``CHECK_TEXT`` with the GGUF model's.
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch  # lazy: imports torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: imports transformers (and torch)
 
     t0 = time.perf_counter()
     quantised = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
@@ -87,8 +87,8 @@ def convert_gguf(src: Path, out_dir: Path, *, chat: bool = True, check: bool = T
 
 def _logit_gap(reference: Any, saved: Path, tokenizer: Any) -> float:
     """max |logits| difference on ``CHECK_TEXT`` between ``reference`` and the model saved at ``saved``."""
-    import torch
-    from transformers import AutoModelForCausalLM
+    import torch  # lazy: imports torch
+    from transformers import AutoModelForCausalLM  # lazy: imports transformers (and torch)
 
     ids = torch.tensor([tokenizer(CHECK_TEXT)["input_ids"]])
     reloaded = AutoModelForCausalLM.from_pretrained(saved, dtype=torch.float32).eval()
@@ -137,15 +137,21 @@ def resolve_precision(precision: str) -> str:
     (a CUDA GPU with bf16, or a CPU with avx512_bf16/AMX as oneDNN reports it), fp32 elsewhere."""
     if precision != "auto":
         return precision
-    import torch
+    return "bf16" if native_bf16() else "fp32"
+
+
+def native_bf16() -> bool:
+    """Whether this machine computes in bf16 natively: a CUDA GPU with bf16, or a CPU with
+    avx512_bf16/AMX as oneDNN reports it. Elsewhere bf16 is emulated and slower than fp32
+    (a LoRA step under bf16 autocast on an AVX2-only CPU measured ~100x an fp32 one)."""
+    import torch  # lazy: imports torch
 
     if torch.cuda.is_available():
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+        return bool(torch.cuda.is_bf16_supported())
     try:
-        native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):  # a torch build without oneDNN: no fast bf16 either
-        native = False
-    return "bf16" if native else "fp32"
+        return False
 
 
 def load_model(location: str, precision: str = "fp32", threads: int | None = None) -> tuple[Any, Any]:
@@ -154,15 +160,15 @@ def load_model(location: str, precision: str = "fp32", threads: int | None = Non
 
     ``int8`` loads a SmoothQuant-calibrated directory (``llm_rerank.quant``) as W8A8.
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch  # lazy: imports torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: imports transformers (and torch)
 
     precision = resolve_precision(precision)
 
     if threads is not None:
         torch.set_num_threads(threads)
     if precision == "int8":  # SmoothQuant W8A8: ``location`` must hold a calibrated model
-        from llm_rerank.quant import load_w8a8
+        from llm_rerank.quant import load_w8a8  # lazy: imports torch
 
         model, tokenizer, _ = load_w8a8(location)
         return model, tokenizer
@@ -191,7 +197,7 @@ def weights_digest(location: str) -> str:
 
 def smoke(location: str, new_tokens: int = 12) -> dict[str, Any]:
     """Load time (fp32) and the greedy continuation of ``CHECK_TEXT``: does the backbone know the movie?"""
-    import torch
+    import torch  # lazy: imports torch
 
     t0 = time.perf_counter()
     model, tokenizer = load_model(location, "fp32")

@@ -52,7 +52,9 @@ class AdaptConfig(BaseModel):
     target_modules: list[str] = Field(default_factory=lambda: list(LORA_TARGETS))
     checkpoint_every: int = Field(25, ge=1, description="Optimizer steps between checkpoints.")
     max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps.")
-    autocast_bf16: bool = Field(True, description="bf16 autocast on CPU (AMX): ~2x faster steps.")
+    autocast_bf16: bool | None = Field(
+        None, description="bf16 autocast in training steps; None (auto): on where the machine computes bf16 natively "
+        "(avx512_bf16/AMX or a bf16 GPU, ~2x faster steps), off elsewhere (emulated bf16 is far slower than fp32).")
 
 
 class KVCacheConfig(BaseModel):

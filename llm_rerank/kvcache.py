@@ -37,6 +37,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import redis
+
+from recsys.redis_state import RedisGuard, RedisUnavailable
+
 log = logging.getLogger(__name__)
 
 LOOKUP_OUTCOMES = ("full", "partial", "miss")
@@ -146,7 +150,6 @@ class RedisTier:
 
     def __init__(self, client: Any, *, prefix: str = "llmkv:", ttl_s: int = 3600, max_entries: int = 50_000,
                  guard: Any = None, clock: Callable[[], float] = time.time):
-        from recsys.redis_state import RedisGuard
 
         self.client = client
         self.prefix, self.ttl_s, self.max_entries = prefix, ttl_s, max_entries
@@ -156,9 +159,7 @@ class RedisTier:
         self.evictions = 0
 
     def _call(self, fn: Callable[[], Any]) -> Any:
-        import redis
 
-        from recsys.redis_state import RedisUnavailable
 
         try:
             return self.guard.call(fn)

@@ -80,7 +80,7 @@ class BlockPrefixCache:
         return cls(model, cache, block_tokens, f"{namespace}|{model_dtype}|{block_tokens}")
 
     def state(self, prefix: Sequence[int]) -> PrefixState:
-        from transformers import DynamicCache
+        from transformers import DynamicCache  # lazy: imports transformers (and torch)
 
         keys = block_keys(prefix, self.block_tokens, self.namespace)
         blocks = self.cache.lookup(keys)

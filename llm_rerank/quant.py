@@ -307,7 +307,7 @@ REST_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 def load_w8a8(location: str, rest_dtype: str = "fp32") -> tuple[Any, Any, dict[str, Any]]:
     """(W8A8 model in eval mode, tokenizer, calibration record); ``rest_dtype`` for the non-int8 rest."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: imports transformers (and torch)
 
     if rest_dtype not in REST_DTYPES:
         raise ValueError(f"load_w8a8: rest_dtype must be one of {sorted(REST_DTYPES)}, got {rest_dtype!r}")

@@ -32,7 +32,7 @@ class RemoteLLM:
     """Client of one OpenAI-compatible API root (``.../v1``)."""
 
     def __init__(self, base_url: str, model: str | None = None, timeout_s: float = 5.0, client: Any = None):
-        import httpx
+        import httpx  # lazy: only the http backend talks to a server
 
         self.base_url = base_url.rstrip("/")
         self.http = client or httpx.Client(timeout=timeout_s)
@@ -55,7 +55,7 @@ class RemoteLLM:
         return self._send("POST", path, body, timeout_s or self.timeout_s)
 
     def _send(self, method: str, path: str, body: dict[str, Any] | None, timeout_s: float) -> Any:
-        import httpx
+        import httpx  # lazy: only the http backend talks to a server
 
         try:
             resp = self.http.request(method, self.base_url + path, json=body, timeout=timeout_s)

@@ -54,7 +54,7 @@ class BatchState:
 
     @classmethod
     def of_prefix(cls, state: PrefixState, batch: int) -> BatchState:
-        import torch
+        import torch  # lazy: imports torch
 
         return cls([(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1)) for k, v in state.kv],
                    torch.ones((batch, state.length), dtype=torch.long), torch.full((batch,), state.length))
@@ -78,8 +78,8 @@ def continue_batch(model: Any, state: BatchState, rows: Sequence[Sequence[int]],
     for SmolLM2 at batch 32). A live state can be continued once; a state without room is
     never changed.
     """
-    import torch
-    from transformers import DynamicCache
+    import torch  # lazy: imports torch
+    from transformers import DynamicCache  # lazy: imports transformers (and torch)
 
     if len(rows) != len(state.lengths) or not all(rows):
         raise ValueError(f"continue_batch: need one non-empty row per cached row ({len(state.lengths)}), "
@@ -111,7 +111,7 @@ def continue_batch(model: Any, state: BatchState, rows: Sequence[Sequence[int]],
 @functools.cache
 def _reserved_layer_class() -> Any:
     """The class of a live cache's layers, built on first use (importing this module imports no transformers)."""
-    from transformers.cache_utils import DynamicLayer
+    from transformers.cache_utils import DynamicLayer  # lazy: imports transformers (and torch)
 
     class ReservedLayer(DynamicLayer):
         """A ``DynamicLayer`` whose keys/values are views into buffers with room to grow in place."""
@@ -198,7 +198,7 @@ def zscore(scores: np.ndarray) -> np.ndarray:
 
 def _pad_right(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Any, Any]:
     """(LongTensor [B, T] right-padded, LongTensor [B] index of each row's last real token)."""
-    import torch
+    import torch  # lazy: imports torch
 
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
@@ -217,7 +217,7 @@ def answer_logits(model: Any, rows: Sequence[Sequence[int]], pad_id: int) -> Any
 def _last_logits(model: Any, ids: Any, last: Any, **kwargs: Any) -> Any:
     """Logits at ``last[b]`` of each row; the LM head runs only on those positions (it is ~20 % of
     the forward FLOPs for a 400-token prompt over SmolLM2's 49k vocabulary)."""
-    import torch
+    import torch  # lazy: imports torch
 
     keep, where = torch.unique(last, return_inverse=True)
     out = model(input_ids=ids, logits_to_keep=keep, **kwargs)
@@ -232,8 +232,8 @@ def row_logits(model: Any, rows: Sequence[Sequence[int]], pad_id: int) -> Any:
 
 def run_prefix(model: Any, prefix: Sequence[int]) -> PrefixState:
     """Forward the prefix once (batch 1) and keep its keys/values."""
-    import torch
-    from transformers import DynamicCache
+    import torch  # lazy: imports torch
+    from transformers import DynamicCache  # lazy: imports transformers (and torch)
 
     cache = DynamicCache()
     # logits_to_keep=1: the prefix's own logits are never read, and the LM head over every prefix
@@ -245,8 +245,8 @@ def run_prefix(model: Any, prefix: Sequence[int]) -> PrefixState:
 
 def _continuation(state: PrefixState, suffixes: Sequence[Sequence[int]], pad_id: int) -> tuple[Any, Any, dict]:
     """(ids [B, T] right-padded, last real index per row, model kwargs continuing ``state``'s prefix)."""
-    import torch
-    from transformers import DynamicCache
+    import torch  # lazy: imports torch
+    from transformers import DynamicCache  # lazy: imports transformers (and torch)
 
     ids, last = _pad_right(suffixes, pad_id)
     batch = len(suffixes)
@@ -267,7 +267,7 @@ def suffix_states(model: Any, state: PrefixState, suffixes: Sequence[Sequence[in
     """Final hidden states [B, H] (after the last norm: what the LM head reads) at the last token of
     each suffix, continuing the cached prefix (``jobs.llm_probe``); the logits are
     ``model.get_output_embeddings()`` of them."""
-    import torch
+    import torch  # lazy: imports torch
 
     ids, last, kwargs = _continuation(state, suffixes, pad_id)
     out = model.get_decoder()(input_ids=ids, **kwargs)
@@ -285,14 +285,14 @@ def suffix_hidden(model: Any, state: PrefixState, suffixes: Sequence[Sequence[in
 
 def pointwise_from_logits(logits: Any, yes_id: int, no_id: int) -> np.ndarray:
     """P(Yes) / (P(Yes) + P(No)) = sigmoid(logit_yes - logit_no)."""
-    import torch
+    import torch  # lazy: imports torch
 
     return torch.sigmoid(logits[:, yes_id] - logits[:, no_id]).cpu().numpy().astype(np.float32)
 
 
 def listwise_from_logits(logits: Any, letter_ids: Sequence[int], n: int) -> np.ndarray:
     """Log-softmax over the first ``n`` letter tokens at the answer position (row 0)."""
-    import torch
+    import torch  # lazy: imports torch
 
     sub = logits[0, list(letter_ids[:n])]
     return torch.log_softmax(sub, dim=-1).cpu().numpy().astype(np.float32)
@@ -320,7 +320,7 @@ class LogitScorer:
     def logits(self, parts: PromptParts, *, use_cache: bool = True,
                check: Callable[[], None] = lambda: None) -> Any:
         """Answer-position logits [len(parts.suffixes), V]."""
-        import torch
+        import torch  # lazy: imports torch
 
         with torch.inference_mode():
             check()

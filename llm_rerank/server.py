@@ -36,7 +36,9 @@ import torch
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, ConfigDict
 
+from llm_rerank.backbone import load_model, resolve_model
 from llm_rerank.batching import DynamicBatcher
+from llm_rerank.config import LLMConfig
 from llm_rerank.scoring import row_logits
 
 
@@ -133,7 +135,7 @@ class LLMWorker:
 
     def _greedy(self, ids: list[int], max_tokens: int, bias: dict[int, float], k: int, as_ids: bool,
                 grammar: Any = None) -> list[tuple[int, float, dict[str, float]]]:
-        from transformers import DynamicCache
+        from transformers import DynamicCache  # lazy: imports transformers (and torch)
 
         cache, out, step_ids = DynamicCache(), [], ids
         stop = {self.tok.eos_token_id}
@@ -174,7 +176,7 @@ class LLMWorker:
                 "usage": {"prompt_tokens": len(ids), "completion_tokens": len(steps)}}
 
     def _compiled(self, schema: str | None) -> Any:
-        import xgrammar as xgr
+        import xgrammar as xgr  # lazy: imports xgrammar (and torch)
 
         key = schema or "<json>"
         if key not in self._grammars:
@@ -201,7 +203,7 @@ class _Grammar:
     """One xgrammar matcher: masks logits to the tokens the schema allows next."""
 
     def __init__(self, compiled: Any):
-        import xgrammar as xgr
+        import xgrammar as xgr  # lazy: imports xgrammar (and torch)
 
         self.xgr = xgr
         self.matcher = xgr.GrammarMatcher(compiled)
@@ -233,10 +235,8 @@ def create_app(worker: LLMWorker) -> FastAPI:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import uvicorn
+    import uvicorn  # lazy: only the worker process serves HTTP
 
-    from llm_rerank.backbone import load_model, resolve_model
-    from llm_rerank.config import LLMConfig
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="a catalogue backbone (llm_rerank.catalogue: smollm2-135m-instruct, "

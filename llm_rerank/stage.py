@@ -1,14 +1,17 @@
 """``LLMRerankStage``: the pipeline stage that re-scores the top coarse candidates with an LLM.
 
-Takes the top ``settings.llm.candidates`` rows in their current (coarse) order, builds the
+Takes the top ``LLMConfig.candidates`` rows in their current (coarse) order, builds the
 prompt from the request's recent history titles and user attributes, scores them from
 logits (listwise by default, pointwise selectable) and returns those rows sorted by the new
 ``"llm"`` column; rows beyond that count are dropped (the pipeline's LLM depth is 20 too).
 
-Serving options (``settings.llm``): ``precision`` fp32/bf16/int8 (SmoothQuant W8A8 from the
-calibrated ``int8_dir``), ``kv.enabled`` (two-tier block prefix cache, ``llm_rerank.prefix_kv``),
-``batching.enabled`` (concurrent requests share forward passes, ``llm_rerank.batching``) and
-``backend: http`` (an OpenAI-compatible server: vLLM or ``llm_rerank.server``; ``llm_rerank.remote``).
+``cascade.registry`` builds it from ``settings.llm`` (``spec.params`` override its keys) plus
+the artifacts root (where the base model is looked up) and the Redis URL and socket timeout of
+the KV cache's tier 2. Serving options (``LLMConfig``): ``precision`` fp32/bf16/int8
+(SmoothQuant W8A8 from the calibrated ``int8_dir``), ``kv.enabled`` (two-tier block prefix
+cache, ``llm_rerank.prefix_kv``), ``batching.enabled`` (concurrent requests share forward
+passes, ``llm_rerank.batching``) and ``backend: http`` (an OpenAI-compatible server: vLLM or
+``llm_rerank.server``; ``llm_rerank.remote``).
 
 The prompt's instruction and questions come from a ``llm_rerank.template.PromptTemplate``:
 ``llm.prompt`` at start-up, then whatever ``set_prompt_template`` installs (``PUT /admin/prompts``
@@ -25,6 +28,7 @@ Deliberately left out: fusing the LLM score with the coarse score (``fusion.stag
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,10 +36,25 @@ from typing import Any
 
 import numpy as np
 
+from llm_rerank.backbone import load_model, resolve_model, resolve_precision, weights_digest
+from llm_rerank.batching import DynamicBatcher
 from llm_rerank.config import LLMConfig
+from llm_rerank.meta import read_train_meta
 from llm_rerank.prompt import PROMPT_VERSION, PromptBuilder, PromptParts
+from llm_rerank.remote import RemoteLLM
+from llm_rerank.scoring import (
+    LogitScorer,
+    PrefixCache,
+    listwise_from_logits,
+    pointwise_from_logits,
+    row_logits,
+    zscore,
+)
 from llm_rerank.template import DEFAULT, PromptTemplate, parse_prompt_document
+from offline.split import Split
+from recsys.config import StageSpec
 from recsys.contract import Candidates, Request, StageError
+from recsys.redis_state import DEFAULT_SOCKET_TIMEOUT_S, connect
 
 log = logging.getLogger(__name__)
 
@@ -45,13 +64,19 @@ class LLMRerankStage:
 
     reads: tuple[str, ...] = ("coarse",)
 
-    def __init__(self, spec: Any, settings: Any):
+    def __init__(self, spec: StageSpec | None, config: LLMConfig, *, artifacts_root: Path,
+                 redis_url: str | None = None, redis_socket_timeout_s: float = DEFAULT_SOCKET_TIMEOUT_S):
+        """``config`` is ``settings.llm`` (``spec.params`` override its keys; no ``spec``: a stage named
+        "llm" outside a pipeline, for the training and benchmark jobs). ``artifacts_root`` is where
+        ``resolve_model`` looks for a downloaded base model; ``redis_url`` (``Settings.resolve_redis_url``)
+        and ``redis_socket_timeout_s`` serve tier 2 of the KV cache unless ``kv.tier2_url`` is set."""
         self.name: str = spec.name if spec is not None else "llm"
         self.writes: tuple[str, ...] = (self.name,)
         params = dict(spec.params) if spec is not None else {}
-        self.cfg: LLMConfig = settings.llm.with_overrides(params)
-        self.artifacts_root = Path(settings.artifacts_dir)
-        self.settings = settings
+        self.cfg: LLMConfig = config.with_overrides(params)
+        self.artifacts_root = Path(artifacts_root)
+        self.redis_url = redis_url
+        self.redis_socket_timeout_s = redis_socket_timeout_s
         self.blocks: Any = None
         self.batcher: Any = None
         self.remote: Any = None
@@ -63,14 +88,11 @@ class LLMRerankStage:
         self.residual_beta: float | None = None  # adapted with AdaptConfig.residual: served letters + beta * z
         self.template: PromptTemplate = self.cfg.prompt or DEFAULT
         self._weights = ""  # weights digest of the loaded model
-        self.precision = self.cfg.precision  # what load() actually loaded ("auto" made concrete)
+        self.precision: str = self.cfg.precision  # what load() actually loaded ("auto" made concrete)
 
     # -- loading -----------------------------------------------------------------------
     def load(self, artifact_dir: Any) -> None:
         """Load the adapted model (``<artifact_dir>/llm``) or the base one, and item titles."""
-        from llm_rerank.backbone import load_model, resolve_model, resolve_precision, weights_digest
-        from offline.split import Split
-
         artifact_dir = Path(artifact_dir)
         adapted = artifact_dir / "llm"
         if self.cfg.precision == "int8":
@@ -85,9 +107,7 @@ class LLMRerankStage:
             self.residual_beta = residual_beta(Path(location), adapted)
         self._weights = weights_digest(location)
         if self.cfg.backend == "http":  # the server holds the model; only the tokenizer is needed here
-            from transformers import AutoTokenizer
-
-            from llm_rerank.remote import RemoteLLM
+            from transformers import AutoTokenizer  # lazy: heavy, only for the http backend
 
             self.remote = RemoteLLM(self.cfg.base_url, self.cfg.served_model, self.cfg.http_timeout_s)
             self.attach(None, AutoTokenizer.from_pretrained(location), titles)
@@ -99,8 +119,6 @@ class LLMRerankStage:
 
     def attach(self, model: Any, tokenizer: Any, titles: np.ndarray) -> None:
         """Use an already loaded model/tokenizer and item titles (the training job and tests)."""
-        from llm_rerank.scoring import LogitScorer, PrefixCache
-
         self.model = model
         self.prompts = PromptBuilder(tokenizer, domain=self.cfg.domain, title_chars=self.cfg.title_chars,
                                      template=self.template)
@@ -114,22 +132,18 @@ class LLMRerankStage:
             self.scorer.blocks = self.blocks
             self.scorer.cache = PrefixCache(0)  # the block cache replaces the whole-prefix LRU
         if model is not None and self.cfg.batching.enabled:
-            from llm_rerank.batching import DynamicBatcher
-
             b = self.cfg.batching
             self.batcher = DynamicBatcher(self._run_batch, window_ms=b.window_ms, max_batch=b.max_batch,
                                           length_bucket=b.length_bucket)
 
     def _block_cache(self, model: Any) -> Any:
-        from llm_rerank.prefix_kv import BlockPrefixCache
+        from llm_rerank.prefix_kv import BlockPrefixCache  # lazy: imports torch
 
         kv = self.cfg.kv
         client = None
         if kv.tier2:
-            from recsys.redis_state import connect
-
             try:
-                client = connect(self.settings, kv.tier2_url)
+                client = connect(kv.tier2_url or self.redis_url, self.redis_socket_timeout_s)
             except ValueError as exc:
                 log.warning("LLM KV tier 2 off: %s", exc)
         return BlockPrefixCache.build(model, block_tokens=kv.block_tokens, tier1_bytes=kv.tier1_bytes,
@@ -142,9 +156,7 @@ class LLMRerankStage:
 
     def _run_batch(self, jobs: Sequence[Any]) -> list[Any]:
         """Batcher callback: every job's full rows in one padded forward pass, split back per job."""
-        import torch
-
-        from llm_rerank.scoring import row_logits
+        import torch  # lazy: heavy, only with a loaded model
 
         rows = [r for job in jobs for r in job]
         with torch.inference_mode():
@@ -193,8 +205,6 @@ class LLMRerankStage:
 
     def score(self, request: Request, item_idx: np.ndarray) -> np.ndarray:
         """LLM scores for ``item_idx`` in that order (higher is better)."""
-        from llm_rerank.scoring import listwise_from_logits, pointwise_from_logits
-
         if len(item_idx) == 0:
             return np.zeros(0, dtype=np.float32)
         prompts = self._prompts()  # one builder for the whole request, even if a new template lands meanwhile
@@ -216,8 +226,6 @@ class LLMRerankStage:
         return pointwise_from_logits(logits, *prompts.yes_no)
 
     def _batched_logits(self, parts: PromptParts, request: Request) -> Any:
-        import concurrent.futures
-
         rows = [parts.prefix + s for s in parts.suffixes]
         left = request.remaining_s()
         deadline = None if left == float("inf") else request.deadline
@@ -243,8 +251,6 @@ class LLMRerankStage:
         top = candidates.head(self.cfg.candidates)
         scores = self.score(request, top.items)
         if self.residual_beta is not None and top.order_by in top.scores:
-            from llm_rerank.scoring import zscore
-
             scores = scores + self.residual_beta * zscore(top.scores[top.order_by])
         return top.with_scores(self.name, scores)
 
@@ -265,8 +271,6 @@ def residual_beta(*locations: Path) -> float | None:
     A model adapted with ``llm.adapt.residual`` learnt its letter logits as a correction of the
     incoming order, so it is served as ``letters + beta * z(incoming score)``; ``None`` = plain.
     """
-    from llm_rerank.meta import read_train_meta
-
     for loc in locations:
         meta = read_train_meta(loc)
         if meta is not None:

@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 OPEN, CLOSE = "«", "»"
@@ -160,7 +161,6 @@ def _describe(error: Any) -> str:
 
 def load_prompt_file(path: Path | str) -> PromptTemplate:
     """A prompt document from a YAML/JSON file (the same text ``PUT /admin/prompts`` takes)."""
-    import yaml
 
     path = Path(path)
     try:

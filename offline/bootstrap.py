@@ -44,7 +44,7 @@ def paired_bootstrap(
         raise ValueError(f"paired_bootstrap: n_boot must be >= 1, got {n_boot}")
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"paired_bootstrap: alpha must be in (0, 1), got {alpha}")
-    from scipy.stats import bootstrap  # scipy.stats costs ~0.3 s to import
+    from scipy.stats import bootstrap  # lazy: scipy.stats costs ~0.3 s to import
 
     diff = b - a
     n = len(diff)

@@ -1,12 +1,13 @@
 """Ranking metrics for the leave-one-out protocol (one held-out target per user).
 
 Accuracy (per user, so ``offline.bootstrap`` can pair two rankers user by user):
-NDCG@k = 1/log2(rank+2), Recall@k (= HR@k with one target) and MRR@k = 1/(rank+1), each 0
-when the target is not in the top k (rank is 0-based). Beyond accuracy, for the A/B reports:
-catalog ``coverage``, ``intra_list_diversity`` (Ziegler et al., 2005) and ``novelty`` as mean
-self-information (Zhou et al., 2010). ``rank_full`` turns a full score matrix into top-k
-lists with the history excluded and ties broken by lower item index, so every full-ranking
-model is cut the same way.
+NDCG@k = 1/log2(rank+2) (``ndcg_at_ranks``; the ideal DCG of one target is 1), Recall@k (= HR@k
+with one target) and MRR@k = 1/(rank+1), each 0 when the target is not in the top k (rank is
+0-based); ``random_ndcg`` is NDCG@k's expectation when the target's place is uniformly random.
+Beyond accuracy, for the A/B reports: catalog ``coverage``, ``intra_list_diversity`` (Ziegler
+et al., 2005) and ``novelty`` as mean self-information (Zhou et al., 2010). ``rank_full`` turns
+a full score matrix into top-k lists with the history excluded and ties broken by lower item
+index, so every full-ranking model is cut the same way.
 
 Rankings are ``[n_users, K]`` int64 item indices; ``-1`` pads lists shorter than K.
 
@@ -37,10 +38,42 @@ def per_user_metrics(rankings: np.ndarray, targets: np.ndarray, k: int = 10) -> 
     hit = hits.any(axis=1)
     rank = np.where(hit, hits.argmax(axis=1), 0)  # first occurrence of the target
     return {
-        f"ndcg@{k}": np.where(hit, 1.0 / np.log2(rank + 2.0), 0.0),
+        f"ndcg@{k}": ndcg_at_ranks(np.where(hit, rank, -1), k),
         f"recall@{k}": hit.astype(np.float64),
         f"mrr@{k}": np.where(hit, 1.0 / (rank + 1.0), 0.0),
     }
+
+
+def ndcg_at_ranks(ranks: np.ndarray, k: int = 10) -> np.ndarray:
+    """NDCG@k per user from the 0-based rank of their one target (negative: not ranked).
+
+    One relevant item has an ideal DCG of 1, so NDCG@k = 1/log2(rank+2) when rank < k, else 0.
+
+    >>> ndcg_at_ranks(np.array([0, 2, 10, -1]), k=10).tolist()
+    [1.0, 0.5, 0.0, 0.0]
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    ranks = np.asarray(ranks, dtype=np.int64)
+    found = (ranks >= 0) & (ranks < k)
+    return np.where(found, 1.0 / np.log2(np.where(found, ranks, 0) + 2.0), 0.0)
+
+
+def random_ndcg(n_candidates: np.ndarray, k: int = 10) -> np.ndarray:
+    """Expected NDCG@k of one target placed uniformly at random among ``n_candidates`` (0 for none).
+
+    The mean of ``ndcg_at_ranks(r, k)`` over r = 0 .. n-1: sum_{r < min(k, n)} 1/log2(r+2) / n.
+
+    >>> random_ndcg(np.array([1, 2, 0]), k=10).round(4).tolist()
+    [1.0, 0.8155, 0.0]
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    n = np.asarray(n_candidates, dtype=np.int64)
+    if (n < 0).any():
+        raise ValueError(f"n_candidates must be >= 0, got {n[n < 0][:5]}")
+    dcg = np.concatenate([[0.0], np.cumsum(1.0 / np.log2(np.arange(k) + 2.0))])  # dcg[m]: ranks 0 .. m-1
+    return np.where(n > 0, dcg[np.minimum(n, k)] / np.maximum(n, 1), 0.0)
 
 
 def summarize(per_user: dict[str, np.ndarray]) -> dict[str, float]:

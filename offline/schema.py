@@ -23,10 +23,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from recsys.atomic import atomic_write, atomic_write_json
 
 AUDIENCES = ("all", "teen", "adult")  # audience rating, ordered from least to most restricted
 RISK_LEVELS = (0, 1, 2, 3)  # 0 = none ... 3 = high
@@ -111,14 +114,10 @@ class Dataset:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         for table in ("interactions", "items", "users"):
-            tmp = directory / f".{table}.parquet.tmp"
-            getattr(self, table).to_parquet(tmp, index=False)
-            tmp.replace(directory / f"{table}.parquet")
+            atomic_write(directory / f"{table}.parquet", partial(getattr(self, table).to_parquet, index=False))
         meta = {"name": self.name, "n_interactions": len(self.interactions),
                 "n_items": len(self.items), "n_users": len(self.users)}
-        tmp = directory / ".meta.json.tmp"
-        tmp.write_text(json.dumps(meta, indent=2))
-        tmp.replace(directory / "meta.json")
+        atomic_write_json(directory / "meta.json", meta)
 
     @classmethod
     def load(cls, directory: Path) -> Dataset:

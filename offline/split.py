@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from offline.schema import Vocab
+from recsys.atomic import atomic_write_json
 
 Phase = Literal["train", "valid", "test"]
 
@@ -125,9 +126,8 @@ class Split:
             {"user_id": self.vocab.user_ids.astype(str), "valid": self.valid, "test": self.test,
              "valid_ts": self.valid_ts, "test_ts": self.test_ts}
         ).to_parquet(directory / "holdout.parquet", index=False)
-        tmp = directory / ".split.json.tmp"
-        tmp.write_text(json.dumps({"name": self.name, "protocol": self.protocol}, indent=2))
-        tmp.replace(directory / "split.json")  # written last: its presence marks a complete split
+        # written last: its presence marks a complete split
+        atomic_write_json(directory / "split.json", {"name": self.name, "protocol": self.protocol})
 
     @classmethod
     def load(cls, directory: Path) -> Split:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from recall.index import ItemIndex, overlap_at_k
 
@@ -60,7 +61,6 @@ def _timed_single_queries(
     index: ItemIndex, queries: np.ndarray, k: int, label: str, progress: bool
 ) -> tuple[np.ndarray, np.ndarray]:
     """Search one query per call; returns (ids (m, k), milliseconds per query)."""
-    from tqdm import tqdm
 
     for q in queries[:5]:  # warm caches and the thread pool before timing
         index.search(q[None], k)

@@ -32,6 +32,9 @@ from scipy import sparse
 from recall.channels import clean_channel
 from recall.config import RecallConfig
 from recall.item_models import NeighbourChannel, covisitation, item_model
+from recall.stage import RecallStage
+from recsys.atomic import atomic_write_json
+from recsys.config import StageSpec
 
 CHANNELS_DIR, CHANNELS_FILE = "channels", "channels.json"
 SHARE_GRID = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
@@ -59,9 +62,6 @@ def train_channels(split: Any, stage_root: Path, subdir: str, sequences: list[np
     ``<stage_root>/<subdir>`` must hold the two-tower artifacts just written; ``split`` may live
     in memory only (the stage is loaded with its valid-time popularity, not ``<stage_root>/split``).
     """
-    from recall.stage import RecallStage
-    from recsys.config import StageSpec
-
     recall_dir = Path(stage_root) / subdir
     n_items = len(np.load(recall_dir / "item_vectors.npy", mmap_mode="r"))
     fitted = fit_channels(sequences, n_items, config)
@@ -72,8 +72,8 @@ def train_channels(split: Any, stage_root: Path, subdir: str, sequences: list[np
         meta["channels"][name] = {"kind": kind, "last_n": last_n, "nnz": int(w.nnz),
                                   "mbytes": round((w.data.nbytes + w.indices.nbytes + w.indptr.nbytes) / 2**20, 2)}
     _write(recall_dir, meta)  # provisional (zero shares) so the stage loads for tuning
-    stage = RecallStage(StageSpec(name="recall", kind="recall", depth=depth), None)
-    stage.config = config.model_copy(update={"channel_shares": None})
+    stage = RecallStage(StageSpec(name="recall", kind="recall", depth=depth),
+                        config.model_copy(update={"channel_shares": None}))
     # the served stage counts valid items in its popularity (test time); tuning must not count them
     stage.load_from(recall_dir, split.item_popularity("valid"))
     users = np.flatnonzero(np.asarray(targets) >= 0)
@@ -181,6 +181,4 @@ def load_channels(recall_dir: Path, config: RecallConfig) -> tuple[list[Neighbou
 
 
 def _write(recall_dir: Path, meta: dict[str, Any]) -> None:
-    tmp = recall_dir / f".{CHANNELS_FILE}.tmp"
-    tmp.write_text(json.dumps(meta, indent=2))
-    tmp.replace(recall_dir / CHANNELS_FILE)
+    atomic_write_json(recall_dir / CHANNELS_FILE, meta)

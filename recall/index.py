@@ -73,7 +73,7 @@ def _faiss(rows: int = 0, parallel_from: int = 0) -> Iterator[Any]:
     previous width is restored on exit: faiss and torch share libgomp, so leaving it at 1
     would silently make every later torch op (the LLM stage's forward) single-threaded.
     """
-    import faiss
+    import faiss  # lazy: imports faiss
 
     before = faiss.omp_get_max_threads()
     faiss.omp_set_num_threads(len(os.sched_getaffinity(0)) if rows >= parallel_from else 1)

@@ -21,8 +21,12 @@ from typing import Any
 
 import numpy as np
 
+from offline.tag_store import load_embeddings
 from recall.channels import merge_channels
+from recall.config import RecallConfig
+from recall.index import ItemIndex
 from recall.stage import RecallStage
+from recsys.config import StageSpec
 from recsys.contract import Candidates, Request
 
 LLM_CHANNEL = "llm_embed"
@@ -38,9 +42,6 @@ class LLMEmbeddingChannel:
 
     @classmethod
     def load(cls, artifact_dir: Path, window: int = 20) -> LLMEmbeddingChannel:
-        from offline.tag_store import load_embeddings
-        from recall.index import ItemIndex
-
         embed = Path(artifact_dir) / "tags"
         return cls(load_embeddings(embed), ItemIndex.load(embed / "embed" / "index"), window)
 
@@ -60,13 +61,13 @@ class LLMEmbeddingChannel:
 class LLMChannelRecallStage(RecallStage):
     """``RecallStage`` with the LLM-embedding channel merged in (stage kind ``recall_llm``)."""
 
-    def __init__(self, spec: Any, settings: Any) -> None:
+    def __init__(self, spec: StageSpec, config: RecallConfig) -> None:
         params = dict(spec.params)
         self.llm_share = float(params.pop("llm_share", 0.2))
         self.llm_window = int(params.pop("llm_window", 20))
         if not 0.0 <= self.llm_share <= 1.0:
             raise ValueError(f"stage {spec.name!r}: params.llm_share must be in [0, 1], got {self.llm_share}")
-        super().__init__(spec.model_copy(update={"params": params}), settings)
+        super().__init__(spec.model_copy(update={"params": params}), config)
         self._llm: LLMEmbeddingChannel | None = None
 
     def load(self, artifact_dir: Any, subdir: str = "recall") -> None:

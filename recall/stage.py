@@ -14,8 +14,9 @@ follow, and popularity fills the tail; for a cold user popularity leads.
 
 Artifacts: ``<artifact_dir>/recall`` as written by ``recall.train`` and the popularity
 counts of ``<artifact_dir>/split`` (every interaction visible at test time). Architecture
-comes from the saved ``model.json``; serving knobs (``popularity_share``) from
-``settings.recall`` overlaid with the stage spec's ``params``.
+comes from the saved ``model.json``; serving knobs (``popularity_share``) from the stage's
+``RecallConfig`` (``settings.recall``, given by ``cascade.registry``) overlaid with the stage
+spec's ``params``.
 
 Deliberately left out: re-encoding item vectors at serving time (the trained ones are
 loaded) and any use of incoming candidates (recall is the first stage; it ignores them).
@@ -31,8 +32,11 @@ from typing import Any
 
 import numpy as np
 
+from offline.split import Split
 from recall.channels import TWO_TOWER, Channel, PopularityChannel, merge_channels
 from recall.config import RecallConfig
+from recall.features import UserVocab
+from recall.index import ItemIndex
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request
 
@@ -45,11 +49,11 @@ class RecallStage:
     reads: tuple[str, ...] = ()
     writes: tuple[str, ...] = ("recall",)
 
-    def __init__(self, spec: StageSpec, settings: Any) -> None:
+    def __init__(self, spec: StageSpec, config: RecallConfig) -> None:
+        """``config`` is ``settings.recall``; ``spec.params`` override its keys (validated together)."""
         self.name = spec.name
         self.depth = spec.depth or DEFAULT_DEPTH
-        base = settings.recall.model_dump() if settings is not None else {}
-        self.config = RecallConfig.model_validate({**base, **spec.params})
+        self.config = RecallConfig.model_validate({**config.model_dump(), **spec.params})
         self._tower: Any = None
         self._vocab: Any = None
         self._vectors = np.zeros((0, self.config.dim), dtype=np.float32)
@@ -66,8 +70,6 @@ class RecallStage:
         user's last training item) when producing coarse-ranker training candidates. The
         popularity counts are the test-time ones of ``<artifact_dir>/split``.
         """
-        from offline.split import Split
-
         root = Path(artifact_dir)
         _check_trained(root / subdir)  # the missing model is the error to name, before the split
         self.load_from(root / subdir, Split.load(root / "split").item_popularity("test"))
@@ -76,13 +78,11 @@ class RecallStage:
         """``load`` from one trained directory and given popularity counts per item, no split on disk:
         training tunes the channel shares this way, with the in-memory split's valid-time counts
         (``recall.extra_channels.train_channels``)."""
-        import torch
+        import torch  # lazy: heavy, only once a model is loaded
 
-        from recall.extra_channels import load_channels
-        from recall.features import UserVocab
-        from recall.index import ItemIndex
-        from recall.towers import UserTower
-        from recall.train import INDEX_DIR, MODEL_FILE, SPEC_FILE, VECTORS_FILE
+        from recall.extra_channels import load_channels  # lazy: imports scipy
+        from recall.towers import UserTower  # lazy: imports torch
+        from recall.train import INDEX_DIR, MODEL_FILE, SPEC_FILE, VECTORS_FILE  # lazy: imports torch
 
         recall_dir = Path(recall_dir)
         _check_trained(recall_dir)
@@ -120,7 +120,7 @@ class RecallStage:
 
         History items outside the model's catalog are ignored.
         """
-        from recall.scoring import user_vectors
+        from recall.scoring import user_vectors  # lazy: imports torch
 
         if self._tower is None:
             raise RuntimeError("RecallStage.user_vectors called before load(artifact_dir)")
@@ -194,7 +194,7 @@ class RecallStage:
 
 
 def _check_trained(recall_dir: Path) -> None:
-    from recall.train import SPEC_FILE
+    from recall.train import SPEC_FILE  # lazy: imports torch
 
     if not (recall_dir / SPEC_FILE).is_file():
         raise FileNotFoundError(f"{recall_dir / SPEC_FILE}: no trained recall model here (run training first)")

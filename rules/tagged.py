@@ -14,16 +14,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from offline.split import Split
+from offline.tag_store import load_tagged_items
 from rules.stage import RulesStage
 
 
 class TaggedRulesStage(RulesStage):
     def load(self, artifact_dir: Any) -> None:
-        from offline.split import Split
-        from offline.tag_store import load_tagged_items
-
         split = Split.load(Path(artifact_dir) / "split")
         items = load_tagged_items(Path(artifact_dir))
         if items["item_id"].tolist() != split.items["item_id"].tolist():
             raise ValueError(f"{artifact_dir}/tags/items.parquet does not match the split's items: re-run merge-items")
-        self.install_catalog(items, split.users, self.settings.rules.ruleset_path(self.spec.params.get("ruleset")))
+        self.install_catalog(items, split.users, self.ruleset_file())

@@ -28,7 +28,7 @@ import logging
 from pathlib import Path
 
 from cascade.settings import Settings
-from recsys.redis_state import EmbeddedRedis, RedisGuard, RedisUnavailable, connect, redis_url
+from recsys.redis_state import EmbeddedRedis, RedisGuard, RedisUnavailable, connect
 from serving.hot_reload import PromptApplier, RulesApplier, VersionWatcher
 from serving.online import OnlineState
 from serving.service import Recommender
@@ -42,7 +42,7 @@ class OnlineBackend:
     def __init__(self, settings: Settings, ns: str, url: str, embedded: EmbeddedRedis | None = None):
         cfg = settings.serving
         self.settings, self.ns, self.url, self.embedded = settings, ns, url, embedded
-        self.client = connect(settings, url)
+        self.client = connect(url, cfg.redis_socket_timeout_s)
         self.guard = RedisGuard(cfg.redis_retry_min_s, cfg.redis_retry_max_s)
         self.versions = VersionStore(self.client, self.guard, ns)
         self.watcher: VersionWatcher | None = None
@@ -55,7 +55,7 @@ class OnlineBackend:
     @classmethod
     def open(cls, settings: Settings, artifact_dir: Path) -> OnlineBackend:
         ns = settings.serving.redis_namespace or Path(artifact_dir).resolve().name
-        url = redis_url(settings)
+        url = settings.resolve_redis_url()
         embedded = None
         if url is None:
             embedded = EmbeddedRedis(supervise=True)

@@ -51,6 +51,7 @@ import httpx
 import numpy as np
 
 from cascade.settings import Settings
+from recsys.redis_state import EmbeddedRedis
 from serving.bench_llm_path import bench_llm_path, latency_summary, llm_stage_names, served_llm_settings
 from serving.run import APP_FACTORY, server_env
 
@@ -195,14 +196,12 @@ def bench_serve(
     ``llm`` is ``{"skipped": reason}`` when the settings enable no LLM stage; a configured LLM stage
     that fails to load raises ``RuntimeError``; ``llm_shares`` above 0 without one raise ``ValueError``.
     """
-    from recsys.redis_state import EmbeddedRedis, redis_url
-
     llm_names = llm_stage_names(settings)
     if any(s > 0 for s in llm_shares) and not llm_names:
         raise ValueError(f"llm_shares {list(llm_shares)} need an enabled LLM stage; the config has none "
                          "(try configs/pipeline_llm.yaml)")
     report: dict[str, Any] = {"seconds_per_run": seconds, "served_llm": served_llm_settings(settings)}
-    embedded = None if redis_url(settings) else EmbeddedRedis()
+    embedded = None if settings.resolve_redis_url() else EmbeddedRedis()
     try:
         if embedded is not None:
             settings = settings.model_copy(update={"redis_url": embedded.start()})

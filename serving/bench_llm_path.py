@@ -28,6 +28,7 @@ import httpx
 import numpy as np
 
 from cascade.settings import Settings
+from llm_rerank.backbone import resolve_precision
 from serving.metrics import llm_cache_counts
 
 PHASES = ("cold", "warm")
@@ -44,7 +45,6 @@ def served_llm_settings(settings: Settings) -> dict[str, Any]:
     for spec in settings.pipeline.stages:
         if spec.enabled and spec.kind == "llm":
             cfg = settings.llm.with_overrides(dict(spec.params))
-            from llm_rerank.backbone import resolve_precision
 
             out[spec.name] = {"model": cfg.model, "precision": resolve_precision(cfg.precision),
                               "precision_setting": cfg.precision, "scoring": cfg.scoring,

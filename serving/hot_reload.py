@@ -25,9 +25,11 @@ from typing import Any
 
 import yaml
 
+from llm_rerank.template import parse_prompt_document
 from recsys.pipeline import Pipeline
 from recsys.redis_state import RedisUnavailable
-from serving.versioned import VersionStore
+from rules.schema import parse_ruleset
+from serving.versioned import VersionStore, check_version
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +161,6 @@ class RulesApplier:
         return rulesets[0].version if rulesets and rulesets[0] is not None else None
 
     def validate(self, data: dict[str, Any], source: str) -> tuple[str, Any]:
-        from rules.schema import parse_ruleset
 
         ruleset = parse_ruleset(data, source=source)  # RulesError is a ValueError naming rule and key
         for stage in self.stages:  # refused before publishing: never activate what a stage cannot apply
@@ -205,8 +206,6 @@ class PromptApplier:
         self.available = True  # templates are stored and versioned even without a stage to use them
 
     def validate(self, data: dict[str, Any], source: str) -> tuple[str, Any]:
-        from llm_rerank.template import parse_prompt_document
-        from serving.versioned import check_version
 
         template = parse_prompt_document(data, source)  # PromptError (a ValueError) naming the key
         version = template.version

@@ -26,6 +26,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from cascade.registry import build_pipeline
 from cascade.settings import Settings
 from recsys.pipeline import Pipeline, PipelineError
 from serving.backend import OnlineBackend
@@ -44,7 +45,6 @@ class ReloadRefused(ValueError):
 
 def load_checked(settings: Settings, artifact_dir: Path, metrics: ServingMetrics | None = None) -> Recommender:
     """A new, fully loaded and smoke-tested ``Recommender`` for ``artifact_dir``, else ``ReloadRefused``."""
-    from cascade.registry import build_pipeline
 
     artifact_dir = Path(artifact_dir)
     try:

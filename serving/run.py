@@ -7,9 +7,9 @@ names avoid the ``RECSYS_`` prefix on purpose: ``Settings`` reads every ``RECSYS
 variable as a configuration key and refuses unknown ones.
 
 Shared state across workers: ``serve`` resolves Redis before forking. Without
-``settings.redis_url`` / ``$REDIS_URL`` it starts ONE embedded Redis in the parent
-(supervised: restarted if it dies, see ``recsys.redis_state``) and puts its URL into the
-settings every worker receives; with ``workers > 1`` it also points
+``settings.redis_url`` / ``$REDIS_URL`` (``Settings.resolve_redis_url``) it starts ONE embedded
+Redis in the parent (supervised: restarted if it dies, see ``recsys.redis_state``) and puts its
+URL into the settings every worker receives; with ``workers > 1`` it also points
 ``PROMETHEUS_MULTIPROC_DIR`` at a fresh directory so ``/metrics`` aggregates all workers.
 Logs are JSON lines (``serving.logs``) in every process.
 
@@ -18,16 +18,27 @@ Deliberately left out: the command-line interface itself (``cli``).
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import uvicorn
+from fastapi import FastAPI
+from pydantic import ValidationError
+
+from cascade.registry import build_stage
 from cascade.settings import Settings
-
-if TYPE_CHECKING:
-    from fastapi import FastAPI
+from recsys.config import POLICY_KINDS
+from recsys.redis_state import EmbeddedRedis
+from serving.app import create_app
+from serving.logs import log_config
+from serving.schemas import RecommendRequest, within_limits
+from serving.service import Recommender
 
 ENV_ARTIFACT_DIR = "SERVING_ARTIFACT_DIR"  # required by app_from_env
 ENV_SETTINGS_JSON = "SERVING_SETTINGS_JSON"  # the full settings, as serve() resolved them
@@ -39,16 +50,12 @@ def settings_from_env(environ: dict[str, str] | None = None) -> Settings:
     """Settings for a worker: ``SERVING_SETTINGS_JSON``, else ``SERVING_CONFIG``, else the default YAML."""
     env = os.environ if environ is None else environ
     if env.get(ENV_SETTINGS_JSON):
-        import json
-
         return Settings.build(json.loads(env[ENV_SETTINGS_JSON]), source=f"${ENV_SETTINGS_JSON}")
     return Settings.from_yaml(env.get(ENV_CONFIG_PATH) or None)
 
 
 def app_from_env() -> FastAPI:
     """uvicorn factory (``--factory serving.run:app_from_env``) for worker processes."""
-    from serving.app import create_app
-
     artifact_dir = os.environ.get(ENV_ARTIFACT_DIR)
     if not artifact_dir:
         raise RuntimeError(f"{ENV_ARTIFACT_DIR} is not set: it names the per-dataset artifact directory to serve")
@@ -59,8 +66,6 @@ def server_env(settings: Settings | Path | None, artifact_dir: Path) -> dict[str
     """The environment variables ``app_from_env`` reads, for ``settings`` (object, YAML path or default)."""
     env = {ENV_ARTIFACT_DIR: str(Path(artifact_dir).resolve())}
     if isinstance(settings, Settings):
-        import json
-
         data = settings.model_dump(mode="json")
         key = settings.serving.admin_api_key  # model_dump masks secrets; workers need the real key
         data["serving"]["admin_api_key"] = key.get_secret_value() if key is not None else None
@@ -74,10 +79,6 @@ def serve(
     settings: Settings, artifact_dir: Path, host: str | None = None, port: int | None = None, workers: int | None = None
 ) -> None:
     """Run the HTTP server until interrupted; unset arguments come from ``settings.serving``."""
-    import uvicorn
-
-    from serving.logs import log_config
-
     host = host or settings.serving.host
     port = port or settings.serving.port
     workers = workers or settings.serving.workers
@@ -86,8 +87,6 @@ def serve(
     check_rules(settings, Path(artifact_dir))
     with shared_state(settings, workers) as settings:
         if workers == 1:
-            from serving.app import create_app
-
             uvicorn.run(create_app(settings, Path(artifact_dir)), host=host, port=port, log_config=log_config())
             return
         os.environ.update(server_env(settings, Path(artifact_dir)))
@@ -98,9 +97,6 @@ def check_rules(settings: Settings, artifact_dir: Path) -> None:
     """Refuse to start (``RulesError``, a ValueError naming the stage, rule and attribute) when a
     policy stage's rule set cannot judge this catalog: the workers would load, fail that
     fail-closed stage and answer 503 to every request while looking up."""
-    from cascade.registry import build_stage
-    from recsys.config import POLICY_KINDS
-
     for spec in settings.pipeline.stages:
         if spec.enabled and spec.kind in POLICY_KINDS:
             try:
@@ -116,14 +112,9 @@ def shared_state(settings: Settings, workers: int) -> Iterator[Settings]:
     With ``workers > 1`` also sets ``PROMETHEUS_MULTIPROC_DIR`` (unless already set) to a
     fresh directory; both are cleaned up when the block exits.
     """
-    import shutil
-    import tempfile
-
-    from recsys.redis_state import EmbeddedRedis, redis_url
-
     embedded, metrics_dir = None, None
     try:
-        if redis_url(settings) is None:
+        if settings.resolve_redis_url() is None:
             embedded = EmbeddedRedis(supervise=True)
             settings = settings.model_copy(update={"redis_url": embedded.start()})
         if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -151,11 +142,6 @@ def recommend_once(
     Raises ``ValueError`` naming the field for input the API would refuse with 422, and
     ``recsys.pipeline.PipelineError`` when a fail-closed stage fails (the API's 503).
     """
-    from pydantic import ValidationError
-
-    from serving.schemas import RecommendRequest, within_limits
-    from serving.service import Recommender
-
     try:
         given: dict[str, Any] = {"k": k} if k is not None else {}  # omitted k: the API default, capped by max_k
         body = RecommendRequest.model_validate({"user_id": user_id, "context": context, "debug": debug, **given})

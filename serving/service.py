@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from cascade.registry import build_stage
 from cascade.settings import Settings
 from recsys.contract import Candidates, Request, StageTrace
 from recsys.experiments import Assignment, ExperimentsConfig, active_experiment, assign
@@ -187,15 +188,14 @@ def variant_pipelines(
     """
     if experiment is None:
         return {}
-    from fusion.stage import FusionStage
-
     out = {}
     for variant in experiment.variants:
         weights = variant.overrides.fusion_weights
         if weights is None:
             continue
-        pairs = [(spec, FusionStage(spec.model_copy(update={"params": {**spec.params, "weights": weights}}), settings)
-                  if spec.kind == "fusion" else stage) for spec, stage in pipeline.stages]
+        pairs = [(spec, build_stage(spec.model_copy(update={"params": {**spec.params, "weights": weights}}),
+                                    settings) if spec.kind == "fusion" else stage)
+                 for spec, stage in pipeline.stages]
         out[variant.name] = Pipeline(pairs, request_budget_ms=pipeline.request_budget_ms)
     return out
 

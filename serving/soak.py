@@ -22,15 +22,15 @@ from typing import Any
 
 import httpx
 import numpy as np
+import psutil
 
 from cascade.settings import Settings
+from recsys.redis_state import EmbeddedRedis
 from serving.bench import APP_FACTORY, drive, start_server_subprocess
 
 
 def process_rss_mb(pid: int) -> float:
     """Resident memory of process ``pid`` plus all its descendants, in MiB."""
-    import psutil
-
     root = psutil.Process(pid)
     procs = [root, *root.children(recursive=True)]
     total = 0
@@ -77,14 +77,12 @@ def soak(
     warmup_s: float = 5.0, app_factory: str = APP_FACTORY, **mix: Any,
 ) -> dict[str, Any]:
     """The soak report (see the module docstring); ``mix`` goes to ``drive`` (k, event_share, ...)."""
-    from recsys.redis_state import EmbeddedRedis, redis_url
-
     if concurrency < 1 or seconds <= 0 or window_s <= 0 or max_requests < 1:
         raise ValueError(f"soak: need concurrency >= 1, seconds > 0, window_s > 0, max_requests >= 1; got "
                          f"{concurrency}, {seconds}, {window_s}, {max_requests}")
     if not user_ids or not item_ids:
         raise ValueError("soak: user_ids and item_ids must not be empty")
-    embedded = None if redis_url(settings) else EmbeddedRedis()
+    embedded = None if settings.resolve_redis_url() else EmbeddedRedis()
     try:
         if embedded is not None:
             settings = settings.model_copy(update={"redis_url": embedded.start()})

@@ -22,6 +22,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from cascade.registry import build_pipeline
 from cascade.settings import Settings
 from recsys.contract import Candidates, Request, StageError
 from recsys.pipeline import Pipeline
@@ -58,12 +59,11 @@ class DegradedStage:
 
 def load_pipeline(settings: Settings, artifact_dir: Path) -> Pipeline:
     """``build_pipeline`` whose LLM stages are disabled, not fatal, when their artifacts fail to load."""
-    from cascade.registry import build_pipeline  # imports the configured stage packages
 
     if not any(s.enabled and s.kind == "llm" for s in settings.pipeline.stages):
         # light path only: per-request torch work (one user vector) is tiny; intra-op threads
         # would oversubscribe the cores under concurrent requests and inflate tail latency
-        import torch
+        import torch  # lazy: imports torch
 
         torch.set_num_threads(1)
     built = build_pipeline(settings, Path(artifact_dir), load=False)

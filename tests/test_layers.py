@@ -52,3 +52,22 @@ def test_no_package_imports_a_package_at_or_above_its_own_layer():
     wrong = [f"{file}:{line} ({pkg}, layer {LEVEL[pkg]}) imports {target} (layer {LEVEL[target]})"
              for pkg in sorted(LEVEL) for file, line, target in imports(pkg) if LEVEL[target] >= LEVEL[pkg]]
     assert not wrong, "\n".join(wrong)
+
+
+def test_imports_inside_functions_say_why():
+    """An import inside a function hides an edge from the reader: only for heavy or optional
+    dependencies (torch, transformers, faiss, lightgbm, ... or what imports them), and with a
+    ``# lazy: <reason>`` comment on the statement."""
+    silent = []
+    for pkg in sorted(LEVEL):
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            source = path.read_text(encoding="utf-8")
+            lines = source.splitlines()
+            for fn in ast.walk(ast.parse(source)):
+                if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                for node in ast.walk(fn):
+                    if isinstance(node, (ast.Import, ast.ImportFrom)) and not any(
+                            "# lazy:" in line for line in lines[node.lineno - 1 : node.end_lineno]):
+                        silent.append(f"{path.relative_to(ROOT)}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+    assert not sorted(set(silent)), "\n".join(sorted(set(silent)))

@@ -1,6 +1,6 @@
 """Offline A/B: two pipeline configs ranked on the same test users, differences with paired CIs.
 
-Both pipelines answer every user's test request through ``jobs.evaluate.run_cascade``
+Both pipelines answer every user's test request through ``jobs.cascade_run.run_cascade``
 (the foundation's protocol: leave-one-out, full catalog, history excluded), so the per-user
 metrics pair up and ``offline.bootstrap.paired_bootstrap`` gives 95% CIs and p-values of
 ``B - A``. Per variant: NDCG@10, Recall@10, MRR@10, catalog coverage, intra-list diversity
@@ -22,6 +22,12 @@ from typing import Any
 
 import numpy as np
 
+from cascade.registry import build_pipeline
+from cascade.settings import Settings
+from jobs.cascade_run import requests_for, run_cascade
+from offline.baselines import evaluate_rankings_per_user
+from offline.bootstrap import paired_bootstrap
+from offline.metrics import PAD, coverage, intra_list_diversity, novelty
 from offline.split import Phase, Split
 
 K = 10
@@ -30,8 +36,6 @@ PAIRED = (f"ndcg@{K}", f"recall@{K}", f"mrr@{K}", "intra_list_diversity", "novel
 
 def per_user_beyond_accuracy(split: Split, tops: np.ndarray, phase: Phase) -> dict[str, np.ndarray]:
     """Per-user intra-list diversity and novelty (NaN where a list is too short to define them)."""
-    from offline.metrics import PAD, intra_list_diversity, novelty
-
     cats = [list(c) for c in split.items["categories"]]
     pop = split.item_popularity(phase)
     ild, nov = np.full(len(tops), np.nan), np.full(len(tops), np.nan)
@@ -46,8 +50,6 @@ def per_user_beyond_accuracy(split: Split, tops: np.ndarray, phase: Phase) -> di
 
 def llm_cost(pipeline: Any, split: Split, run: dict[str, Any], phase: Phase) -> dict[str, Any]:
     """LLM calls and prompt tokens of one ``run_cascade`` run (zeros when no LLM stage ran)."""
-    from jobs.evaluate import requests_for
-
     calls, tokens = 0, 0
     for spec, stage in pipeline.stages:
         if spec.kind != "llm" or not spec.enabled:
@@ -72,10 +74,6 @@ def _latency(ms: np.ndarray) -> dict[str, float]:
 
 def measure_variant(pipeline: Any, split: Split, phase: Phase = "test", progress: bool = False) -> dict[str, Any]:
     """Run ``pipeline`` on every user; per-user metrics, the summary and the raw latencies."""
-    from jobs.evaluate import run_cascade
-    from offline.baselines import evaluate_rankings_per_user
-    from offline.metrics import coverage
-
     run = run_cascade(pipeline, split, phase, progress)
     tops = run["tops"]["final"]
     per_user = {**evaluate_rankings_per_user(split, tops, phase, K),
@@ -92,8 +90,6 @@ def measure_variant(pipeline: Any, split: Split, phase: Phase = "test", progress
 
 def paired_differences(a: dict[str, np.ndarray], b: dict[str, np.ndarray], *, n_boot: int, seed: int) -> dict:
     """Per metric in ``PAIRED``: means, ``b - a`` with bootstrap CI and p-value, relative change."""
-    from offline.bootstrap import paired_bootstrap
-
     out = {}
     for name in PAIRED:
         both = ~(np.isnan(a[name]) | np.isnan(b[name]))  # users where both variants define it
@@ -109,12 +105,10 @@ def paired_differences(a: dict[str, np.ndarray], b: dict[str, np.ndarray], *, n_
 
 
 def compare_offline(
-    settings_a: Any, settings_b: Any, artifact_dir: Path, split: Split, *, names: tuple[str, str] = ("A", "B"),
+    settings_a: Settings, settings_b: Settings, artifact_dir: Path, split: Split, *, names: tuple[str, str] = ("A", "B"),
     phase: Phase = "test", n_boot: int = 2000, progress: bool = False, artifact_dir_b: Path | None = None,
 ) -> dict[str, Any]:
     """The offline A/B report of pipeline A vs B (built from the two settings) on ``phase``."""
-    from cascade.registry import build_pipeline
-
     if names[0] == names[1]:
         raise ValueError(f"compare_offline: the two variants need distinct names, got {names}")
     runs = {}

@@ -21,10 +21,10 @@ _DPI = 80
 
 
 def _pyplot() -> Any:
-    import matplotlib
+    import matplotlib  # lazy: heavy (matplotlib), only when a report is drawn
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: after matplotlib.use("Agg"), which must come first
 
     return plt
 

@@ -28,7 +28,7 @@ SRM_ALPHA = 0.001
 
 def z_two_sided(alpha: float) -> float:
     """z with P(|Z| > z) = alpha (1.959964 for alpha = 0.05)."""
-    from scipy.stats import norm  # heavy import (see the module doc)
+    from scipy.stats import norm  # lazy: heavy (scipy), see the module doc
 
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
@@ -46,7 +46,7 @@ def wilson_interval(successes: int, n: int, alpha: float = 0.05) -> tuple[float,
     >>> [round(x, 4) for x in wilson_interval(10, 100)]
     [0.0552, 0.1744]
     """
-    from scipy.stats import binomtest  # heavy import (see the module doc)
+    from scipy.stats import binomtest  # lazy: heavy (scipy), see the module doc
 
     _check_counts(successes, n)
     if not 0.0 < alpha < 1.0:
@@ -73,7 +73,7 @@ def two_proportion_ztest(x_a: int, n_a: int, x_b: int, n_b: int) -> tuple[float,
     diff = x_b / n_b - x_a / n_a
     if se == 0:  # both arms all-0 or all-1: no evidence of a difference
         return 0.0, 1.0
-    from scipy.stats import norm  # heavy import (see the module doc)
+    from scipy.stats import norm  # lazy: heavy (scipy), see the module doc
 
     z = diff / se
     return z, min(1.0, float(2 * norm.sf(abs(z))))
@@ -111,7 +111,7 @@ def srm_check(observed: Mapping[str, int], expected_shares: Mapping[str, float],
     n = sum(observed.values())
     if n == 0:
         raise ValueError("srm_check: no users observed")
-    from scipy.stats import chisquare  # heavy import (see the module doc)
+    from scipy.stats import chisquare  # lazy: heavy (scipy), see the module doc
 
     expected = {arm: n * s / total_share for arm, s in expected_shares.items()}
     arms = [arm for arm, e in expected.items() if e > 0]

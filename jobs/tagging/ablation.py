@@ -25,17 +25,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from cascade.settings import Settings
+from jobs.evaluate import evaluate_pipeline
+
 VARIANTS = ("base", "llm_channel", "tagged_rules", "tag_features", "all")
 _SWAPS = {"base": (), "llm_channel": ("llm_channel",), "tagged_rules": ("tagged_rules",),
           "tag_features": ("tag_features",), "all": ("llm_channel", "tag_features")}
 NEEDS_COARSE_TAGS = ("tag_features", "all")
 
 
-def variant_settings(settings: Any, variant: str, llm_share: float = 0.2) -> Any:
+def variant_settings(settings: Settings, variant: str, llm_share: float = 0.2) -> Settings:
     """``settings`` with the pipeline's stages changed for ``variant``."""
     if variant not in _SWAPS:
         raise ValueError(f"unknown ablation variant {variant!r}; choose from {VARIANTS}")
-    from jobs.coarse_tags import SUBDIR
+    from jobs.coarse_tags import SUBDIR  # lazy: imports scipy (coarse_rank)
 
     swaps, stages = _SWAPS[variant], []
     for spec in settings.pipeline.stages:
@@ -49,17 +52,15 @@ def variant_settings(settings: Any, variant: str, llm_share: float = 0.2) -> Any
     return settings.model_copy(update={"pipeline": settings.pipeline.model_copy(update={"stages": stages})})
 
 
-def run_ablation(settings: Any, artifact_dir: Path, split: Any, *, variants: tuple[str, ...] = VARIANTS,
+def run_ablation(settings: Settings, artifact_dir: Path, split: Any, *, variants: tuple[str, ...] = VARIANTS,
                  llm_share: float = 0.2, retrain_coarse_tags: bool = False, progress: bool = True) -> dict[str, Any]:
     """Evaluate each variant on the test phase; NDCG@10 and candidate recall side by side."""
-    from jobs.evaluate import evaluate_pipeline
-
     unknown = [v for v in variants if v not in _SWAPS]
     if unknown:
         raise ValueError(f"unknown ablation variant(s) {unknown}; choose from {VARIANTS}")
     out: dict[str, Any] = {"dataset": split.name, "n_users": split.n_users, "llm_share": llm_share, "variants": {}}
     if any(v in NEEDS_COARSE_TAGS for v in variants):
-        from jobs.coarse_tags import ensure_coarse_tags
+        from jobs.coarse_tags import ensure_coarse_tags  # lazy: imports scipy (coarse_rank)
 
         tagged = ensure_coarse_tags(settings, Path(artifact_dir), split, retrain=retrain_coarse_tags,
                                     progress=progress)

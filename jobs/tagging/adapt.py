@@ -26,8 +26,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from tqdm import tqdm
 
 from jobs.tagging.prompt import prompt_description, render_prompt, target_completion
+from llm_rerank.backbone import load_model, native_bf16
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class AdaptSettings:
     max_items: int | None = None
     seed: int = 0
     threads: int | None = None
-    autocast_bf16: bool = True
+    autocast_bf16: bool | None = None  # None: on where bf16 is native (llm_rerank.backbone.native_bf16)
 
 
 def known_fields(row: pd.Series, max_genres: int) -> dict[str, Any]:
@@ -77,11 +79,8 @@ def adapt_tagger(base_dir: str, items: pd.DataFrame, categories: list[str], excl
                  out_dir: Path, settings: AdaptSettings, domain: str = "movie",
                  progress: bool = True) -> dict[str, Any]:
     """Fine-tune ``base_dir`` with LoRA on the catalog minus ``exclude``; save merged to ``out_dir``."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from tqdm import tqdm
-
-    from llm_rerank.backbone import load_model
+    import torch  # lazy: heavy (torch)
+    from peft import LoraConfig, get_peft_model  # lazy: imports torch and transformers
 
     t0 = time.perf_counter()
     torch.manual_seed(settings.seed)
@@ -97,11 +96,12 @@ def adapt_tagger(base_dir: str, items: pd.DataFrame, categories: list[str], excl
     model = get_peft_model(model, lora)
     model.train()
     optim = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=settings.lr)
+    autocast = native_bf16() if settings.autocast_bf16 is None else settings.autocast_bf16
     order = [rng.permutation(len(examples)) for _ in range(settings.epochs)]
     steps = [o[i : i + settings.batch_size] for o in order for i in range(0, len(o), settings.batch_size)]
     losses = []
     for step in (bar := tqdm(steps, desc="tag adapt", disable=not progress)):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.autocast_bf16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             loss = _batch_loss(model, [examples[i] for i in step], pad)
         optim.zero_grad()
         loss.backward()
@@ -124,7 +124,7 @@ def adapt_tagger(base_dir: str, items: pd.DataFrame, categories: list[str], excl
 
 def _batch_loss(model: Any, batch: list[tuple[list[int], int]], pad: int) -> Any:
     """Cross-entropy on the target tokens only (prompt positions are labelled -100)."""
-    import torch
+    import torch  # lazy: heavy (torch)
 
     width = max(len(ids) for ids, _ in batch)
     input_ids = torch.full((len(batch), width), pad, dtype=torch.long)

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from offline.tag_store import load_tags
+from recall.index import ItemIndex
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,8 @@ def cooccurrence_pairs(train_sequences: list[np.ndarray]) -> np.ndarray:
 
 
 def build_mlp(in_dim: int, settings: EmbedSettings, mean: np.ndarray, std: np.ndarray) -> Any:
-    import torch
-    from torch import nn
+    import torch  # lazy: heavy (torch)
+    from torch import nn  # lazy: heavy (torch)
 
     class Projection(nn.Module):
         def __init__(self) -> None:
@@ -72,8 +73,8 @@ def build_mlp(in_dim: int, settings: EmbedSettings, mean: np.ndarray, std: np.nd
 
 def train_projection(hidden: np.ndarray, pairs: np.ndarray, settings: EmbedSettings) -> tuple[Any, list[float]]:
     """Fit the MLP by symmetric in-batch InfoNCE on ``pairs``; (model, mean loss per epoch)."""
-    import torch
-    import torch.nn.functional as F
+    import torch  # lazy: heavy (torch)
+    import torch.nn.functional as F  # lazy: heavy (torch)
 
     torch.manual_seed(settings.seed)
     rng = np.random.default_rng(settings.seed)
@@ -104,9 +105,7 @@ def train_projection(hidden: np.ndarray, pairs: np.ndarray, settings: EmbedSetti
 
 def train_embeddings(split: Any, tags_dir: Path, settings: EmbedSettings) -> dict[str, Any]:
     """Train on ``tags/hidden.npy`` + the split's train sequences; write ``tags/embed/``."""
-    import torch
-
-    from recall.index import ItemIndex
+    import torch  # lazy: heavy (torch)
 
     t0 = time.perf_counter()
     _, hidden, version = load_tags(tags_dir)

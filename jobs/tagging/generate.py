@@ -19,6 +19,7 @@ Deliberately left out: chunking, resuming and files (``jobs.tagging.job``).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,7 @@ import numpy as np
 
 from jobs.tagging.prompt import PREFILL, render_prompt
 from jobs.tagging.schema import fallback_record, parse_and_validate
+from llm_rerank.backbone import load_model
 from llm_rerank.template import DEFAULT, PromptTemplate
 
 
@@ -47,7 +49,7 @@ class GrammarLogits:
 
     def __init__(self, compiled: Any, prefills: Sequence[str]) -> None:
         """One matcher per row, each having accepted its row's prefill (the JSON written so far)."""
-        import xgrammar as xgr
+        import xgrammar as xgr  # lazy: heavy (xgrammar)
 
         self.xgr, self.compiled, self.prefills = xgr, compiled, list(prefills)
         self.matchers = [xgr.GrammarMatcher(compiled) for _ in prefills]
@@ -81,11 +83,7 @@ class Tagger:
         self.model: Any = None
 
     def load(self) -> Tagger:
-        import json
-
-        import xgrammar as xgr
-
-        from llm_rerank.backbone import load_model
+        import xgrammar as xgr  # lazy: heavy (xgrammar)
 
         self.model, self.tok = load_model(self.model_dir, self.settings.precision, self.settings.threads)
         if self.tok.pad_token_id is None:
@@ -125,7 +123,7 @@ class Tagger:
                   prefills: Sequence[str] | None = None) -> tuple[list[str], list[int]]:
         """Greedy grammar-constrained continuations; each text starts with its row's prefill (the
         tail of its prompt: ``PREFILL``, or the closed fields ``jobs.tagging.logits`` decided)."""
-        import torch
+        import torch  # lazy: heavy (torch)
 
         prefills = [PREFILL] * len(prompts) if prefills is None else list(prefills)
         self.tok.padding_side = "left"
@@ -144,7 +142,7 @@ class Tagger:
 
     def pooled_states(self, texts: list[str]) -> list[np.ndarray]:
         """Mean of the last hidden layer over each text's tokens (float32)."""
-        import torch
+        import torch  # lazy: heavy (torch)
 
         self.tok.padding_side = "right"
         enc = self.tok(texts, return_tensors="pt", padding=True, truncation=True,

@@ -27,11 +27,14 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from tqdm import tqdm
 
 from jobs.tagging.generate import TaggerSettings
 from jobs.tagging.prompt import PROMPT_VERSION, prompt_description
 from jobs.tagging.schema import schema_hash
+from llm_rerank.backbone import weights_digest
 from llm_rerank.template import DEFAULT, PromptTemplate
+from recsys.atomic import atomic_write, atomic_write_json
 from recsys.digest import file_sha256
 
 TAG_COLUMNS = ("item_idx", "item_id", "genres", "audience", "risk_flags", "themes", "summary", "fallback",
@@ -73,8 +76,6 @@ class TagJob:
 def job_version(model_dir: str, schema: dict[str, Any], settings: TaggerSettings, chunk_size: int,
                 batch_size: int, template: PromptTemplate = DEFAULT) -> dict[str, Any]:
     """Everything the tags depend on; stored in the manifest and in the final outputs."""
-    from llm_rerank.backbone import weights_digest
-
     genres = schema["properties"]["genres"]["items"]["enum"]
     prompt = PROMPT_VERSION if template.tagging_is_default() else f"{PROMPT_VERSION}.{template.tagging_digest()}"
     return {"model_digest": weights_digest(model_dir), "prompt_version": prompt,
@@ -104,7 +105,7 @@ def prepare(job: TagJob, fresh: bool = False) -> list[int]:
             raise ValueError(f"{job.out_dir}: existing parts were made with version {on_disk}, this run is "
                              f"{job.version}; rerun with fresh=True (--fresh) to discard them")
     job.parts.mkdir(parents=True, exist_ok=True)
-    for stale in job.parts.glob(".*.tmp"):
+    for stale in job.parts.glob(".*.tmp*"):
         stale.unlink()  # a write killed before its rename
     write_manifest(job)
     return [c for c in range(job.n_chunks) if not job.part_path(c).exists()]
@@ -119,26 +120,20 @@ def write_part(job: TagJob, chunk: int, results: list[dict[str, Any]]) -> None:
     frame = pd.DataFrame(results)
     frame.insert(1, "item_id", job.items["item_id"].iloc[expected].astype(str).to_numpy())
     frame["hidden"] = [np.asarray(h, dtype=np.float32).tolist() for h in frame["hidden"]]
-    tmp = job.parts / f".chunk-{chunk:05d}.parquet.tmp"
-    frame[list(TAG_COLUMNS) + ["hidden"]].to_parquet(tmp, index=False)
-    tmp.replace(job.part_path(chunk))
+    atomic_write(job.part_path(chunk), lambda fh: frame[list(TAG_COLUMNS) + ["hidden"]].to_parquet(fh, index=False))
     write_manifest(job)
 
 
 def write_manifest(job: TagJob) -> dict[str, Any]:
     chunks = {p.stem: {"sha256": file_sha256(p)} for p in sorted(job.parts.glob("chunk-*.parquet"))}
     manifest = {"version": job.version, "n_items": len(job.items), "n_chunks": job.n_chunks, "chunks": chunks}
-    tmp = Path(job.out_dir) / ".manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2))
-    tmp.replace(Path(job.out_dir) / "manifest.json")
+    atomic_write_json(Path(job.out_dir) / "manifest.json", manifest)
     return manifest
 
 
 def run_local(job: TagJob, tag_batch: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
               pending: list[int], progress: bool = True) -> None:
     """Tag the ``pending`` chunks in this process, committing each as it finishes."""
-    from tqdm import tqdm
-
     done = len(job.items) - sum(len(b) for c in pending for b in job.chunk_batches(c))
     with tqdm(total=len(job.items), initial=done, desc="tag", unit="item", disable=not progress) as bar:
         for chunk in pending:
@@ -162,14 +157,7 @@ def finalize(job: TagJob) -> pd.DataFrame:
     frame = pd.concat(list(iter_parts(job)), ignore_index=True)
     hidden = np.stack([np.asarray(h, dtype=np.float32) for h in frame.pop("hidden")])
     out = Path(job.out_dir)
-    _atomic(out / "tags.parquet", lambda fh: frame.to_parquet(fh, index=False))
-    _atomic(out / "hidden.npy", lambda fh: np.save(fh, hidden, allow_pickle=False))
-    _atomic(out / "version.json", lambda fh: fh.write(json.dumps(job.version, indent=2).encode()))
+    atomic_write(out / "tags.parquet", lambda fh: frame.to_parquet(fh, index=False))
+    atomic_write(out / "hidden.npy", lambda fh: np.save(fh, hidden, allow_pickle=False))
+    atomic_write_json(out / "version.json", job.version)
     return frame
-
-
-def _atomic(path: Path, write: Callable[[Any], Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("wb") as fh:  # file handles: np.save would append ".npy" to a bare tmp path
-        write(fh)
-    tmp.replace(path)

@@ -174,7 +174,7 @@ class LabelLayout:
 
     def value_probs(self, logits: Any) -> np.ndarray:
         """[len(slots)] probability of every (field, value) from the logits [len(rows), V] of one item."""
-        import torch
+        import torch  # lazy: heavy (torch)
 
         logp = np.zeros(len(self.slots), dtype=np.float64)
         for r, row in enumerate(self.rows):

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from jobs.tagging.calibrate import Thresholds, calibrate, decide, default_thresholds, log_odds
 from jobs.tagging.generate import GrammarLogits, Tagger, TaggerSettings
@@ -67,8 +68,8 @@ class LogitTagger:
         self.instruction: PrefixState | None = None
 
     def load(self) -> LogitTagger:
-        import torch
-        import xgrammar as xgr
+        import torch  # lazy: heavy (torch)
+        import xgrammar as xgr  # lazy: heavy (xgrammar)
 
         self.generator.load()
         self.model, self.tok = self.generator.model, self.generator.tok
@@ -85,7 +86,7 @@ class LogitTagger:
 
     def use_examples(self, examples: Sequence[tuple[str, str, Sequence[str]]]) -> None:
         """Show ``examples`` (field, title, values) in the instruction and recompute its cache."""
-        import torch
+        import torch  # lazy: heavy (torch)
 
         s = self.settings
         self.layout = LabelLayout(self.tok, self.fields, domain=s.domain, title_chars=s.title_chars,
@@ -105,7 +106,7 @@ class LogitTagger:
         item after its own item cache. Where the model's sliding window would reach a padded
         position (Gemma 3 beyond its window), items run one at a time instead, unpadded.
         """
-        import torch
+        import torch  # lazy: heavy (torch)
 
         if self.instruction is None:
             raise RuntimeError("LogitTagger.load() must run before label_probs")
@@ -216,7 +217,7 @@ def greedy_continue(model: Any, state: PrefixState | BatchState, prompts: Sequen
     instruction, expanded along the batch, or one cached row per prompt), never mutated. Rows of
     different lengths are right-padded and the pads masked out of every later step
     (``llm_rerank.scoring.continue_batch``)."""
-    import torch
+    import torch  # lazy: heavy (torch)
 
     if isinstance(state, PrefixState):
         window = sliding_window(model)
@@ -261,8 +262,6 @@ def tag_items(tagger: LogitTagger, rows: Sequence[dict[str, Any]], known: Mappin
     """Score every row, calibrate on the rows in ``known`` (row position -> its known labels), decide
     and complete every row. ``known`` must never hold an item whose F1 is reported as held out.
     ``shots`` > 0 shows that many known rows with their labels in the instruction (``pick_examples``)."""
-    from tqdm import tqdm
-
     t0 = time.perf_counter()
     if shots and known:
         tagger.use_examples([(KNOWN_FIELD, str(rows[i]["title"]), list(known[i]))

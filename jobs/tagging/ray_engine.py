@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from jobs.tagging.generate import Tagger, TaggerSettings
 from jobs.tagging.job import TagJob, write_part
@@ -47,8 +48,7 @@ def run_ray(job: TagJob, model_dir: str, schema: dict[str, Any], settings: Tagge
             *, address: str | None = None, concurrency: int = 1, num_cpus: int = 2,
             progress: bool = True, template: PromptTemplate = DEFAULT) -> None:
     """Tag the ``pending`` chunks through Ray Data, committing each chunk when complete."""
-    import ray
-    from tqdm import tqdm
+    import ray  # lazy: heavy optional dependency (ray), only for --engine ray
 
     started_here = not ray.is_initialized()
     if started_here:

@@ -30,11 +30,13 @@ from typing import Any, Literal
 
 import numpy as np
 
+from jobs.tagging.adapt import AdaptSettings, adapt_tagger
 from jobs.tagging.generate import Tagger, TaggerSettings
 from jobs.tagging.job import TagJob, finalize, item_rows, job_version, prepare, run_local, write_part
 from jobs.tagging.label_prompt import LABEL_PROMPT_VERSION
 from jobs.tagging.logits import LogitTagger, tag_items
 from jobs.tagging.quality import genre_f1, holdout_items
+from jobs.tagging.ray_engine import run_ray
 from jobs.tagging.schema import catalog_categories, concrete_schema
 from llm_rerank.template import DEFAULT, PromptTemplate
 
@@ -47,11 +49,9 @@ def tags_dir(artifact_dir: Path) -> Path:
     return Path(artifact_dir) / "tags"
 
 
-def adapt_tagger_for(split: Any, base_dir: str, artifact_dir: Path, settings: Any, *,
+def adapt_tagger_for(split: Any, base_dir: str, artifact_dir: Path, settings: AdaptSettings, *,
                      holdout_fraction: float = 0.5, domain: str = "movie", progress: bool = True) -> dict[str, Any]:
     """Hold out a random fraction of the catalog, LoRA-adapt on the rest, save to ``tags/model``."""
-    from jobs.tagging.adapt import adapt_tagger
-
     out = tags_dir(artifact_dir)
     out.mkdir(parents=True, exist_ok=True)
     held = holdout_items(len(split.items), holdout_fraction, settings.seed)
@@ -108,8 +108,6 @@ def tag_catalog(split: Any, model_dir: str, artifact_dir: Path, settings: Tagger
         tagger = Tagger(model_dir, schema, settings, template).load()
         run_local(job, tagger.tag_batch, pending, progress)
     elif pending and engine == "ray":
-        from jobs.tagging.ray_engine import run_ray
-
         run_ray(job, model_dir, schema, settings, pending, address=ray_address, concurrency=ray_concurrency,
                 num_cpus=ray_cpus, progress=progress, template=template)
     elif engine not in ("local", "ray"):

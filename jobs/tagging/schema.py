@@ -21,6 +21,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import jsonschema
+
 TEMPLATE_PATH = Path(__file__).with_name("tag_schema.json")
 PLACEHOLDER = "$CATALOG_CATEGORIES"
 FIELDS = ("genres", "audience", "risk_flags", "themes", "summary")
@@ -68,8 +70,6 @@ def enum_of(schema: dict[str, Any], field: str) -> list[str]:
 
 def validation_errors(record: Any, schema: dict[str, Any]) -> list[str]:
     """Messages of every schema violation in ``record`` (empty list: valid)."""
-    import jsonschema
-
     validator = jsonschema.Draft202012Validator(schema)
     return [f"{'/'.join(map(str, e.path)) or '<root>'}: {e.message}" for e in validator.iter_errors(record)]
 

@@ -22,6 +22,7 @@ from typing import Any
 import pandas as pd
 
 from offline.tag_store import TAGGED_ITEMS, load_tags
+from recsys.atomic import atomic_write
 
 
 def item_tag_list(row: Any) -> list[str]:
@@ -64,9 +65,7 @@ def write_tagged_items(split: Any, tags_dir: Path) -> dict[str, Any]:
     """Write ``tags/items.parquet`` from the split's items and ``tags/tags.parquet``; a report."""
     tags, _, version = load_tags(tags_dir)
     merged = merge_tags(split.items, tags)
-    tmp = Path(tags_dir) / f".{TAGGED_ITEMS}.tmp"
-    merged.to_parquet(tmp, index=False)
-    tmp.replace(Path(tags_dir) / TAGGED_ITEMS)
+    atomic_write(Path(tags_dir) / TAGGED_ITEMS, lambda fh: merged.to_parquet(fh, index=False))
     filled = int(split.items["audience"].isna().sum() - merged["audience"].isna().sum())
     return {"items": len(merged), "audience_filled": filled, "fallbacks": int(tags["fallback"].sum()),
             "schema_hash": version["schema_hash"], "path": str(Path(tags_dir) / TAGGED_ITEMS)}

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from offline.schema import DataError, Dataset
+from offline.synthetic import generate
 
 # format -> (marker files, any of which identifies it; "module:function" of its loader)
 FORMATS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -67,8 +68,6 @@ def load_dataset(path: Path | None, fmt: str | None = None, **synthetic_kwargs: 
     if path is None or fmt == SYNTHETIC:
         if path is not None:
             raise ValueError(f"format 'synthetic' takes no path, got {path}")
-        from offline.synthetic import generate
-
         return generate(**synthetic_kwargs)
     if synthetic_kwargs:
         raise ValueError(f"{sorted(synthetic_kwargs)} only apply to the synthetic dataset, not to {path}")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from cascade.registry import build_stage
 from cascade.settings import Settings
 from cli.demo import cut_llm_budget, llm_enabled
 from llm_rerank.stage import LLMRerankStage
@@ -46,7 +47,7 @@ def test_cut_budget_serves_the_previous_order_marked_fallback(tmp_path: Path) ->
         "model": str(model_dir), "precision": "fp32", "candidates": 5}}).llm})
     stages = []
     for spec, cls in ((RECALL, PopularityRecall), (LLM, LLMRerankStage), (RULES, AudienceRules)):
-        stage = cls(spec, settings)
+        stage = build_stage(spec, settings, cls=cls)
         stage.load(tmp_path / "toy")
         stages.append((spec, stage))
     rec = Recommender(settings, CatalogState.load(tmp_path / "toy"),

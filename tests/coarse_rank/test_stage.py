@@ -9,6 +9,7 @@ import pytest
 
 from cascade.registry import build_stage
 from cascade.settings import Settings
+from coarse_rank.config import CoarseConfig
 from coarse_rank.dataset import build_groups
 from coarse_rank.features import FeatureBuilder
 from coarse_rank.stage import CoarseStage
@@ -78,7 +79,7 @@ def test_empty_candidates_and_cold_users(trained):
 
 
 def test_unloaded_and_missing_artifacts(tmp_path):
-    stage = CoarseStage(StageSpec(name="coarse", kind="coarse"), Settings.build())
+    stage = CoarseStage(StageSpec(name="coarse", kind="coarse"), CoarseConfig())
     assert stage.version() == "unloaded" and stage.reads == ("recall",) and stage.writes == ("coarse",)
     with pytest.raises(StageError, match="load"):
         stage.run(Request(user_id="x"), Candidates(items=np.array([1])))

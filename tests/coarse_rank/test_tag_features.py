@@ -8,7 +8,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cascade.settings import Settings
 from coarse_rank import item_tags
 from coarse_rank.config import CoarseConfig
 from coarse_rank.features import FEATURES, TAG_FEATURES, FeatureBuilder
@@ -135,7 +134,7 @@ def test_a_tag_feature_model_loads_from_its_subdir_and_scores(chain, tmp_path):
                           progress=False, tags=chain_tags(chain.n_items))
     assert report["n_features"] == len(DEFAULT_NAMES) + len(TAG_FEATURES) + 2
     spec = StageSpec(name="coarse", kind="coarse", depth=5, params={"subdir": "coarse_tags"})
-    stage = CoarseStage(spec, Settings.build())
+    stage = CoarseStage(spec, CoarseConfig())
     stage.load(tmp_path)
     assert not (tmp_path / "coarse").exists()
     req = Request(user_id="u", history=chain.train_sequences[0])
@@ -143,10 +142,10 @@ def test_a_tag_feature_model_loads_from_its_subdir_and_scores(chain, tmp_path):
     out = stage.run(req, cands)
     assert len(out) == 5 and np.isfinite(out.scores["coarse"]).all() and (np.diff(out.scores["coarse"]) <= 0).all()
     with pytest.raises(FileNotFoundError, match="coarse/meta.json"):
-        CoarseStage(StageSpec(name="coarse", kind="coarse"), Settings.build()).load(tmp_path)
+        CoarseStage(StageSpec(name="coarse", kind="coarse"), CoarseConfig()).load(tmp_path)
 
 
 @pytest.mark.parametrize("params", [{"subdir": ""}, {"subdir": "../x"}, {"subdir": 3}, {"dir": "coarse"}])
 def test_bad_stage_params_are_rejected(params):
     with pytest.raises(ValueError, match="params"):
-        CoarseStage(StageSpec(name="coarse", kind="coarse", params=params), Settings.build())
+        CoarseStage(StageSpec(name="coarse", kind="coarse", params=params), CoarseConfig())

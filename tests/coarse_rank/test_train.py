@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from cascade.settings import Settings
+from coarse_rank.config import CoarseConfig
 from coarse_rank.dataset import build_groups
 from coarse_rank.stage import CoarseStage
 from coarse_rank.train import train_coarse
@@ -21,7 +21,7 @@ from tests.coarse_rank.toy import PopularityStage
 def test_ranker_puts_the_next_item_first_more_often_than_recall(chain, trained):
     root, report = trained
     assert report["valid_ndcg@10_coarse"] > report["valid_ndcg@10_recall"] + 0.3
-    stage = CoarseStage(StageSpec(name="coarse", kind="coarse"), Settings.build())
+    stage = CoarseStage(StageSpec(name="coarse", kind="coarse"), CoarseConfig())
     stage.load(root)
     groups = build_groups(chain, PopularityStage(chain), "valid", progress=False)
     ranked = stage.score_many(groups.requests, groups.candidates)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from cascade.registry import weights_key
 from cascade.settings import Settings
 from fusion.stage import (
     FusionConfig,
@@ -16,7 +17,6 @@ from fusion.stage import (
     save_weights,
     simplex_grid,
     tune_fusion_weights,
-    weights_key,
 )
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request, Stage
@@ -29,7 +29,8 @@ WEIGHTS = {"recall": 0.2, "coarse": 0.3, "llm": 0.5}
 
 
 def stage(depth=None, **params) -> FusionStage:
-    return FusionStage(StageSpec(name="fusion", kind="fusion", depth=depth, params=params), Settings.build({}))
+    return FusionStage(StageSpec(name="fusion", kind="fusion", depth=depth, params=params), FusionConfig(),
+                       weights_key=weights_key(Settings.build({})))
 
 
 def cands(**cols) -> Candidates:
@@ -183,16 +184,12 @@ def test_example_from_candidates():
 
 
 def test_stage_serves_the_checked_weights_unless_told_to_take_the_grid_best(tmp_path):
-    from cascade.settings import Settings
-    from fusion.stage import FusionStage, save_weights
-    from recsys.config import StageSpec
-
     key = weights_key(Settings())
     save_weights(tmp_path / "fusion" / key, {"coarse": 1.0}, grid_best={"recall": 0.3, "coarse": 0.7})
     spec = StageSpec(name="fusion", kind="fusion")
-    checked = FusionStage(spec, Settings())
+    checked = FusionStage(spec, FusionConfig(), weights_key=key)
     checked.load(tmp_path)
     assert checked.config.weights == {"coarse": 1.0}
-    grid = FusionStage(spec, Settings.build({"fusion": {"tuned": "grid_best"}}))
+    grid = FusionStage(spec, FusionConfig(tuned="grid_best"), weights_key=key)
     grid.load(tmp_path)
     assert grid.config.weights == {"recall": 0.3, "coarse": 0.7}

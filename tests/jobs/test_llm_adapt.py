@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cascade.registry import stage_context
 from cascade.settings import Settings
 from jobs.llm_adapt import build_examples, llm_valid_users, train_llm, zscore
 from llm_rerank.stage import LLMRerankStage
@@ -74,6 +75,11 @@ def _settings(root: Path, model: str, scoring: str, **adapt: object) -> Settings
                   "autocast_bf16": False, "positives": "train", **adapt}}})
 
 
+def _served(settings: Settings) -> LLMRerankStage:
+    """The LLM stage as the pipeline builds it from ``settings``."""
+    return LLMRerankStage(None, settings.llm, **stage_context("llm", settings))
+
+
 @pytest.mark.parametrize(("scoring", "arch"), [("listwise", "llama"), ("pointwise", "llama"), ("listwise", "qwen2"),
                                                ("listwise", "gemma3")])
 def test_train_checkpoints_resumes_and_serves_merged_model(tmp_path: Path, scoring: str, arch: str) -> None:
@@ -91,7 +97,7 @@ def test_train_checkpoints_resumes_and_serves_merged_model(tmp_path: Path, scori
     assert second["resumed_from"] == 2 and second["steps"] == 4 and second["steps_run"] == 2
     meta = json.loads((tmp_path / "toy" / "llm" / "train_meta.json").read_text())
     assert meta["scoring"] == scoring and meta["steps"] == 4
-    stage = LLMRerankStage(None, _settings(tmp_path, str(model_dir), scoring))
+    stage = _served(_settings(tmp_path, str(model_dir), scoring))
     stage.load(tmp_path / "toy")
     assert stage.model_location == str(tmp_path / "toy" / "llm")
     out = stage.run(Request(user_id="u0", history=np.array([1, 2])), PopularityStage(split).run(
@@ -154,7 +160,7 @@ def test_residual_training_learns_beta_resumes_it_and_serves_letters_plus_beta_z
     second = train_llm(split, PopularityStage(split), _settings(tmp_path, str(model_dir), "listwise", residual=True,
                                                                 lr=0.05), tmp_path / "toy", progress=False)
     assert second["resumed_from"] == 2 and second["residual_beta"] != first["residual_beta"]
-    stage = LLMRerankStage(None, _settings(tmp_path, str(model_dir), "listwise"))
+    stage = _served(_settings(tmp_path, str(model_dir), "listwise"))
     stage.load(tmp_path / "toy")
     assert stage.residual_beta == pytest.approx(second["residual_beta"])
     request = Request(user_id="u0", history=np.array([1, 2]))
@@ -204,7 +210,7 @@ def test_real_smollm2_learns_genre_preference(tmp_path: Path) -> None:
                   "checkpoint_every": 100, "positives": "train"}}})
     report = train_llm(split, _OtherGenreStage(split), settings, tmp_path / "toy", progress=False)
     assert report["steps"] == 24
-    stage = LLMRerankStage(None, settings)
+    stage = _served(settings)
     stage.load(tmp_path / "toy")
     wins = 0
     for u in range(8):

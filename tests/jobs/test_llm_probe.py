@@ -51,6 +51,46 @@ def test_ndcg_ties_fall_back_to_stage_order_and_random_expectation() -> None:
     np.testing.assert_allclose(centre(np.array([[1.0], [3.0], [5.0]]), np.array([0, 0, 1])), [[-1.0], [1.0], [0.0]])
 
 
+
+def _loop_ndcg(data: ProbeData, scores: np.ndarray, k: int) -> np.ndarray:
+    """Reference: per request, sort its rows (score down, then stage order) and find the first held row."""
+    out = np.zeros(int(data.group.max()) + 1)
+    for g in np.unique(data.group):
+        rows = np.flatnonzero(data.group == g)
+        ranked = rows[np.lexsort((data.position[rows], -scores[rows]))][:k]
+        held = rows[data.label[rows] == 1]
+        if len(held) and held[0] in ranked:
+            out[g] = 1.0 / np.log2(int(np.flatnonzero(ranked == held[0])[0]) + 2.0)
+    return out
+
+
+def _loop_random(data: ProbeData, k: int) -> np.ndarray:
+    out = np.zeros(int(data.group.max()) + 1)
+    for g in np.unique(data.group):
+        rows = data.group == g
+        if data.label[rows].any():
+            n = int(rows.sum())
+            out[g] = sum(1.0 / np.log2(r + 2) for r in range(min(k, n))) / n
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_vectorised_ndcg_equals_a_per_request_loop(seed: int) -> None:
+    """Shuffled and missing groups, several or no held rows, tied and NaN scores, repeated positions."""
+    rng = np.random.default_rng(seed)
+    for _ in range(200):
+        sizes = rng.integers(0, 12, size=int(rng.integers(1, 7)))
+        sizes[0] = max(sizes[0], 1)
+        group = rng.permutation(np.repeat(np.arange(len(sizes)), sizes))
+        position = rng.integers(0, 5, len(group))
+        label = (rng.random(len(group)) < rng.choice([0.0, 0.2, 0.7])).astype(np.int8)
+        scores = np.where(rng.random(len(group)) < 0.1, np.nan, rng.integers(0, 3, len(group)) + 0.0)
+        data = ProbeData(np.zeros((len(group), 1), np.float32), np.zeros(len(group)), label, group, position)
+        for k in (1, 3, 10):
+            assert np.array_equal(per_request_ndcg(data, scores, k), _loop_ndcg(data, scores, k))
+            assert np.array_equal(random_expectation(data, k), _loop_random(data, k))
+
+
 def test_fusion_weight_is_chosen_on_the_other_half() -> None:
     data = _planted(60, seed=2)
     truth = data.label.astype(np.float64)

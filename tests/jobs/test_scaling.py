@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.scaling import growth, measure_one
 from jobs import scaling
+from jobs.scaling import growth, measure_one
 
 
 def test_docstring_examples() -> None:

@@ -10,9 +10,9 @@ from typer.testing import CliRunner
 
 from cascade.settings import Settings
 from cli.main import app
+from jobs import seeds
 from jobs.seeds import evaluate_seeds, seed_dirs, share_split, summarize
 from jobs.train import DEFAULT_STAGES, prepare
-from jobs import seeds
 from tests.jobs.test_train import TINY
 
 

@@ -99,7 +99,8 @@ def test_batched_stage_matches_unbatched_and_honours_deadlines(tmp_path: Path) -
         settings = Settings.build({"artifacts_dir": str(tmp_path), "llm": {
             "model": str(tmp_path / "m"), "precision": "fp32", "candidates": 5,
             "batching": {"enabled": batching, "window_ms": 10, "max_batch": 4, "length_bucket": 1024}}})
-        s = LLMRerankStage(StageSpec(name="llm", kind="llm"), settings)
+        s = LLMRerankStage(StageSpec(name="llm", kind="llm"), settings.llm,
+                           artifacts_root=settings.artifacts_dir)
         s.load(tmp_path / "toy")
         return s
 

@@ -96,7 +96,8 @@ def test_stage_with_block_cache_survives_redis_loss(tmp_path: Path, arch: str) -
             settings = Settings.build({"artifacts_dir": str(tmp_path), "llm": {
                 "model": str(tmp_path / "m"), "precision": "fp32", "scoring": "pointwise", "candidates": 4,
                 "kv": {"enabled": kv, "tier2": kv, "tier2_url": url, "block_tokens": 8}}})
-            s = LLMRerankStage(StageSpec(name="llm", kind="llm"), settings)
+            s = LLMRerankStage(StageSpec(name="llm", kind="llm"), settings.llm,
+                               artifacts_root=settings.artifacts_dir)
             s.load(tmp_path / "toy")
             return s
 

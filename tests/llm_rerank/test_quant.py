@@ -119,7 +119,8 @@ def test_stage_serves_int8_from_the_calibrated_directory(tmp_path: Path, arch: s
     save_calibrated(model, tok, calibrate(model, [builder.prefix(HORROR[:3], {})]), tmp_path / "q")
     tiny_split().save(tmp_path / "toy" / "split")
     settings = Settings.build({"llm": {"precision": "int8", "int8_dir": str(tmp_path / "q"), "candidates": 4}})
-    stage = LLMRerankStage(StageSpec(name="llm", kind="llm"), settings)
+    stage = LLMRerankStage(StageSpec(name="llm", kind="llm"), settings.llm,
+                           artifacts_root=settings.artifacts_dir)
     stage.load(tmp_path / "toy")
     assert stage.model_location == str(tmp_path / "q")
     scores = stage.score(Request(user_id="u0", history=np.array([6, 7])), np.array([0, 1, 6, 7]))

@@ -65,7 +65,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
 def _stage(root: Path, **llm: object) -> LLMRerankStage:
     settings = Settings.build({"artifacts_dir": str(root), "llm": {
         "model": str(root / "m"), "precision": "fp32", "candidates": 5, **llm}})
-    stage = LLMRerankStage(StageSpec(name="llm", kind="llm"), settings)
+    stage = LLMRerankStage(StageSpec(name="llm", kind="llm"), settings.llm,
+                           artifacts_root=settings.artifacts_dir)
     stage.load(root / "toy")
     return stage
 

@@ -29,7 +29,7 @@ def make_stage(artifacts: Path, budget_ms: float | None = None, **llm: object) -
     settings = Settings.build({"artifacts_dir": str(artifacts),
                                "llm": {"model": str(artifacts / "tiny-llm"), "precision": "fp32", **llm}})
     spec = StageSpec(name="llm", kind="llm", depth=20, budget_ms=budget_ms)
-    stage = LLMRerankStage(spec, settings)
+    stage = LLMRerankStage(spec, settings.llm, artifacts_root=settings.artifacts_dir)
     stage.load(artifacts / "toy")
     return spec, stage
 
@@ -97,9 +97,11 @@ def test_bench_reports_latency_and_prompt_size(artifacts: Path) -> None:
 
 def test_stage_params_override_settings_and_unknown_keys_are_refused(artifacts: Path) -> None:
     settings = Settings.build({"llm": {"model": str(artifacts / "tiny-llm")}})
-    stage = LLMRerankStage(StageSpec(name="llm", kind="llm", params={"candidates": 7}), settings)
+    stage = LLMRerankStage(StageSpec(name="llm", kind="llm", params={"candidates": 7}), settings.llm,
+                           artifacts_root=settings.artifacts_dir)
     assert stage.cfg.candidates == 7 and stage.writes == ("llm",)
     with pytest.raises(ValueError, match="bogus"):
-        LLMRerankStage(StageSpec(name="llm", kind="llm", params={"bogus": 1}), settings)
+        LLMRerankStage(StageSpec(name="llm", kind="llm", params={"bogus": 1}), settings.llm,
+                       artifacts_root=settings.artifacts_dir)
     with pytest.raises(ValueError, match="<= 26"):
         Settings.build({"llm": {"scoring": "listwise", "candidates": 30}})

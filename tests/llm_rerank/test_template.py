@@ -36,7 +36,8 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def make_stage(artifacts: Path, **llm: object) -> LLMRerankStage:
     settings = Settings.build({"artifacts_dir": str(artifacts), "llm": {
         "model": str(artifacts / "tiny-llm"), "precision": "fp32", "candidates": 5, **llm}})
-    stage = LLMRerankStage(StageSpec(name="llm", kind="llm"), settings)
+    stage = LLMRerankStage(StageSpec(name="llm", kind="llm"), settings.llm,
+                           artifacts_root=settings.artifacts_dir)
     stage.load(artifacts / "toy")
     return stage
 

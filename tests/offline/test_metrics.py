@@ -11,8 +11,10 @@ from offline.metrics import (
     candidate_recall,
     coverage,
     intra_list_diversity,
+    ndcg_at_ranks,
     novelty,
     per_user_metrics,
+    random_ndcg,
     rank_full,
     summarize,
 )
@@ -113,3 +115,26 @@ def test_rank_full_matches_full_sort_on_random_ties() -> None:
         allowed = np.setdiff1d(np.arange(30), ex)
         ref = allowed[np.lexsort((allowed, -scores[row, allowed]))][:7]
         assert out[row].tolist() == ref.tolist()
+
+
+def test_ndcg_at_ranks_by_hand_and_as_per_user_metrics_computes_it() -> None:
+    np.testing.assert_allclose(ndcg_at_ranks(np.array([0, 1, 2, 3, -1]), k=3), [1.0, 1 / math.log2(3), 0.5, 0.0, 0.0])
+    rng = np.random.default_rng(0)
+    rankings = rng.integers(-1, 30, size=(500, 12))
+    targets = rng.integers(0, 30, size=500)
+    for k in (1, 5, 12):
+        hits = rankings[:, :k] == targets[:, None]
+        ranks = np.where(hits.any(axis=1), hits.argmax(axis=1), -1)
+        assert np.array_equal(ndcg_at_ranks(ranks, k), per_user_metrics(rankings, targets, k)[f"ndcg@{k}"])
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        ndcg_at_ranks(np.array([0]), k=0)
+
+
+def test_random_ndcg_is_the_mean_over_every_place_of_the_target() -> None:
+    for k in (1, 3, 10):
+        n = np.arange(0, 25)
+        brute = [float(np.mean(ndcg_at_ranks(np.arange(m), k))) if m else 0.0 for m in n]
+        np.testing.assert_allclose(random_ndcg(n, k), brute, rtol=1e-12)
+    assert random_ndcg(np.array([3]), k=10)[0] == sum(1.0 / np.log2(r + 2) for r in range(3)) / 3
+    with pytest.raises(ValueError, match="n_candidates must be >= 0"):
+        random_ndcg(np.array([-1]))

@@ -37,7 +37,8 @@ def trained(tmp_path_factory) -> tuple[Path, object, dict]:
 
 
 def _stage(root: Path, **params) -> RecallStage:
-    stage = RecallStage(StageSpec(name="recall", kind="recall", depth=DEPTH, params={**ON, **params}), None)
+    stage = RecallStage(StageSpec(name="recall", kind="recall", depth=DEPTH, params={**ON, **params}),
+                        RecallConfig())
     stage.load(root)
     return stage
 
@@ -101,9 +102,10 @@ def test_tuned_shares_are_served_when_none_given(trained) -> None:
     root, _, _ = trained
     tuned = json.loads((root / "recall" / CHANNELS_FILE).read_text())["shares"]
     assert _stage(root).shares == tuned
-    assert RecallStage(StageSpec(name="recall", kind="recall", depth=DEPTH), None).config.channel_shares is None
+    plain = RecallStage(StageSpec(name="recall", kind="recall", depth=DEPTH), RecallConfig())
+    assert plain.config.channel_shares is None
     off = RecallStage(StageSpec(name="recall", kind="recall", depth=DEPTH,
-                                params={"covisit_channel": False, "item_model": "off"}), None)
+                                params={"covisit_channel": False, "item_model": "off"}), RecallConfig())
     off.load(root)  # channels switched off: trained artifacts ignored, two columns only
     out = off.run(Request(user_id="u", history=np.array([3, 4, 5])), Candidates.empty())
     assert set(out.flags) == {"src_two_tower", "src_popularity"}

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cascade.settings import Settings
+from recall.config import RecallConfig
 from recall.stage import RecallStage
 from recall.train import train_two_tower
 from recsys.config import StageSpec
@@ -27,7 +27,7 @@ def artifacts(tmp_path_factory) -> Path:
 
 def _stage(artifacts: Path, depth: int = 10, **params) -> RecallStage:
     stage = RecallStage(StageSpec(name="recall", kind="recall", depth=depth, on_error="fail", params=params),
-                        Settings.build())
+                        RecallConfig())
     stage.load(artifacts)
     return stage
 
@@ -96,7 +96,7 @@ def test_reload_gives_identical_scores_and_batched_vectors_match_run(artifacts):
 
 
 def test_use_before_load_and_missing_artifacts_raise(tmp_path: Path):
-    stage = RecallStage(StageSpec(name="recall", kind="recall", on_error="fail"), Settings.build())
+    stage = RecallStage(StageSpec(name="recall", kind="recall", on_error="fail"), RecallConfig())
     with pytest.raises(RuntimeError, match="before load"):
         stage.run(Request(user_id="u"), Candidates.empty())
     with pytest.raises(FileNotFoundError, match="no trained recall model"):

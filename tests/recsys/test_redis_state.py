@@ -9,24 +9,26 @@ from pathlib import Path
 import pytest
 import redis
 
-from recsys.redis_state import EmbeddedRedis, RedisGuard, RedisUnavailable, connect, redis_url
+from recsys.redis_state import DEFAULT_SOCKET_TIMEOUT_S, EmbeddedRedis, RedisGuard, RedisUnavailable, connect
 from tests.serving.toy import toy_settings
 
 
 def test_redis_url_prefers_settings_then_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = toy_settings()  # built before the variable is set: it is read when the URL is resolved
     monkeypatch.setenv("REDIS_URL", "redis://env:6379/0")
-    assert redis_url(toy_settings()) == "redis://env:6379/0"
-    assert redis_url(toy_settings().model_copy(update={"redis_url": "redis://cfg:1/2"})) == "redis://cfg:1/2"
+    assert settings.resolve_redis_url() == "redis://env:6379/0"
+    configured = settings.model_copy(update={"redis_url": "redis://cfg:1/2"})
+    assert configured.resolve_redis_url() == "redis://cfg:1/2"
     monkeypatch.delenv("REDIS_URL")
-    assert redis_url(toy_settings()) is None
+    assert settings.resolve_redis_url() is None
     with pytest.raises(ValueError, match="no Redis URL"):
-        connect(toy_settings())
+        connect(settings.resolve_redis_url(), DEFAULT_SOCKET_TIMEOUT_S)
 
 
 def test_embedded_server_stops_and_restarts_on_the_same_socket(tmp_path) -> None:
     server = EmbeddedRedis(tmp_path / "r")
     try:
-        client = connect(toy_settings(), server.start())
+        client = connect(server.start(), toy_settings().serving.redis_socket_timeout_s)
         client.set("k", "v")
         assert client.get("k") == b"v"
         server.stop()

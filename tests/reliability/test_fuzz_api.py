@@ -29,8 +29,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 
+from cascade.settings import ENV_REDIS_URL
 from recsys.config import STAGE_KINDS
-from recsys.redis_state import ENV_REDIS_URL, EmbeddedRedis
+from recsys.redis_state import EmbeddedRedis
 from serving.app import create_app
 from tests.reliability.conftest import ADMIN_KEY
 from tests.serving.conftest import REAL_RULES, toy_pipeline

@@ -112,7 +112,7 @@ def rules_stage(titles: list[str], texts: list[str]) -> RulesStage:
         "risk_level": pd.array([0, 1, 0, 0, 3, 0], dtype="Int64"),
     }))
     settings = Settings.build({})
-    stage = RulesStage(StageSpec(name="rules", kind="rules", on_error="fail"), settings)
+    stage = RulesStage(StageSpec(name="rules", kind="rules", on_error="fail"), settings.rules)
     stage.use(load_ruleset(settings.rules.ruleset_path()), ItemAttributes.from_items(items))
     return stage
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from cascade.registry import stage_context
 from cascade.settings import Settings
 from llm_rerank.stage import LLMRerankStage
 from recsys.config import StageSpec
@@ -49,7 +50,7 @@ def served(llm_dir: Path) -> Iterator[tuple[TestClient, LLMRerankStage]]:
                      "stages": [COARSE.model_dump(), LLM.model_dump()]},
         "serving": {"result_cache_ttl_s": 0},
     })
-    llm = LLMRerankStage(LLM, settings)
+    llm = LLMRerankStage(LLM, settings.llm, **stage_context("llm", settings))
     llm.load(llm_dir / "data")
     llm.score(Request(user_id="u0", history=np.array([1, 2])), np.arange(8))  # warm: the first forward is slow
     pipeline = Pipeline([(COARSE, PopularityStage(tiny_split())), (LLM, llm)], REQUEST_BUDGET_MS)

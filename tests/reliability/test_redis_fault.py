@@ -23,7 +23,8 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from recsys.redis_state import ENV_REDIS_URL, EmbeddedRedis
+from cascade.settings import ENV_REDIS_URL
+from recsys.redis_state import EmbeddedRedis
 from serving.app import create_app
 from serving.bench import start_server_subprocess
 from serving.run import shared_state

@@ -4,13 +4,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from cascade.registry import build_stage
 from cascade.settings import Settings
 from offline.schema import Vocab
 from offline.split import Split
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request, Stage
 from recsys.pipeline import Pipeline, PipelineError
-from rules.config import RULESETS_DIR
+from rules.config import RULESETS_DIR, RulesConfig
 from rules.items import ItemAttributes
 from rules.schema import RulesError, load_ruleset
 from rules.stage import RulesStage
@@ -38,7 +39,7 @@ def save_toy_split(root, name="toy", items=None, users=None):
 def stage(tmp_path):
     save_toy_split(tmp_path)
     (tmp_path / "rules.yaml").write_text(RULES_YAML)
-    stage = RulesStage(StageSpec(name="rules", kind="rules"), Settings.build({"rules": {"ruleset": str(tmp_path / "rules.yaml")}}))
+    stage = RulesStage(StageSpec(name="rules", kind="rules"), RulesConfig(ruleset=tmp_path / "rules.yaml"))
     stage.load(tmp_path)
     return stage
 
@@ -90,7 +91,7 @@ def movie_like_items():
 @pytest.mark.parametrize("name", ["ml-100k", "my-movies", "synthetic"])
 def test_default_rule_set_fits_the_catalog_not_its_name(tmp_path, name):
     save_toy_split(tmp_path, name=name, items=movie_like_items())
-    stage = RulesStage(StageSpec(name="rules", kind="rules"), Settings.build({}))
+    stage = RulesStage(StageSpec(name="rules", kind="rules"), RulesConfig())
     stage.load(tmp_path)
     assert stage.ruleset_path == RULESETS_DIR / "default.yaml"
     assert stage.skipped == {"adult_gate": "no item carries audience", "teen_gate": "no item carries audience",
@@ -104,7 +105,7 @@ def test_default_rule_set_fits_the_catalog_not_its_name(tmp_path, name):
 
 def test_default_rule_set_gates_where_the_catalog_carries_audience_and_risk(tmp_path):
     save_toy_split(tmp_path, name="ml-100k")  # the name no longer matters: the toy items carry both
-    stage = RulesStage(StageSpec(name="rules", kind="rules"), Settings.build({}))
+    stage = RulesStage(StageSpec(name="rules", kind="rules"), RulesConfig())
     stage.load(tmp_path)
     assert stage.skipped == {}
     out = stage.run(Request(user_id="new", user_attrs={}, debug=True), cands([0, 1, 2, 4, 5]))
@@ -117,7 +118,7 @@ def test_default_rule_set_gates_where_the_catalog_carries_audience_and_risk(tmp_
 def write_rules(tmp_path, body: str):
     path = tmp_path / "rules.yaml"
     path.write_text("version: t-1\nrules:\n" + body)
-    return Settings.build({"rules": {"ruleset": str(path)}})
+    return RulesConfig(ruleset=path)
 
 
 def test_rule_on_an_attribute_no_item_carries_is_refused_at_start_up(tmp_path):
@@ -155,10 +156,10 @@ def test_on_absent_attribute_skip_turns_the_rule_off_and_enforce_fails_closed(tm
 
 def test_check_refuses_before_install_and_keeps_the_serving_rule_set(tmp_path):
     save_toy_split(tmp_path, items=movie_like_items())
-    stage = RulesStage(StageSpec(name="rules", kind="rules"), Settings.build({}))
+    stage = RulesStage(StageSpec(name="rules", kind="rules"), RulesConfig())
     stage.load(tmp_path)
     bad = load_ruleset(write_rules(tmp_path, "  - {id: gate, kind: audience_gate, audience: teen, min_age: 13}\n")
-                       .rules.ruleset)
+                       .ruleset)
     with pytest.raises(RulesError, match="rule 'gate' .*no item carries audience"):
         stage.check(bad)
     with pytest.raises(RulesError):
@@ -167,7 +168,7 @@ def test_check_refuses_before_install_and_keeps_the_serving_rule_set(tmp_path):
 
 
 def test_run_before_load_is_an_error_and_the_pipeline_fails_closed(tmp_path):
-    stage = RulesStage(StageSpec(name="rules", kind="rules", on_error="fail"), Settings.build({}))
+    stage = RulesStage(StageSpec(name="rules", kind="rules", on_error="fail"), RulesConfig())
     with pytest.raises(RuntimeError, match="before load"):
         stage.run(Request(user_id="u"), cands([0]))
     pipe = Pipeline([(StageSpec(name="rules", kind="rules", on_error="fail"), stage)])
@@ -181,7 +182,7 @@ def test_movielens_rules_on_the_real_catalog(ml100k_dir):
 
     items = ItemAttributes.from_items(load_dataset(ml100k_dir).items)
     ruleset = load_ruleset(RULESETS_DIR / "movielens.yaml")
-    stage = RulesStage(StageSpec(name="rules", kind="rules"), Settings.build({}))
+    stage = RulesStage(StageSpec(name="rules", kind="rules"), RulesConfig())
     stage.use(ruleset, items)
     horror = int(np.flatnonzero(items.categories[:, items.category_names.index("Horror")])[0])
     placeholder = int(items.indices_of(["267"])[0])
@@ -212,9 +213,7 @@ class FixedRecall:
 
 
 def test_cap_holds_after_fusion_reorders(stage):
-    from fusion.stage import FusionStage
-
-    fusion = FusionStage(StageSpec(name="fusion", kind="fusion", params={"weights": {"coarse": 1.0}}),
+    fusion = build_stage(StageSpec(name="fusion", kind="fusion", params={"weights": {"coarse": 1.0}}),
                          Settings.build({}))
     pipe = Pipeline([(StageSpec(name="recall", kind="recall", on_error="fail"), FixedRecall()),
                      (StageSpec(name="rules", kind="rules", on_error="fail"), stage),
@@ -238,14 +237,14 @@ def test_apply_param_splits_filters_from_caps(tmp_path, apply, expected):
     save_toy_split(tmp_path)
     (tmp_path / "rules.yaml").write_text(RULES_YAML)
     spec = StageSpec(name="r", kind="rules", params={"apply": apply})
-    s = RulesStage(spec, Settings.build({"rules": {"ruleset": str(tmp_path / "rules.yaml")}}))
+    s = RulesStage(spec, RulesConfig(ruleset=tmp_path / "rules.yaml"))
     s.load(tmp_path)
     assert s.run(Request(user_id="kid", user_attrs={"age": 12}), cands([3, 1, 2, 0, 5])).items.tolist() == expected
 
 
 def test_apply_param_is_validated():
     with pytest.raises(ValueError, match="params.apply must be all, filters or caps, got 'some'"):
-        RulesStage(StageSpec(name="r", kind="rules", params={"apply": "some"}), Settings.build())
+        RulesStage(StageSpec(name="r", kind="rules", params={"apply": "some"}), RulesConfig())
 
 
 def test_skip_never_turns_a_gate_off_because_users_lack_the_attribute(tmp_path):

@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from cascade.settings import Settings
+from cascade.registry import build_stage
+from cascade.settings import ENV_REDIS_URL, Settings
 from recsys.config import STAGE_KINDS, StageSpec
 from recsys.pipeline import Pipeline
-from recsys.redis_state import ENV_REDIS_URL, EmbeddedRedis
+from recsys.redis_state import EmbeddedRedis
 from rules.stage import RulesStage
 from serving.app import create_app
 from tests.serving.toy import TOY_KINDS, AudienceRules, PopularityRecall, save_toy_split, toy_settings
@@ -48,7 +49,7 @@ def toy_pipeline(artifact_dir: Path, settings: Settings, pairs: list[tuple[Stage
     """A loaded ``Pipeline`` of ``(spec, stage class)`` pairs, assembled without the registry."""
     stages = []
     for spec, cls in pairs:
-        stage = cls(spec, settings)
+        stage = build_stage(spec, settings, cls=cls)
         stage.load(artifact_dir)
         stages.append((spec, stage))
     return Pipeline(stages, request_budget_ms=settings.pipeline.request_budget_ms)

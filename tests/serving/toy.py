@@ -1,8 +1,9 @@
 """A toy catalog and small real stages to serve it, for the HTTP tests.
 
 Six films, three users; expected answers are worked out by hand below. Stages (built as
-``Cls(spec, settings)`` like the real ones, so ``cascade.registry.build_pipeline`` can build
-them once ``STAGE_KINDS`` points at them with ``use_toy_stage_kinds``):
+``Cls(spec, <settings section>, **<context>)`` like the real ones, which they ignore, so
+``cascade.registry.build_pipeline`` can build them once ``STAGE_KINDS`` points at them with
+``use_toy_stage_kinds``):
 
 - ``PopularityRecall`` (kind recall): every observed interaction counts, history excluded,
   ties by item index. Counts: m1 3, m2 3, m4 2, m5 2, m3 1, m6 1.
@@ -84,7 +85,7 @@ class PopularityRecall:
     writes = ("recall",)
     load_gate: threading.Event | None = None  # a test holds loading here to observe /readyz at 503
 
-    def __init__(self, spec: StageSpec, settings: Settings):
+    def __init__(self, spec: StageSpec, config: Any, **context: Any):
         self.name = spec.name
         self.counts: np.ndarray | None = None
 
@@ -108,7 +109,7 @@ class AudienceRules:
     reads = ("recall",)
     writes: tuple[str, ...] = ()
 
-    def __init__(self, spec: StageSpec, settings: Settings):
+    def __init__(self, spec: StageSpec, config: Any, **context: Any):
         self.name = spec.name
         self.items: pd.DataFrame | None = None
 
@@ -137,7 +138,7 @@ class YearRerank:
     reads = ("recall",)
     writes = ("llm",)
 
-    def __init__(self, spec: StageSpec, settings: Settings):
+    def __init__(self, spec: StageSpec, config: Any, **context: Any):
         self.name = spec.name
         self.years: np.ndarray | None = None
 
@@ -157,7 +158,7 @@ class FailingStage:
     reads: tuple[str, ...] = ()
     writes: tuple[str, ...] = ()
 
-    def __init__(self, spec: StageSpec, settings: Settings):
+    def __init__(self, spec: StageSpec, config: Any, **context: Any):
         self.name = spec.name
 
     def load(self, artifact_dir: Path) -> None:

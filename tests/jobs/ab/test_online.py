@@ -10,6 +10,7 @@ import redis
 from fastapi.testclient import TestClient
 from pydantic import Field
 
+from cascade.registry import build_stage
 from cascade.settings import Settings
 from jobs.ab.analyze import analyze_events
 from jobs.ab.events import read_stream
@@ -88,9 +89,7 @@ def test_fusion_override_reweights_only_that_variant(tmp_path: Path) -> None:
     fusion = StageSpec(name="fusion", kind="fusion")
     settings = ExperimentSettings.build({"pipeline": {"stages": [PAIRS[0][0].model_dump(), fusion.model_dump()]}})
     base = toy_pipeline(tmp_path, settings, [(PAIRS[0][0], PopularityRecall)])
-    from fusion.stage import FusionStage
-
-    fused = FusionStage(fusion, settings)
+    fused = build_stage(fusion, settings)
     base = Pipeline([*base.stages, (fusion, fused)])
     cfg = ExperimentsConfig.model_validate(
         {**EXPERIMENT, "variants": [{"name": "control", "share": 0.5},
