@@ -12,15 +12,20 @@ dotted key (``pipeline.stages.1.depth: ...``).
 
 from __future__ import annotations
 
-import contextlib
-import json
+import contextvars
 import os
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import Field, ValidationError
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    InitSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
 
 from cascade.serving_config import ServingConfig
 from coarse_rank.config import CoarseConfig
@@ -31,7 +36,6 @@ from recsys.config import PipelineConfig
 from recsys.experiments import ExperimentsConfig
 from rules.config import RulesConfig
 
-_ENV_PREFIX = "RECSYS_"
 ENV_REDIS_URL = "REDIS_URL"  # the plain name container platforms set, read when no redis_url is configured
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "pipeline.yaml"
 
@@ -73,8 +77,15 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # init > env > defaults; YAML values arrive as init kwargs below but are merged under env.
-        return (init_settings, env_settings)
+        """Keyword overrides > ``RECSYS_*`` environment > the ``build`` dict > the YAML file > defaults;
+        pydantic-settings deep-merges the layers (a nested key set in one keeps its siblings)."""
+        yaml_file, data = _FILE_LAYERS.get()
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if data:
+            sources.append(InitSettingsSource(settings_cls, init_kwargs=data))
+        if yaml_file is not None:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file))
+        return tuple(sources)
 
     @classmethod
     def from_yaml(cls, path: Path | str | None = None, **overrides: Any) -> Settings:
@@ -82,24 +93,34 @@ class Settings(BaseSettings):
         path = Path(path) if path is not None else DEFAULT_CONFIG
         if not path.exists():
             raise ConfigError(f"{path}: config file not found")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
+        try:  # read once here for errors that name the file; the YAML source reads it for the values
+            data = yaml.safe_load(path.read_text())
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-        if not isinstance(data, dict):
+        if not isinstance(data, dict | None):
             raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(data).__name__}")
-        return cls.build(data, source=str(path), **overrides)
+        return cls._layered(path, None, str(path), overrides)
 
     @classmethod
     def build(cls, data: dict[str, Any] | None = None, *, source: str = "settings", **overrides: Any) -> Settings:
         """Validate ``data`` (YAML-shaped dict) with env and ``overrides`` layered on top."""
-        data = dict(data or {})
-        env_only = _env_layer(cls)
-        merged = _deep_merge(_deep_merge(data, env_only), overrides)
+        return cls._layered(None, dict(data or {}), source, overrides)
+
+    @classmethod
+    def _layered(cls, yaml_file: Path | None, data: dict[str, Any] | None, source: str,
+                 overrides: dict[str, Any]) -> Settings:
+        token = _FILE_LAYERS.set((yaml_file, data))
         try:
-            return cls.model_validate(merged)
+            return cls(**overrides)
         except ValidationError as exc:
             raise ConfigError(format_validation_error(exc, source)) from exc
+        finally:
+            _FILE_LAYERS.reset(token)
+
+
+# The file and dict layers of the Settings being built (a context variable: builds never share them).
+_FILE_LAYERS: contextvars.ContextVar[tuple[Path | None, dict[str, Any] | None]] = contextvars.ContextVar(
+    "settings_file_layers", default=(None, None))
 
 
 def format_validation_error(exc: ValidationError, source: str) -> str:
@@ -108,37 +129,3 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
         loc = ".".join(str(p) for p in err["loc"]) or "(root)"
         lines.append(f"  {loc}: {err['msg']}")
     return "\n".join(lines)
-
-
-def _env_layer(cls: type[Settings]) -> dict[str, Any]:
-    """Only the values set through RECSYS_* environment variables, as a nested dict.
-
-    ``RECSYS_SERVING__PORT=9000`` -> ``{"serving": {"port": "9000"}}``; values that parse as
-    JSON (lists, objects, numbers) are decoded, the rest stay strings for pydantic to coerce.
-    """
-    out: dict[str, Any] = {}
-    for key, raw in os.environ.items():
-        if not key.startswith(_ENV_PREFIX) or len(key) == len(_ENV_PREFIX):
-            continue
-        path = key[len(_ENV_PREFIX):].lower().split("__")
-        value: Any = raw
-        if raw[:1] in "[{":
-            with contextlib.suppress(json.JSONDecodeError):  # not JSON: keep the string
-                value = json.loads(raw)
-        node = out
-        for part in path[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"environment variable {key}: conflicts with another RECSYS_ variable")
-        node[path[-1]] = value
-    return out
-
-
-def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in top.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
