@@ -21,6 +21,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
 import typer
+from typer._click.exceptions import (  # typer (pinned) vendors click: the classes it raises
+    ClickException,
+    NoArgsIsHelpError,
+    UsageError,
+)
 from typer.core import TyperGroup
 
 from recsys.atomic import atomic_write_text
@@ -99,7 +104,25 @@ USER_INPUT_ERRORS = (ValueError, OverflowError, FileNotFoundError, NotADirectory
 
 
 class UserErrorGroup(TyperGroup):
-    """The ``recsys`` root group: a ``USER_INPUT_ERRORS`` exception from any command is one line + exit 2."""
+    """The ``recsys`` root group: a ``USER_INPUT_ERRORS`` exception from any command is one line + exit 2,
+    and so is a usage error click finds (an unknown option, a value outside its type or choices)."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("standalone_mode", True) is False:  # a caller (CliRunner, a test) handles errors itself
+            return super().main(*args, **kwargs)
+        try:
+            code = super().main(*args, **{**kwargs, "standalone_mode": False})
+        except NoArgsIsHelpError as exc:  # a group called bare: its help, as click prints it
+            exc.show()
+            raise SystemExit(exc.exit_code) from None
+        except UsageError as exc:  # BadParameter, NoSuchOption, MissingParameter, ...
+            where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
+            _exit_with(" ".join(exc.format_message().split()) + where, 2)
+        except typer.Abort:
+            _exit_with("aborted", 1)
+        except ClickException as exc:
+            _exit_with(" ".join(exc.format_message().split()), exc.exit_code)
+        raise SystemExit(code if isinstance(code, int) else 0)
 
     def invoke(self, ctx: Any) -> Any:
         try:
@@ -108,6 +131,12 @@ class UserErrorGroup(TyperGroup):
             return fail(one_line(exc))
         except PipelineError as exc:  # a required stage could not answer (HTTP says 503): not a bug
             return fail(one_line(exc), code=1)
+
+
+def _exit_with(message: str, code: int) -> None:
+    """``fail`` outside a running command (no click context left to turn ``typer.Exit`` into an exit)."""
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise SystemExit(code)
 
 
 def one_line(exc: BaseException) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
@@ -55,7 +55,7 @@ def _model_dir(settings: Settings, root: Path, explicit: Path | None, base: bool
 @tag_app.callback()
 def tag(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
         out: c.OutOpt = None, model: ModelOpt = None, threads: ThreadsOpt = None,
-        engine: Annotated[str, typer.Option("--engine", help="local | ray")] = "local",
+        engine: Annotated[Literal["local", "ray"], typer.Option("--engine", help="In-process, or Ray Data actors.")] = "local",
         ray_address: Annotated[str | None, typer.Option("--ray-address", help="Existing Ray cluster.")] = None,
         ray_concurrency: Annotated[int, typer.Option("--ray-actors", min=1)] = 1,
         precision: Annotated[str, typer.Option("--precision", help="fp32 | bf16")] = "fp32",
@@ -68,7 +68,7 @@ def tag(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, 
         prompt: Annotated[Path | None, typer.Option(
             "--prompt", help="Prompt document (YAML/JSON, the schema PUT /admin/prompts takes; default "
             "llm.prompt from the config, else the built-in prompt).")] = None,
-        method: Annotated[str, typer.Option(
+        method: Annotated[Literal["generate", "logits"], typer.Option(
             "--method", help="generate: the JSON document generated under the schema grammar; logits: closed "
             "fields from label logits (thresholds calibrated on the items outside tags/holdout.json), only "
             "free text generated (jobs.tagging.logits).")] = "generate",
@@ -81,21 +81,17 @@ def tag(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, 
     from jobs.tagging.generate import TaggerSettings  # lazy: keeps `recsys --help` fast
     from jobs.tagging.run import tag_catalog  # lazy: keeps `recsys --help` fast
 
-    if engine not in ("local", "ray"):
-        c.fail(f"--engine must be local or ray, got {engine!r}")
-    if method not in ("generate", "logits"):
-        c.fail(f"--method must be generate or logits, got {method!r}")
     settings = c.load_settings(config)
     split, root = _split(settings, data, artifacts)
     tagger = TaggerSettings(domain=settings.llm.domain,
                             precision=precision, max_new_tokens=max_new_tokens, threads=threads)
     try:
         template = load_prompt_file(prompt) if prompt is not None else settings.llm.prompt
-        summary = tag_catalog(split, _model_dir(settings, root, model), root, tagger, engine=engine,  # type: ignore[arg-type]
+        summary = tag_catalog(split, _model_dir(settings, root, model), root, tagger, engine=engine,
                               chunk_size=chunk_size, batch_size=batch_size or (64 if method == "logits" else 16),
                               limit=limit, ray_address=ray_address,
                               ray_concurrency=ray_concurrency, fresh=fresh, prompt=template,
-                              method=method, seed=settings.seed, shots=shots)  # type: ignore[arg-type]
+                              method=method, seed=settings.seed, shots=shots)
     except ValueError as exc:
         c.fail(str(exc))
     c.write_report(summary, out)

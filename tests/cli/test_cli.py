@@ -60,7 +60,8 @@ def test_unknown_stage_and_phase_are_refused(tmp_path: Path):
     res = runner.invoke(app, ["train", "recall,rerank", "--artifacts", str(tmp_path)])
     assert res.exit_code == 2 and "unknown stage(s) ['rerank']" in res.output
     res = runner.invoke(app, ["eval", "--phase", "train", "--artifacts", str(tmp_path)])
-    assert res.exit_code == 2 and "--phase must be 'valid' or 'test'" in res.output
+    assert res.exit_code == 2 and "'train' is not one of 'valid', 'test'" in res.output
+    assert len(res.output.strip().splitlines()) == 1  # one line, no usage box, no traceback
 
 
 def test_serve_and_recommend_need_trained_artifacts(tmp_path: Path):

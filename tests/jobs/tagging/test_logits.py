@@ -145,7 +145,7 @@ def test_cli_names_a_bad_method() -> None:
 
     result = CliRunner().invoke(app, ["tag", "--method", "regex"])
     assert result.exit_code == 2
-    assert "--method must be generate or logits" in result.output
+    assert "'--method'" in result.output and "'regex' is not one of 'generate', 'logits'" in result.output
 
 
 @pytest.mark.slow
