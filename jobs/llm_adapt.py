@@ -29,7 +29,7 @@ gets wrong instead of first re-learning that order from the letter positions; th
 the same sum (``LLMRerankStage.residual_beta``, read from ``train_meta.json``).
 
 ``keep_candidate_order`` overrides the per-source default. Prompts are built by
-``LLMRerankStage.build_prompt`` so training and serving match exactly. Checkpoints (adapter +
+``llm_rerank.prompt.RequestPrompts``, as the stage builds them, so training and serving match exactly. Checkpoints (adapter +
 optimizer + step) land in ``<artifact_dir>/llm/checkpoints`` and a rerun resumes from the last
 one; the merged model is written to ``<artifact_dir>/llm``.
 
@@ -49,13 +49,13 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from cascade.registry import stage_context
 from cascade.settings import Settings
 from llm_rerank.backbone import load_model, native_bf16, resolve_model
 from llm_rerank.config import AdaptConfig
 from llm_rerank.meta import TRAIN_META
-from llm_rerank.scoring import answer_logits, zscore
-from llm_rerank.stage import LLMRerankStage
+from llm_rerank.prompt import PromptBuilder, RequestPrompts, pad_token_id
+from llm_rerank.scores import zscore
+from llm_rerank.scoring import answer_logits
 from recsys.atomic import atomic_write
 from recsys.contract import Candidates, Request, Stage
 
@@ -151,9 +151,10 @@ def _prior(got: Candidates, ranked: list[int], cands: list[int], target: int) ->
     return zscore(np.array(raw))
 
 
-def example_loss(stage: Any, model: Any, examples: list[Example], split: Any, listwise: bool,
+def example_loss(prompts: RequestPrompts, model: Any, examples: list[Example], split: Any, listwise: bool,
                  beta: Any = None) -> Any:
-    """Mean loss of a batch of examples (listwise CE over letters / pointwise BCE on Yes-No).
+    """Mean loss of a batch of examples (listwise CE over letters / pointwise BCE on Yes-No), on the
+    prompts the stage serves (``prompts``).
 
     ``beta`` (a scalar tensor, residual training): the listwise logits are
     ``letters + beta * example.prior``, so the LLM learns a correction of the coarse order.
@@ -161,21 +162,20 @@ def example_loss(stage: Any, model: Any, examples: list[Example], split: Any, li
     import torch  # lazy: heavy (torch)
     import torch.nn.functional as F  # lazy: heavy (torch)
 
-    pad = stage.scorer.pad_id
-    prompts = stage._prompts()
+    pad = pad_token_id(prompts.builder.tok)
     losses = []
     for ex in examples:
-        parts = stage.build_prompt(user_request(split, ex.user_idx, ex.history, 1), ex.candidates)
+        parts = prompts.build(user_request(split, ex.user_idx, ex.history, 1), ex.candidates)
         logits = answer_logits(model, [parts.prefix + s for s in parts.suffixes], pad)
         if listwise:
-            letters = logits[0, prompts.letter_ids[: len(ex.candidates)]]
+            letters = logits[0, prompts.builder.letter_ids[: len(ex.candidates)]]
             if beta is not None:
                 if ex.prior is None:
                     raise ValueError("residual training needs examples with a prior (listwise build_examples)")
                 letters = letters + beta * torch.as_tensor(ex.prior, dtype=letters.dtype)
             losses.append(F.cross_entropy(letters.unsqueeze(0), torch.tensor([ex.target])))
         else:
-            yes, no = prompts.yes_no
+            yes, no = prompts.builder.yes_no
             labels = torch.zeros(len(ex.candidates))
             labels[ex.target] = 1.0
             losses.append(F.binary_cross_entropy_with_logits(logits[:, yes] - logits[:, no], labels))
@@ -201,8 +201,8 @@ def train_llm(split: Any, candidate_stage: Stage, settings: Settings, artifact_d
     t0 = time.perf_counter()
     base = resolve_model(llm_cfg, Path(settings.artifacts_dir))
     model, tokenizer = load_model(base, "fp32", llm_cfg.threads)
-    stage = LLMRerankStage(None, settings.llm, **stage_context("llm", settings))
-    stage.attach(model, tokenizer, split.items["title"].to_numpy(dtype=object))
+    prompts = RequestPrompts.for_config(PromptBuilder.for_config(tokenizer, llm_cfg),
+                                        split.items["title"].to_numpy(dtype=object), llm_cfg)
     n_cands = min(cfg.candidates, llm_cfg.candidates) if listwise else cfg.negatives + 1
     examples = build_examples(split, candidate_stage, n_users=cfg.users, n_candidates=n_cands,
                               listwise=listwise, seed=settings.seed, keep_order=cfg.keep_candidate_order,
@@ -230,7 +230,7 @@ def train_llm(split: Any, candidate_stage: Stage, settings: Settings, artifact_d
         torch.manual_seed(settings.seed + step)  # LoRA dropout masks reproducible across resumes
         batch = [examples[i] for i in schedule[step]]
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            loss = example_loss(stage, model, batch, split, listwise, beta)
+            loss = example_loss(prompts, model, batch, split, listwise, beta)
         optim.zero_grad()
         loss.backward()
         optim.step()

@@ -117,7 +117,7 @@ class LLMConfig(BaseModel):
     smooth_alpha: float = Field(0.5, ge=0.0, le=1.0, description="SmoothQuant migration strength (Xiao et al.).")
     backend: Literal["local", "http"] = Field(
         "local", description="local = run the model in process; http = an OpenAI-compatible server "
-        "(vLLM on GPU or llm_rerank.server on CPU) at base_url.")
+        "(vLLM on GPU or serving.llm_worker on CPU) at base_url.")
     base_url: str = Field("http://127.0.0.1:8100/v1", description="OpenAI-compatible API root for backend http.")
     served_model: str | None = Field(None, description="'model' field sent to the server; None: the server's first.")
     http_timeout_s: float = Field(5.0, gt=0, le=120)

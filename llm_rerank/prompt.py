@@ -24,6 +24,10 @@ tokenized with it on in one request thread could make a concurrent request's tem
 ``<|im_start|>`` included, come out split into characters (seen under dynamic batching: 5 % of
 prompts built by 4 threads at once differed from the same prompts built one at a time).
 
+``RequestPrompts`` turns a request and candidate item ids into ``PromptParts`` (the history
+window, catalog titles, the scoring mode): the stage builds every served prompt with it and the
+adaptation job every training prompt, so the two match token for token.
+
 Deliberately left out: running the model (``llm_rerank.scoring``).
 """
 
@@ -37,7 +41,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from llm_rerank.config import LLMConfig
 from llm_rerank.template import CLOSE, DEFAULT, OPEN, SPECIAL_TOKEN_RE, PromptTemplate
+from recsys.contract import Request, StageError
 
 PROMPT_VERSION = "p1"
 LETTERS = string.ascii_uppercase
@@ -91,6 +99,13 @@ class PromptBuilder:
         self._cache: dict[str, list[int]] = {}
         self.yes_no = (self.single_token(" Yes"), self.single_token(" No"))
         self.letter_ids = [self.single_token(" " + c) for c in LETTERS]
+
+    @classmethod
+    def for_config(cls, tokenizer: Any, cfg: LLMConfig, template: PromptTemplate | None = None) -> PromptBuilder:
+        """The builder ``cfg`` (``settings.llm``) asks for; ``template`` (default ``cfg.prompt``, else the
+        built-in one) is the stage's hot-swapped one when it has one."""
+        return cls(tokenizer, domain=cfg.domain, title_chars=cfg.title_chars,
+                   template=template or cfg.prompt or DEFAULT)
 
     def with_template(self, template: PromptTemplate) -> PromptBuilder:
         """A builder for ``template`` over the same tokenizer (the caller swaps it in whole)."""
@@ -182,6 +197,44 @@ class PromptBuilder:
             body = body + t + self.ids(f"{CLOSE}\n")
         body = body + self.ids(self.template.render("listwise_question", self.domain))
         return PromptParts(self.prefix(history_titles, user_attrs), [body + self.ids(self.tail)], [spans])
+
+
+@dataclass(frozen=True)
+class RequestPrompts:
+    """A request's prompt from item ids: its last ``history_items`` history titles (oldest first), its
+    profile, then the candidates' titles in the given order, listwise or pointwise (``LLMConfig``).
+
+    Called per request by ``LLMRerankStage.build_prompt`` (with the builder of the template it
+    serves) and per example by ``jobs.llm_adapt``, which therefore trains on the served prompts.
+    """
+
+    builder: PromptBuilder
+    titles: np.ndarray  # item_idx -> title
+    history_items: int
+    scoring: str  # "listwise" | "pointwise"
+
+    @classmethod
+    def for_config(cls, builder: PromptBuilder, titles: Any, cfg: LLMConfig) -> RequestPrompts:
+        return cls(builder, np.asarray(titles, dtype=object), cfg.history_items, cfg.scoring)
+
+    def build(self, request: Request, item_idx: Sequence[int] | np.ndarray) -> PromptParts:
+        n_hist = self.history_items
+        recent = request.history[-n_hist:] if n_hist > 0 else request.history[:0]
+        hist = [self.title(int(i)) for i in recent]
+        cands = [self.title(int(i)) for i in item_idx]
+        build = self.builder.listwise if self.scoring == "listwise" else self.builder.pointwise
+        return build(hist, request.user_attrs, cands)
+
+    def title(self, item_idx: int) -> str:
+        if not 0 <= item_idx < len(self.titles):
+            raise StageError(f"item_idx {item_idx} outside the catalog of {len(self.titles)} titles")
+        return str(self.titles[item_idx])
+
+
+def pad_token_id(tokenizer: Any) -> int:
+    """The id that pads batched rows: the tokenizer's pad token, else its EOS (SmolLM2 has no pad)."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return int(pad or 0)
 
 
 _LOCKS: dict[int, threading.Lock] = {}

@@ -1,5 +1,5 @@
 """HTTP backend of the re-ranker: any OpenAI-compatible server (``vllm serve`` on GPU, or the
-project's own CPU worker ``llm_rerank.server``).
+project's own CPU worker ``serving.llm_worker``).
 
 Scores come from the next token's log-probabilities (``/v1/completions`` with the prompt as
 token ids, ``max_tokens=1``, ``logprobs=k``). The verbalizer tokens (letters, or Yes/No) get
@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from llm_rerank import scores
 from recsys.contract import StageError
 
 BIAS = 100.0
@@ -88,16 +89,14 @@ class RemoteLLM:
 
     def listwise_scores(self, prompt: Sequence[int], letter_ids: Sequence[int], n: int,
                         timeout_s: float | None = None) -> np.ndarray:
-        """Log-softmax over the first ``n`` letters (as ``scoring.listwise_from_logits``)."""
-        lp = self.token_logprobs([prompt], list(letter_ids[:n]), timeout_s)[0]
-        lp = lp - lp.max()
-        return (lp - np.log(np.exp(lp).sum())).astype(np.float32)
+        """Log-softmax over the first ``n`` letters (``llm_rerank.scores.listwise_scores``)."""
+        return scores.listwise_scores(self.token_logprobs([prompt], list(letter_ids[:n]), timeout_s)[0])
 
     def pointwise_scores(self, prompts: Sequence[Sequence[int]], yes_id: int, no_id: int,
                          timeout_s: float | None = None) -> np.ndarray:
-        """P(Yes) / (P(Yes) + P(No)) per prompt (as ``scoring.pointwise_from_logits``)."""
+        """P(Yes) / (P(Yes) + P(No)) per prompt (``llm_rerank.scores.pointwise_scores``)."""
         lp = self.token_logprobs(prompts, [yes_id, no_id], timeout_s)
-        return (1.0 / (1.0 + np.exp(lp[:, 1] - lp[:, 0]))).astype(np.float32)
+        return scores.pointwise_scores(lp[:, 0], lp[:, 1])
 
     def chat_json(self, messages: list[dict[str, Any]], schema: dict[str, Any], *, name: str = "output",
                   max_tokens: int = 256) -> Any:

@@ -14,6 +14,8 @@ request with the same history window skips the prefix entirely. With ``blocks`` 
 ``llm_rerank.prefix_kv.BlockPrefixCache``) prefixes come from the two-tier block cache instead,
 which also reuses partial matches (the shared instruction) and is shared across processes.
 
+The maths from verbalizer logits to scores is ``llm_rerank.scores`` (shared with the HTTP backend).
+
 Deliberately left out: prompt text (``llm_rerank.prompt``), the Stage glue (``llm_rerank.stage``).
 """
 
@@ -28,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from llm_rerank.prompt import PromptParts
+from llm_rerank.scores import listwise_scores, pointwise_scores
 
 
 @dataclass
@@ -179,23 +182,6 @@ class PrefixCache:
         return len(self._data)
 
 
-def zscore(scores: np.ndarray) -> np.ndarray:
-    """Per-request standardised scores (float32; NaN -> the lowest score; constant -> zeros).
-
-    The residual term of listwise training and serving (``AdaptConfig.residual``, ``jobs.llm_adapt``): it makes the
-    coarse margin comparable across requests whatever its scale.
-    """
-    s = np.asarray(scores, dtype=np.float64)
-    if len(s) == 0:
-        return s.astype(np.float32)
-    finite = np.isfinite(s)
-    if not finite.any():
-        return np.zeros(len(s), dtype=np.float32)
-    s = np.where(finite, s, s[finite].min())
-    std = s.std()
-    return ((s - s.mean()) / std if std > 1e-12 else np.zeros_like(s)).astype(np.float32)
-
-
 def _pad_right(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Any, Any]:
     """(LongTensor [B, T] right-padded, LongTensor [B] index of each row's last real token)."""
     import torch  # lazy: imports torch
@@ -284,18 +270,14 @@ def suffix_hidden(model: Any, state: PrefixState, suffixes: Sequence[Sequence[in
 
 
 def pointwise_from_logits(logits: Any, yes_id: int, no_id: int) -> np.ndarray:
-    """P(Yes) / (P(Yes) + P(No)) = sigmoid(logit_yes - logit_no)."""
-    import torch  # lazy: imports torch
-
-    return torch.sigmoid(logits[:, yes_id] - logits[:, no_id]).cpu().numpy().astype(np.float32)
+    """P(Yes) / (P(Yes) + P(No)) per row of logits [B, V] (``llm_rerank.scores.pointwise_scores``)."""
+    return pointwise_scores(logits[:, yes_id].cpu().numpy(), logits[:, no_id].cpu().numpy())
 
 
 def listwise_from_logits(logits: Any, letter_ids: Sequence[int], n: int) -> np.ndarray:
-    """Log-softmax over the first ``n`` letter tokens at the answer position (row 0)."""
-    import torch  # lazy: imports torch
-
-    sub = logits[0, list(letter_ids[:n])]
-    return torch.log_softmax(sub, dim=-1).cpu().numpy().astype(np.float32)
+    """Log-softmax over the first ``n`` letter tokens at the answer position (row 0;
+    ``llm_rerank.scores.listwise_scores``)."""
+    return listwise_scores(logits[0, list(letter_ids[:n])].cpu().numpy())
 
 
 class LogitScorer:

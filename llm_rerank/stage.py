@@ -11,7 +11,7 @@ the KV cache's tier 2. Serving options (``LLMConfig``): ``precision`` fp32/bf16/
 (SmoothQuant W8A8 from the calibrated ``int8_dir``), ``kv.enabled`` (two-tier block prefix
 cache, ``llm_rerank.prefix_kv``), ``batching.enabled`` (concurrent requests share forward
 passes, ``llm_rerank.batching``) and ``backend: http`` (an OpenAI-compatible server: vLLM or
-``llm_rerank.server``; ``llm_rerank.remote``).
+``serving.llm_worker``; ``llm_rerank.remote``).
 
 The prompt's instruction and questions come from a ``llm_rerank.template.PromptTemplate``:
 ``llm.prompt`` at start-up, then whatever ``set_prompt_template`` installs (``PUT /admin/prompts``
@@ -40,15 +40,15 @@ from llm_rerank.backbone import load_model, resolve_model, resolve_precision, we
 from llm_rerank.batching import DynamicBatcher
 from llm_rerank.config import LLMConfig
 from llm_rerank.meta import read_train_meta
-from llm_rerank.prompt import PROMPT_VERSION, PromptBuilder, PromptParts
+from llm_rerank.prompt import PROMPT_VERSION, PromptBuilder, PromptParts, RequestPrompts, pad_token_id
 from llm_rerank.remote import RemoteLLM
+from llm_rerank.scores import zscore
 from llm_rerank.scoring import (
     LogitScorer,
     PrefixCache,
     listwise_from_logits,
     pointwise_from_logits,
     row_logits,
-    zscore,
 )
 from llm_rerank.template import DEFAULT, PromptTemplate, parse_prompt_document
 from offline.split import Split
@@ -120,17 +120,16 @@ class LLMRerankStage:
     def attach(self, model: Any, tokenizer: Any, titles: np.ndarray) -> None:
         """Use an already loaded model/tokenizer and item titles (the training job and tests)."""
         self.model = model
-        self.prompts = PromptBuilder(tokenizer, domain=self.cfg.domain, title_chars=self.cfg.title_chars,
-                                     template=self.template)
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.scorer = LogitScorer(model, int(pad or 0), batch_size=self.cfg.batch_size,
-                                  cache=PrefixCache(self.cfg.prefix_cache_size))
+        self.prompts = PromptBuilder.for_config(tokenizer, self.cfg, self.template)
         self.titles = np.asarray(titles, dtype=object)
         self._weights = self._weights or "unversioned"
-        if model is not None and self.cfg.kv.enabled:
-            self.blocks = self._block_cache(model)
-            self.scorer.blocks = self.blocks
-            self.scorer.cache = PrefixCache(0)  # the block cache replaces the whole-prefix LRU
+        blocks = self._block_cache(model) if model is not None and self.cfg.kv.enabled else None
+        if blocks is not None:
+            self.blocks = blocks
+        # the block cache, when on, replaces the whole-prefix LRU
+        lru = PrefixCache(0 if blocks is not None else self.cfg.prefix_cache_size)
+        self.scorer = LogitScorer(model, pad_token_id(tokenizer), batch_size=self.cfg.batch_size, cache=lru,
+                                  blocks=blocks)
         if model is not None and self.cfg.batching.enabled:
             b = self.cfg.batching
             self.batcher = DynamicBatcher(self._run_batch, window_ms=b.window_ms, max_batch=b.max_batch,
@@ -195,13 +194,9 @@ class LLMRerankStage:
     # -- serving -----------------------------------------------------------------------
     def build_prompt(self, request: Request, item_idx: np.ndarray,
                      prompts: PromptBuilder | None = None) -> PromptParts:
-        prompts = prompts or self._prompts()
-        n_hist = self.cfg.history_items
-        recent = request.history[-n_hist:] if n_hist > 0 else request.history[:0]
-        hist = [self._title(int(i)) for i in recent]
-        cands = [self._title(int(i)) for i in item_idx]
-        build = prompts.listwise if self.cfg.scoring == "listwise" else prompts.pointwise
-        return build(hist, request.user_attrs, cands)
+        """The prompt of ``request`` over ``item_idx`` (``RequestPrompts``), with ``prompts`` (the builder
+        of the template this request started on) or the current one."""
+        return RequestPrompts.for_config(prompts or self._prompts(), self.titles, self.cfg).build(request, item_idx)
 
     def score(self, request: Request, item_idx: np.ndarray) -> np.ndarray:
         """LLM scores for ``item_idx`` in that order (higher is better)."""
@@ -258,11 +253,6 @@ class LLMRerankStage:
         if self.prompts is None:
             raise StageError(f"stage {self.name!r} used before load()")
         return self.prompts
-
-    def _title(self, item_idx: int) -> str:
-        if not 0 <= item_idx < len(self.titles):
-            raise StageError(f"item_idx {item_idx} outside the catalog of {len(self.titles)} titles")
-        return str(self.titles[item_idx])
 
 
 def residual_beta(*locations: Path) -> float | None:

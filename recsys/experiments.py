@@ -1,9 +1,11 @@
 """Online experiments: the config model and the salted-hash assignment of users to variants.
 
 One experiment runs at a time (``settings.experiments``). Each user falls in one bucket of
-``[0, 10000)``: the first 8 bytes of BLAKE2b(``salt:experiment:user_id``) modulo 10,000
-(the modulo bias of a 64-bit value is below 1e-15). Buckets are laid out in order: the
-holdout first (``[0, holdout * 10000)``), then each variant's share. Assignment is a pure
+``[0, 10000)``: ``user_hash(salt, experiment, user_id)`` (BLAKE2b with an 8-byte digest of
+``salt:experiment:user_id``) modulo 10,000 (the modulo bias of a 64-bit value is below 1e-15).
+``user_hash`` is the project's one user-bucketing hash: serving's LLM share
+(``serving.policy``) places users with it too, under its own salt. Buckets are laid out in
+order: the holdout first (``[0, holdout * 10000)``), then each variant's share. Assignment is a pure
 function of the config and the user id, so it is sticky across requests, workers and
 restarts; a new ``salt`` reshuffles everyone (Kohavi et al., "Trustworthy Online Controlled
 Experiments", 2020, ch. 14). Putting the experiment name in the hash keeps two experiments'
@@ -115,14 +117,25 @@ class Assignment:
     bucket: int
 
 
+def user_hash(*parts: str) -> int:
+    """A 64-bit salted hash of a user: BLAKE2b (8-byte digest) of the parts joined by ``:``, big-endian.
+
+    Deterministic and uniform, so a user keeps one bucket across requests, workers and restarts
+    (Kohavi et al. 2020, ch. 14); different salts or names give independent placements.
+
+    >>> user_hash("s", "exp", "u1") == int.from_bytes(hashlib.blake2b(b"s:exp:u1", digest_size=8).digest(), "big")
+    True
+    """
+    return int.from_bytes(hashlib.blake2b(":".join(parts).encode(), digest_size=8).digest(), "big")
+
+
 def bucket(salt: str, experiment: str, user_id: str) -> int:
     """The user's bucket in ``[0, 10000)``.
 
     >>> bucket("s", "exp", "u1") == bucket("s", "exp", "u1") and 0 <= bucket("s", "exp", "u1") < 10000
     True
     """
-    digest = hashlib.blake2b(f"{salt}:{experiment}:{user_id}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % N_BUCKETS
+    return user_hash(salt, experiment, user_id) % N_BUCKETS
 
 
 def boundaries(config: ExperimentsConfig) -> list[tuple[str, int]]:

@@ -3,8 +3,10 @@
 Only part of the traffic pays for the LLM re-ranker. A user is in the LLM share when the hash
 of ``salt:user_id`` falls below ``llm_share``: deterministic (a user keeps one experience
 across requests and workers) and uniform over users, the usual way to assign traffic
-buckets (Kohavi et al., "Trustworthy Online Controlled Experiments", ch. 14). A request may
-opt in or out with ``llm: true|false``. When the LLM stage is disabled or not loaded the
+buckets (Kohavi et al., "Trustworthy Online Controlled Experiments", ch. 14). The hash is
+the experiments' own (``recsys.experiments.user_hash``), so one function places users in
+every split; the policy salt keeps the LLM share independent of the experiment arms. A
+request may opt in or out with ``llm: true|false``. When the LLM stage is disabled or not loaded the
 request takes the light path: "LLM not available" never fails a request.
 
 The result cache key covers everything the answer depends on: user, k, context, the
@@ -22,17 +24,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from recsys.experiments import user_hash
+
 RouteReason = Literal["opt_in", "opt_out", "share", "not_in_share", "llm_unavailable"]
 
 
 def llm_bucket(user_id: str, salt: str) -> float:
-    """The user's position in [0, 1): the first 8 bytes of SHA-256(salt:user_id) as a fraction.
+    """The user's position in [0, 1): ``user_hash(salt, user_id)`` as a fraction of 2**64.
 
     >>> llm_bucket("u1", "s") == llm_bucket("u1", "s") and 0.0 <= llm_bucket("u1", "s") < 1.0
     True
     """
-    digest = hashlib.sha256(f"{salt}:{user_id}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2.0**64
+    return user_hash(salt, user_id) / 2.0**64
 
 
 @dataclass(frozen=True)

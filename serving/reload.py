@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 from cascade.registry import build_pipeline
 from cascade.settings import Settings
 from recsys.pipeline import Pipeline, PipelineError
 from serving.backend import OnlineBackend
 from serving.metrics import ServingMetrics
-from serving.schemas import RecommendRequest
+from serving.schemas import RecommendRequest, RecommendResponse
 from serving.service import Recommender, ServiceSlot
 from serving.state import CatalogState
 
@@ -68,18 +67,18 @@ def load_checked(settings: Settings, artifact_dir: Path, metrics: ServingMetrics
     return recommender
 
 
-def smoke_test(recommender: Recommender) -> dict[str, Any]:
+def smoke_test(recommender: Recommender) -> RecommendResponse:
     """One answer for the first known user (else a cold start); ``ReloadRefused`` if it is unsafe."""
     user = next(iter(recommender.catalog.user_index), "reload-smoke-cold-user")
     body = RecommendRequest(user_id=user, k=min(10, recommender.settings.pipeline.max_k))
     try:
-        answer = recommender.recommend(body, request_id="reload-smoke")
+        answer = recommender.respond(body, request_id="reload-smoke")
     except PipelineError as exc:
         raise ReloadRefused(f"smoke request for user {user!r} failed: {exc}") from exc
     except Exception as exc:
         raise ReloadRefused(f"smoke request for user {user!r} raised {type(exc).__name__}: {exc}") from exc
-    broken = [f"{s['name']}: {s['reason']}" for s in answer["stages"]
-              if s["status"] == "fallback" and not any(r in s["reason"] for r in _BUDGET_REASONS)]
+    broken = [f"{s.name}: {s.reason}" for s in answer.stages
+              if s.status == "fallback" and not any(r in s.reason for r in _BUDGET_REASONS)]
     if broken:
         raise ReloadRefused(f"smoke request for user {user!r}: stage(s) fell back on errors: {'; '.join(broken)}")
     return answer

@@ -8,8 +8,10 @@ configured bound as ``k = 101``). Numbers are finite: NaN and infinities never p
 ones are refused before parsing by ``serving.middleware.JsonBodyCheck``), and event times and
 values have sane bounds.
 
-The response models document the API (OpenAPI at ``/docs``); the server builds the JSON
-once in ``serving.service.build_response`` and a test checks it against these models.
+The response models are what the server returns: ``serving.response.build_response`` builds
+a ``RecommendResponse`` once, the route declares it as its ``response_model`` (so FastAPI
+validates it and OpenAPI at ``/docs`` documents it) and serves only the fields that were set:
+``debug`` appears on debug answers only, ``fusion_weights`` on the fusion stage's hand-off only.
 
 Deliberately left out: anything FastAPI-specific (routes, dependencies).
 """
@@ -154,6 +156,10 @@ class RecommendResponse(BaseModel):
     variant: str | None = Field(None, description="The user's arm in it (a variant name or 'holdout').")
     impressions_logged: bool = Field(False, description="The items were logged as impressions on the events stream.")
     debug: DebugInfo | None = Field(None, description="Present only when the request set debug.")
+
+    def as_json(self) -> dict[str, Any]:
+        """The JSON object the API serves: fields never set (``debug`` of a non-debug answer) left out."""
+        return self.model_dump(mode="json", exclude_unset=True)
 
 
 EventType = Literal[EVENT_TYPES]  # type: ignore[valid-type]

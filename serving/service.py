@@ -1,48 +1,58 @@
-"""Answers one recommendation request as the API's JSON: the code HTTP and the CLI share.
+"""Answers one recommendation request: the typed answer HTTP serves and the CLI prints.
 
 ``Recommender`` holds the loaded ``CatalogState`` and ``Pipeline`` and, when served online,
-the worker's ``OnlineState`` (Redis). ``recommend`` applies the traffic policy
-(``serving.policy``): it reads the user's online history and its version, answers from the
-result cache when it can ("cache"), else runs the pipeline with the LLM stages skipped
-("light") or not ("llm", or "fallback" when a stage fell back), with the request deadline
-counted from arrival. While Redis is down it answers from the split's in-memory histories
-without the cache and marks the answer ``degraded``. The route and
-``serving.run.recommend_once`` both return exactly that dict.
+the worker's ``OnlineState`` (Redis). ``respond`` runs one request as a list of small steps,
+top to bottom:
+
+1. assign the user's experiment arm (``recsys.experiments``, salted hash);
+2. choose the route (``serving.policy``): LLM path or light, after the arm's overrides;
+3. read the user's online history and its version (the split's while Redis is down);
+4. look the answer up in the result cache ("cache"), when it may serve;
+5. build the pipeline ``Request`` once (deadline counted from arrival, the arm's variant);
+6. run the pipeline (the arm's), the LLM stages skipped on the light path;
+7. build the response (``serving.response``): "llm", "light" or "fallback";
+8. store it in the result cache (never a fallback);
+9. stamp ``total_ms``, record the metrics and log the impressions.
+
+While Redis is down the answer comes from the split's in-memory histories without the cache
+and is marked ``degraded``. ``recommend`` is the same answer as the JSON object the route
+serves (``serving.run.recommend_once``, the demo).
 
 An LLM stage whose artifacts fail to load is disabled (logged), never fatal: the policy then
 sends everyone down the light path. Other stages failing to load still fail start-up.
 
-With an active experiment (``recsys.experiments``), each user is assigned a variant by
-salted hash; the variant's overrides (LLM share or opt-in, fusion weights) apply, the answer
-carries ``experiment`` and ``variant``, and the items shown are logged as impressions on the
-events stream (``impressions_logged``; not while Redis is down).
+With an active experiment, the variant's overrides (LLM share or opt-in, fusion weights)
+apply, the answer carries ``experiment`` and ``variant``, and the items shown are logged as
+impressions on the events stream (``impressions_logged``; not while Redis is down).
 
 Deliberately left out: HTTP status codes and threads (``serving.app``), process start-up
-(``serving.run``). A ``PipelineError`` (a fail-closed stage failed) propagates to the caller.
+(``serving.run``), the answer's shape (``serving.response``). A ``PipelineError`` (a
+fail-closed stage failed) propagates to the caller.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import math
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from pydantic import ValidationError
 
 from cascade.registry import build_stage
 from cascade.settings import Settings
-from recsys.contract import Candidates, Request, StageTrace
+from recsys.contract import Request, StageTrace
 from recsys.experiments import Assignment, ExperimentsConfig, active_experiment, assign
 from recsys.pipeline import Pipeline, PipelineResult
 from recsys.redis_state import RedisUnavailable
 from serving.metrics import ServingMetrics
-from serving.policy import choose_route, result_cache_key
-from serving.schemas import RecommendRequest
+from serving.policy import Route, choose_route, result_cache_key
+from serving.response import Served, build_response, stage_handoffs
+from serving.schemas import RecommendRequest, RecommendResponse, StageHandoff
 from serving.stage_loading import load_pipeline
 from serving.state import CatalogState
 
@@ -50,6 +60,44 @@ if TYPE_CHECKING:
     from serving.online import OnlineState
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Clock:
+    """When a request arrived (perf_counter, for ``total_ms``) and when its answer is due (monotonic)."""
+
+    t0: float
+    deadline: float
+
+    @classmethod
+    def start(cls, budget_ms: float) -> Clock:
+        return cls(time.perf_counter(), time.monotonic() + budget_ms / 1000)
+
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.t0
+
+
+@dataclass(frozen=True)
+class OnlineHistory:
+    """The user's history from Redis (None: the split's), its version, and whether Redis was down."""
+
+    items: np.ndarray | None = None
+    version: int = 0
+    degraded: bool = False
+
+
+@dataclass(frozen=True)
+class CacheLookup:
+    """A cached answer stamped for this request (None: miss or no lookup), and whether Redis failed."""
+
+    answer: RecommendResponse | None = None
+    degraded: bool = False
+
+
+@dataclass(frozen=True)
+class PipelineRun:
+    result: PipelineResult
+    handoffs: list[StageHandoff]  # filled for debug requests only
 
 
 class Recommender:
@@ -81,101 +129,120 @@ class Recommender:
         return {**self.pipeline.versions(), **self.extra_versions()}
 
     def recommend(self, body: RecommendRequest, request_id: str | None = None) -> dict[str, Any]:
-        """The API answer for ``body`` (limits are the caller's to check first)."""
-        t0 = time.perf_counter()
-        deadline = time.monotonic() + self.settings.pipeline.request_budget_ms / 1000
+        """``respond``'s answer as the JSON object POST /v1/recommend serves (CLI, demo)."""
+        return self.respond(body, request_id).as_json()
+
+    def respond(self, body: RecommendRequest, request_id: str | None = None) -> RecommendResponse:
+        """The API answer for ``body`` (limits are the caller's to check first); called by the route."""
+        clock = Clock.start(self.settings.pipeline.request_budget_ms)
+        request_id = request_id or uuid.uuid4().hex
+        arm = assign(self.experiment, body.user_id) if self.experiment is not None else None
+        route = self._route(body, arm)
+        online = self._read_history(body.user_id)
+        cache_key = self._cache_key(body, arm, route, online)
+        hit = self._cache_lookup(cache_key, request_id)
+        if hit.answer is not None:
+            return self._finish(hit.answer, [], arm, clock)
+        request = self.catalog.request_for(
+            body.user_id, body.k, context=body.context, debug=body.debug, request_id=request_id,
+            online_history=online.items, deadline=clock.deadline, variant=arm.variant if arm else None,
+        )
+        run = self._run(request, route)
+        served = Served(route.reason, online.degraded or hit.degraded, arm, self.extra_versions(), run.handoffs)
+        answer = build_response(request, run.result, self.catalog, self.llm_stages, served, clock.t0)
+        if cache_key is not None and answer.path != "fallback":  # never pin a degraded answer
+            self._store(cache_key, answer)
+        return self._finish(answer, run.result.traces, arm, clock)
+
+    def _route(self, body: RecommendRequest, arm: Assignment | None) -> Route:
+        """The policy's route under the arm's overrides (a request's own ``llm`` still wins); counted."""
         cfg = self.settings.serving
-        experiment = self.experiment
-        arm = assign(experiment, body.user_id) if experiment is not None else None
-        over = experiment.overrides(arm.variant) if experiment is not None and arm is not None else None
+        over = self.experiment.overrides(arm.variant) if self.experiment is not None and arm is not None else None
         share = over.llm_share if over is not None and over.llm_share is not None else cfg.llm_share
         opt = body.llm if body.llm is not None or over is None else over.llm
         route = choose_route(body.user_id, opt, share, cfg.policy_salt, self.llm_available)
         self.metrics.routes.labels(route.reason).inc()
-        history, history_version, degraded = self._online_history(body.user_id)
-        cache_key = None
-        if self.online is not None and not degraded and cfg.result_cache_ttl_s > 0 and not body.debug:
-            versions = {**self.versions(), **({"variant": f"{arm.experiment}:{arm.variant}"} if arm else {})}
-            cache_key = result_cache_key(body.user_id, body.k, body.context, history_version, versions, route.llm)
-            cached, degraded = self._cached(cache_key)
-            if cached is not None:
-                answer = {**cached, "request_id": request_id or uuid.uuid4().hex, "path": "cache",
-                          "degraded": False, "total_ms": round((time.perf_counter() - t0) * 1000, 3)}
-                self.metrics.observe_answer("cache", time.perf_counter() - t0, [])
-                return self._log_impressions(answer, arm)
-        request = self.catalog.request_for(
-            body.user_id, body.k, context=body.context, debug=body.debug,
-            request_id=request_id or uuid.uuid4().hex, online_history=history, deadline=deadline,
-        )
-        pipeline = self.pipeline
-        if arm is not None:
-            request = dataclasses.replace(request, variant=arm.variant)
-            pipeline = self.variant_pipelines.get(arm.variant, pipeline)
-        handoffs: list[dict[str, Any]] = []
-        observe = stage_handoffs(pipeline, self.catalog, handoffs) if request.debug else None
-        result = pipeline.run(request, skip=() if route.llm else self.llm_stages, observe=observe)
-        answer = build_response(request, result, self.catalog, self.llm_stages, t0)
-        if request.debug:
-            answer["debug"]["handoffs"] = handoffs
-        answer["versions"].update(self.extra_versions())
-        answer["route"], answer["degraded"] = route.reason, degraded
-        answer["experiment"], answer["variant"] = (arm.experiment, arm.variant) if arm else (None, None)
-        if cache_key is not None and answer["path"] != "fallback":  # never pin a degraded answer
-            self._store(cache_key, answer)
-        answer["total_ms"] = round((time.perf_counter() - t0) * 1000, 3)
-        self.metrics.observe_answer(answer["path"], time.perf_counter() - t0, result.traces)
-        if degraded:
-            self.metrics.degraded.inc()
-        return self._log_impressions(answer, arm)
+        return route
 
-    def _log_impressions(self, answer: dict[str, Any], arm: Assignment | None) -> dict[str, Any]:
-        """Record the items shown to an experiment's user on the events stream (best effort)."""
-        answer["impressions_logged"] = False
-        if arm is None or self.online is None or answer["degraded"] or not answer["items"]:
-            return answer
-        ts = f"{time.time():.3f}"
-        entries = [{"user_id": answer["user_id"], "item_id": item["id"], "type": "impression", "ts": ts,
-                    "experiment": arm.experiment, "variant": arm.variant, "request_id": answer["request_id"],
-                    "rank": str(item["rank"])} for item in answer["items"]]
-        try:
-            self.online.log_impressions(entries)
-        except RedisUnavailable:
-            self.metrics.redis_errors.inc()
-            return answer
-        answer["impressions_logged"] = True
-        return answer
-
-    def _online_history(self, user_id: str) -> tuple[np.ndarray | None, int, bool]:
-        """(online history or None for the split's, history version, degraded)."""
+    def _read_history(self, user_id: str) -> OnlineHistory:
         if self.online is None:
-            return None, 0, False
+            return OnlineHistory()
         try:
             history, version = self.online.history(user_id, self.catalog.user_index.get(user_id))
         except RedisUnavailable as exc:
             self.metrics.redis_errors.inc()
             log.debug("history of %s from the split: %s", user_id, exc)
-            return None, 0, True
-        return history, version, False
+            return OnlineHistory(degraded=True)
+        return OnlineHistory(history, version)
 
-    def _cached(self, key: str) -> tuple[dict[str, Any] | None, bool]:
-        if self.online is None:
-            return None, False
+    def _cache_key(self, body: RecommendRequest, arm: Assignment | None, route: Route,
+                   online: OnlineHistory) -> str | None:
+        """The result cache key, or None when the cache may not serve (offline, Redis down, off, debug)."""
+        if self.online is None or online.degraded or self.settings.serving.result_cache_ttl_s <= 0 or body.debug:
+            return None
+        versions = {**self.versions(), **({"variant": f"{arm.experiment}:{arm.variant}"} if arm else {})}
+        return result_cache_key(body.user_id, body.k, body.context, online.version, versions, route.llm)
+
+    def _cache_lookup(self, key: str | None, request_id: str) -> CacheLookup:
+        """The cached answer under ``key`` as this request's (path "cache"); an unreadable entry is a miss."""
+        if key is None or self.online is None:
+            return CacheLookup()
         try:
-            hit = self.online.cached_result(key)
+            raw = self.online.cached_result(key)
         except RedisUnavailable:
             self.metrics.redis_errors.inc()
-            return None, True
-        self.metrics.cache.labels("hit" if hit is not None else "miss").inc()
-        return hit, False
+            return CacheLookup(degraded=True)
+        answer = None
+        if raw is not None:
+            try:
+                answer = RecommendResponse.model_validate(
+                    {**raw, "request_id": request_id, "path": "cache", "degraded": False, "total_ms": 0.0})
+            except (TypeError, ValidationError) as exc:  # written by an older schema, or not by us
+                log.warning("result cache entry %s unreadable, recomputing: %s", key, exc)
+        self.metrics.cache.labels("hit" if answer is not None else "miss").inc()
+        return CacheLookup(answer)
 
-    def _store(self, key: str, answer: dict[str, Any]) -> None:
+    def _run(self, request: Request, route: Route) -> PipelineRun:
+        """The pipeline of the request's variant, the LLM stages skipped off the LLM route."""
+        pipeline = self.variant_pipelines.get(request.variant, self.pipeline) if request.variant else self.pipeline
+        handoffs: list[StageHandoff] = []
+        observe = stage_handoffs(pipeline, self.catalog, handoffs) if request.debug else None
+        result = pipeline.run(request, skip=() if route.llm else self.llm_stages, observe=observe)
+        return PipelineRun(result, handoffs)
+
+    def _store(self, key: str, answer: RecommendResponse) -> None:
         if self.online is None:
             return
-        keep = {k: v for k, v in answer.items() if k not in ("request_id", "total_ms")}
+        keep = answer.model_dump(mode="json", exclude_unset=True,
+                                 exclude={"request_id", "total_ms", "impressions_logged"})
         try:
             self.online.store_result(key, keep, self.settings.serving.result_cache_ttl_s)
         except RedisUnavailable:
             self.metrics.redis_errors.inc()
+
+    def _finish(self, answer: RecommendResponse, traces: list[StageTrace], arm: Assignment | None,
+                clock: Clock) -> RecommendResponse:
+        """The last step of every answer: stamp ``total_ms``, record the metrics, log the impressions."""
+        answer = answer.model_copy(update={"total_ms": round(clock.elapsed_s() * 1000, 3)})
+        self.metrics.observe_answer(answer.path, clock.elapsed_s(), traces)
+        if answer.degraded:
+            self.metrics.degraded.inc()
+        return answer.model_copy(update={"impressions_logged": self._log_impressions(answer, arm)})
+
+    def _log_impressions(self, answer: RecommendResponse, arm: Assignment | None) -> bool:
+        """Record the items shown to an experiment's user on the events stream (best effort); done?"""
+        if arm is None or self.online is None or answer.degraded or not answer.items:
+            return False
+        ts = f"{time.time():.3f}"
+        entries = [{"user_id": answer.user_id, "item_id": item.id, "type": "impression", "ts": ts,
+                    "experiment": arm.experiment, "variant": arm.variant, "request_id": answer.request_id,
+                    "rank": str(item.rank)} for item in answer.items]
+        try:
+            self.online.log_impressions(entries)
+        except RedisUnavailable:
+            self.metrics.redis_errors.inc()
+            return False
+        return True
 
 
 def variant_pipelines(
@@ -198,98 +265,6 @@ def variant_pipelines(
                  for spec, stage in pipeline.stages]
         out[variant.name] = Pipeline(pairs, request_budget_ms=pipeline.request_budget_ms)
     return out
-
-
-def answer_path(traces: list[StageTrace], llm_stages: frozenset[str]) -> str:
-    """"llm" when an LLM stage ran, else "fallback" when any stage fell back, else "light"."""
-    if any(t.name in llm_stages and t.status == "ok" for t in traces):
-        return "llm"
-    if any(t.status == "fallback" for t in traces):
-        return "fallback"
-    return "light"
-
-
-def build_response(
-    request: Request, result: PipelineResult, catalog: CatalogState, llm_stages: frozenset[str], t0: float
-) -> dict[str, Any]:
-    """The JSON dict of ``serving.schemas.RecommendResponse``; ``t0`` is the perf_counter at arrival."""
-    cands = result.candidates
-    order = cands.score(cands.order_by) if cands.order_by else None
-    backfill = cands.flags.get("backfill", np.zeros(len(cands), dtype=bool))
-    items = [
-        {
-            "id": catalog.item_id(int(item)),
-            "title": catalog.title(int(item)),
-            "score": None if order is None else _finite(order[i]),
-            "rank": i + 1,
-            "disclaimers": list(cands.disclaimers.get(int(item), [])),
-            "backfill": bool(backfill[i]),
-        }
-        for i, item in enumerate(cands.items)
-    ]
-    out: dict[str, Any] = {
-        "request_id": request.request_id,
-        "user_id": request.user_id,
-        "cold_start": request.user_idx is None,
-        "items": items,
-        "stages": [
-            {"name": t.name, "status": t.status, "ms": round(t.ms, 3), "n_in": t.n_in, "n_out": t.n_out, "reason": t.reason}
-            for t in result.traces
-        ],
-        "versions": dict(result.versions),
-        "fallbacks": result.fallbacks,
-        "path": answer_path(result.traces, llm_stages),
-        "complete": result.complete,
-        "short_by": result.short_by,
-        "short_reason": result.short_reason or None,
-    }
-    if request.debug:
-        out["debug"] = _debug_block(request, cands, catalog)
-    out["total_ms"] = round((time.perf_counter() - t0) * 1000, 3)
-    return out
-
-
-HANDOFF_ITEMS = 200  # items shown per stage in a debug answer (recall's whole depth by default)
-
-
-def stage_handoffs(pipeline: Pipeline, catalog: CatalogState, out: list[dict[str, Any]]) -> Callable[[str, Candidates], None]:
-    """A ``Pipeline.run`` observer filling ``out`` with what each stage handed on (debug answers):
-    its items in order, its own score, the channels that found each item, and fusion's weights."""
-    kinds = {spec.name: (spec.kind, stage) for spec, stage in pipeline.stages}
-
-    def observe(name: str, cands: Candidates) -> None:
-        kind, stage = kinds.get(name, ("", None))
-        head = cands.head(HANDOFF_ITEMS)
-        own = head.scores.get(name)
-        channels = {k.removeprefix("src_"): v for k, v in head.flags.items() if k.startswith("src_")}
-        entry: dict[str, Any] = {"stage": name, "n": len(cands), "order_by": cands.order_by, "items": [
-            {"id": catalog.item_id(int(item)), "score": None if own is None else _finite(own[i]),
-             "channels": [c for c, found in channels.items() if found[i]]}
-            for i, item in enumerate(head.items)]}
-        weights_for = getattr(stage, "weights_for", None) if kind == "fusion" else None
-        if weights_for is not None:
-            entry["fusion_weights"] = weights_for(cands)
-        out.append(entry)
-
-    return observe
-
-
-def _debug_block(request: Request, cands: Candidates, catalog: CatalogState) -> dict[str, Any]:
-    return {
-        "order_by": cands.order_by,
-        "history_len": len(request.history),
-        "removed": [{"id": catalog.item_id(int(i)), "reason": reason} for i, reason in cands.removed],
-        "item_scores": {
-            catalog.item_id(int(item)): {name: _finite(col[row]) for name, col in cands.scores.items()}
-            for row, item in enumerate(cands.items)
-        },
-    }
-
-
-def _finite(value: Any) -> float | None:
-    """JSON has no NaN: an unscored item gets null."""
-    v = float(value)
-    return v if math.isfinite(v) else None
 
 
 class ServiceSlot:

@@ -128,8 +128,10 @@ class CatalogState:
         request_id: str = "",
         online_history: np.ndarray | None = None,
         deadline: float | None = None,
+        variant: str | None = None,
     ) -> Request:
-        """The pipeline request for external ``user_id`` (cold start when unknown).
+        """The pipeline request for external ``user_id`` (cold start when unknown), in the A/B
+        ``variant`` the user was assigned (None: no experiment).
 
         ``online_history`` (the user's recent items from Redis, events included) replaces the
         split history as the model input; a known user still never gets an item from the
@@ -137,7 +139,7 @@ class CatalogState:
         """
         user_idx = self.user_index.get(user_id)
         common: dict[str, Any] = {"user_id": user_id, "k": k, "context": dict(context or {}), "debug": debug,
-                                  "request_id": request_id, "deadline": deadline}
+                                  "request_id": request_id, "deadline": deadline, "variant": variant}
         if user_idx is None:
             history = online_history if online_history is not None else np.zeros(0, dtype=np.int64)
             return Request(history=history, **common)

@@ -5,11 +5,16 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
+import numpy as np
 import pytest
 
-from llm_rerank.prompt import PromptBuilder, sanitise_title
-from tests.llm_rerank.factories import ANIMATION, HORROR, smollm2_tokenizer
+from cascade.settings import Settings
+from llm_rerank.prompt import PromptBuilder, RequestPrompts, sanitise_title
+from llm_rerank.stage import LLMRerankStage
+from recsys.contract import Request, StageError
+from tests.llm_rerank.factories import ANIMATION, HORROR, save_tiny_llm, smollm2_tokenizer, tiny_split
 
 HISTORY = ["Toy Story (1995)", "Aladdin (1992)"]
 ATTRS = {"age": 30, "gender": "F", "occupation": "student"}
@@ -129,3 +134,28 @@ def test_concurrent_requests_build_the_prompts_one_request_alone_builds() -> Non
     for _ in range(50):  # the real tokenizer, fresh builders (nothing memoised), 4 threads at once
         with ThreadPoolExecutor(4) as pool:
             assert list(pool.map(build, [PromptBuilder(tok)] * 4, range(4))) == want[:4]
+
+
+@pytest.mark.parametrize("scoring", ["listwise", "pointwise"])
+def test_request_prompts_are_the_served_prompts_without_a_stage(tmp_path: Path, scoring: str) -> None:
+    """``jobs.llm_adapt`` trains on ``RequestPrompts`` built from ``settings.llm`` alone; the stage
+    serves the same token ids (history window, titles, template, scoring mode)."""
+    save_tiny_llm(tmp_path / "m")
+    split = tiny_split()
+    split.save(tmp_path / "toy" / "split")
+    settings = Settings.build({"artifacts_dir": str(tmp_path), "llm": {
+        "model": str(tmp_path / "m"), "precision": "fp32", "scoring": scoring, "history_items": 3}})
+    stage = LLMRerankStage(None, settings.llm, artifacts_root=tmp_path)
+    stage.load(tmp_path / "toy")
+    titles = split.items["title"].to_numpy(dtype=object)
+    prompts = RequestPrompts.for_config(PromptBuilder.for_config(stage.prompts.tok, settings.llm), titles,
+                                        settings.llm)
+    for request, items in ((Request(user_id="u0", history=np.array([1, 2, 3, 4, 5]), user_attrs=ATTRS),
+                            np.array([0, 6, 2])),
+                           (Request(user_id="u1", history=np.zeros(0, dtype=np.int64)), np.array([11]))):
+        assert prompts.build(request, items) == stage.build_prompt(request, items)
+    got = prompts.build(Request(user_id="u0", history=np.array([1, 2, 3, 4, 5])), np.array([7]))
+    build = prompts.builder.listwise if scoring == "listwise" else prompts.builder.pointwise
+    assert got == build([str(titles[i]) for i in (3, 4, 5)], {}, [str(titles[7])])  # the last 3, oldest first
+    with pytest.raises(StageError, match="outside the catalog"):
+        prompts.build(Request(user_id="u0"), np.array([len(titles)]))

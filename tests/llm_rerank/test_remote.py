@@ -38,7 +38,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     tiny_split().save(root / "toy" / "split")
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "llm_rerank.server", "--model", str(root / "m"), "--precision",
+    proc = subprocess.Popen([sys.executable, "-m", "serving.llm_worker", "--model", str(root / "m"), "--precision",
                              "fp32", "--port", str(port), "--name", "tiny", "--threads", "1"],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}/v1"
@@ -106,12 +106,3 @@ def test_dead_server_raises_stage_error(served: tuple[str, Path]) -> None:
     with pytest.raises(StageError, match="LLM server"):
         stage.score(Request(user_id="u0", history=np.array([1])), np.array([0, 1]))
 
-
-def test_worker_refuses_a_model_directory_that_is_not_a_model(tmp_path, capsys) -> None:
-    from llm_rerank.server import main
-
-    with pytest.raises(SystemExit) as exit_:
-        main(["--model", str(tmp_path)])
-    assert exit_.value.code == 2
-    [line] = capsys.readouterr().err.strip().splitlines()
-    assert line.startswith("error: ") and "no config.json" in line

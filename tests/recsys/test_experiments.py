@@ -16,6 +16,7 @@ from recsys.experiments import (
     assign,
     boundaries,
     bucket,
+    user_hash,
 )
 
 
@@ -29,6 +30,7 @@ def config(**kw) -> ExperimentsConfig:
 def test_bucket_is_blake2b_of_salt_experiment_user_mod_10000() -> None:
     digest = hashlib.blake2b(b"s1:exp1:u42", digest_size=8).digest()
     assert bucket("s1", "exp1", "u42") == int.from_bytes(digest, "big") % 10_000
+    assert bucket("s1", "exp1", "u42") == user_hash("s1", "exp1", "u42") % 10_000
 
 
 def test_assignment_is_sticky_and_a_pure_function_of_config() -> None:

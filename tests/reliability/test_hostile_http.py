@@ -106,7 +106,7 @@ def test_an_unexpected_error_is_a_counted_500(admin_client: TestClient, monkeypa
     def boom(*args: object) -> None:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(admin_client.app.state.slot.recommender, "recommend", boom)
+    monkeypatch.setattr(admin_client.app.state.slot.recommender, "respond", boom)
     resp = admin_client.post("/v1/recommend", json={"user_id": "u1"})
     assert (resp.status_code, resp.json()) == (500, {"detail": "internal server error"})
     assert error_count(admin_client, "internal") == 1

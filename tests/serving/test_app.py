@@ -7,12 +7,14 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from fastapi.exceptions import RequestValidationError
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from recsys.config import StageSpec
+from recsys.contract import Candidates, Request
 from serving.app import _validation_error, create_app
 from serving.schemas import EventRequest, RecommendResponse
 from tests.serving.conftest import ADMIN_KEY, RECALL, RULES, client_for
@@ -175,6 +177,25 @@ def test_llm_stage_that_ran_sets_llm_path(toy_dir: Path) -> None:
     assert [(i["id"], i["score"]) for i in data["items"]] == [("m5", 2010.0), ("m4", 2005.0), ("m6", 1985.0)]
 
 
+class NonFiniteRerank(YearRerank):
+    """A diverged re-ranker: NaN and infinite scores."""
+
+    def run(self, request: Request, candidates: Candidates) -> Candidates:
+        bad = np.resize(np.array([np.nan, np.inf, -np.inf], dtype=np.float32), len(candidates))
+        return candidates.with_scores("llm", bad)
+
+
+def test_non_finite_scores_are_served_as_null_not_a_500(toy_dir: Path) -> None:
+    llm = StageSpec(name="llm", kind="llm", on_error="passthrough")
+    with client_for(toy_dir, [(RECALL, PopularityRecall), (llm, NonFiniteRerank)]) as client:
+        resp = recommend(client, user_id="u1", k=3, llm=True, debug=True)
+    assert resp.status_code == 200
+    data = resp.json()
+    RecommendResponse.model_validate(data)
+    assert data["path"] == "llm" and [i["score"] for i in data["items"]] == [None, None, None]
+    assert {s["llm"] for s in data["debug"]["item_scores"].values()} == {None}
+
+
 def test_readyz_is_503_while_loading_then_200(toy_dir: Path, toy_kinds: None, monkeypatch: pytest.MonkeyPatch) -> None:
     gate = threading.Event()
     monkeypatch.setattr(PopularityRecall, "load_gate", gate)
@@ -201,6 +222,8 @@ def test_openapi_and_docs_are_served(client: TestClient) -> None:
     spec = client.get("/openapi.json").json()
     assert {"/v1/recommend", "/readyz", "/healthz"} <= set(spec["paths"])
     assert "RecommendResponse" in spec["components"]["schemas"]
+    ok = spec["paths"]["/v1/recommend"]["post"]["responses"]["200"]["content"]["application/json"]["schema"]
+    assert ok == {"$ref": "#/components/schemas/RecommendResponse"}
     assert client.get("/docs").status_code == 200
 
 

@@ -58,4 +58,5 @@ def test_debug_lists_what_each_stage_handed_on_and_the_fusion_weights(toy_dir) -
     assert handoffs["recall"]["items"][0]["score"] == 3.0 and handoffs["recall"]["n"] == 6
     assert [i["id"] for i in handoffs["rules"]["items"]] == ["m1", "m2", "m5", "m6"]
     assert handoffs["fusion"]["fusion_weights"] == {"recall": 1.0}
+    assert "fusion_weights" not in handoffs["recall"]  # only the fusion stage's hand-off carries them
     assert [i["id"] for i in data["items"]] == ["m1", "m2"]

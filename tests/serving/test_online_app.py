@@ -64,6 +64,19 @@ def test_invalid_event_is_422_naming_the_field(online: TestClient, body: dict, l
     assert resp.status_code == 422 and [e["loc"] for e in resp.json()["detail"]] == [loc]
 
 
+def test_an_unreadable_cache_entry_is_a_miss_not_a_500(online: TestClient) -> None:
+    first, data = ids(online)
+    state = online.app.state.slot.recommender.online  # type: ignore[attr-defined]
+    keys = state.client.keys(f"{state.ns}:result:*")
+    assert len(keys) == 1
+    for garbage in ('{"items": "not a list"}', "[1, 2]"):  # an older schema's entry, or not ours at all
+        state.client.set(keys[0], garbage)
+        again, data = ids(online)
+        assert again == first and data["path"] == "light"  # recomputed (and stored afresh)
+        RecommendResponse.model_validate(data)
+    assert ids(online)[1]["path"] == "cache"
+
+
 def test_debug_requests_bypass_the_cache(online: TestClient) -> None:
     assert [ids(online, debug=True)[1]["path"] for _ in range(2)] == ["light", "light"]
 

@@ -2,12 +2,17 @@ from __future__ import annotations
 
 import pytest
 
+from recsys.experiments import user_hash
 from serving.policy import choose_route, llm_bucket, result_cache_key
 
 
 def test_llm_bucket_is_deterministic_and_salted() -> None:
     assert llm_bucket("user-42", "a") == llm_bucket("user-42", "a")
     assert llm_bucket("user-42", "a") != llm_bucket("user-42", "b")
+
+
+def test_llm_share_and_experiments_place_users_with_one_hash() -> None:
+    assert llm_bucket("user-42", "salt") == user_hash("salt", "user-42") / 2.0**64
 
 
 @pytest.mark.parametrize("share", [0.0, 0.05, 0.3, 0.5, 1.0])

@@ -11,9 +11,9 @@ from recsys.config import STAGE_KINDS
 from recsys.contract import Candidates, StageTrace
 from recsys.pipeline import PipelineError, PipelineResult
 from serving.app import create_app
+from serving.response import Served, answer_path, build_response
 from serving.run import ENV_ARTIFACT_DIR, recommend_once, server_env, settings_from_env
 from serving.schemas import LimitError, RecommendResponse
-from serving.service import answer_path, build_response
 from serving.state import CatalogState
 from tests.serving.conftest import RECALL
 from tests.serving.toy import toy_settings
@@ -72,7 +72,9 @@ def test_unscored_items_get_null_scores(toy_dir: Path) -> None:
     cands = Candidates(items=np.array([2, 0]), scores={"recall": np.array([1.0, np.nan], dtype=np.float32)},
                        order_by="recall")
     result = PipelineResult(cands, [StageTrace("recall", "ok", 0.5, 0, 2)], {"recall": "v"})
-    out = build_response(catalog.request_for("u1", 2, debug=True), result, catalog, frozenset(), time.perf_counter())
+    answer = build_response(catalog.request_for("u1", 2, debug=True), result, catalog, frozenset(),
+                            Served("not_in_share"), time.perf_counter())
+    out = answer.as_json()
     assert [(i["id"], i["score"]) for i in out["items"]] == [("m3", 1.0), ("m1", None)]
     assert out["debug"]["item_scores"] == {"m3": {"recall": 1.0}, "m1": {"recall": None}}
     assert out["debug"]["history_len"] == 3

@@ -17,12 +17,13 @@ def test_known_user_gets_full_history_attrs_and_index(toy_dir: Path) -> None:
     assert req.history.tolist() == [0, 1, 3, 4]
     assert dict(req.user_attrs) == {"age": 15, "gender": "F", "occupation": "student"}  # NA zip/risk dropped
     assert (req.k, req.debug, req.request_id, dict(req.context)) == (3, True, "r1", {"page": "home"})
+    assert state.request_for("u2", 3, variant="treatment").variant == "treatment"  # the request is built once
     assert req.excluded.tolist() == [0, 1, 3, 4]
 
 
 def test_unknown_user_is_cold_start(toy_dir: Path) -> None:
     req = CatalogState.load(toy_dir).request_for("nobody", 5)
-    assert req.user_idx is None
+    assert req.user_idx is None and req.variant is None
     assert req.history.tolist() == []
     assert dict(req.user_attrs) == {}
 

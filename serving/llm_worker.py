@@ -14,8 +14,9 @@ One process loads the model and serves, on loopback by default:
 - ``GET /v1/models``, ``GET /health``.
 
 So ``llm_rerank.remote`` is the same client for this worker (CPU, CI) and ``vllm serve`` (GPU).
-Run: ``python -m llm_rerank.server --model NAME|DIR [--precision bf16] [--port 8100]`` (NAME: a
-catalogue backbone, ``llm_rerank.catalogue``).
+Run: ``python -m serving.llm_worker --model NAME|DIR [--precision bf16] [--port 8100]`` (NAME: a
+catalogue backbone, ``llm_rerank.catalogue``). It lives in ``serving`` (an HTTP entry point over the
+stage package's model runtime); ``llm_rerank`` itself never imports FastAPI.
 
 Deliberately left out: sampling (temperature is ignored: scoring and tagging are greedy),
 streaming, authentication (bind to loopback or a private network).
@@ -39,6 +40,7 @@ from pydantic import BaseModel, ConfigDict
 from llm_rerank.backbone import load_model, resolve_model
 from llm_rerank.batching import DynamicBatcher
 from llm_rerank.config import LLMConfig
+from llm_rerank.prompt import pad_token_id
 from llm_rerank.scoring import row_logits
 
 
@@ -71,7 +73,7 @@ class LLMWorker:
 
     def __init__(self, model: Any, tokenizer: Any, name: str, *, window_ms: float = 10.0, max_batch: int = 8):
         self.model, self.tok, self.name = model, tokenizer, name
-        self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+        self.pad_id = pad_token_id(tokenizer)
         self.lock = threading.Lock()  # one model call at a time; the batcher merges the waiting ones
         self.batcher = DynamicBatcher(self._batch, window_ms=window_ms, max_batch=max_batch)
         self._grammars: dict[str, Any] = {}
@@ -236,7 +238,6 @@ def create_app(worker: LLMWorker) -> FastAPI:
 
 def main(argv: list[str] | None = None) -> None:
     import uvicorn  # lazy: only the worker process serves HTTP
-
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="a catalogue backbone (llm_rerank.catalogue: smollm2-135m-instruct, "
