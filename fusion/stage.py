@@ -39,6 +39,7 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from offline.metrics import ndcg_at_ranks
 from recsys.atomic import atomic_write_text
 from recsys.config import POLICY_KINDS, StageSpec
 from recsys.contract import Candidates, Request
@@ -288,8 +289,8 @@ def ndcg_at_k(examples: Sequence[FusionExample], grid: Sequence[Mapping[str, flo
         f_rel = F[:, rel][:, :, None]  # [G, m, 1]
         before = np.arange(n)[None, None, :] < rel[None, :, None]
         rank = (F[:, None, :] > f_rel).sum(-1) + ((F[:, None, :] == f_rel) & before).sum(-1)
-        dcg = np.where(rank < k, 1.0 / np.log2(rank + 2.0), 0.0).sum(axis=1)
-        total += dcg / (1.0 / np.log2(np.arange(min(len(rel), k)) + 2.0)).sum()
+        dcg = ndcg_at_ranks(rank, k).sum(axis=1)  # each relevant item's 1/log2(rank+2) term
+        total += dcg / ndcg_at_ranks(np.arange(min(len(rel), k)), k).sum()  # / the ideal DCG
     return total / len(examples)
 
 
