@@ -17,7 +17,6 @@ Deliberately left out: candidate generation (any ``recsys.contract.Stage``), ser
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from coarse_rank.features import CATEGORICAL_FEATURES, FeatureBuilder, check_tag
 from coarse_rank.item_tags import ItemTags
 from offline.metrics import per_user_metrics
 from offline.split import Split
+from recsys.atomic import atomic_write_json
 from recsys.contract import Stage
 
 
@@ -202,6 +202,4 @@ def _save(out_dir: Path, booster: Any, best: int, builder: FeatureBuilder, repor
     builder.save(out_dir)
     meta = {"dataset": split.name, "seed": seed, "lightgbm": lgb.__version__, "config": config.model_dump(),
             "params": lgbm_params(config, seed), "feature_names": builder.feature_names, "report": report}
-    tmp = out_dir / ".meta.json.tmp"
-    tmp.write_text(json.dumps(meta, indent=2))
-    tmp.replace(out_dir / "meta.json")
+    atomic_write_json(out_dir / "meta.json", meta)

@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from recsys.atomic import atomic_write
+
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 TEXT_DIM = 384
 
@@ -92,7 +94,5 @@ def embed_items(items: pd.DataFrame, cache_dir: Path | None, *, progress: bool =
     vectors = encode_texts(texts, progress=progress)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.npy")
-        np.save(tmp, vectors)
-        os.replace(tmp, path)
+        atomic_write(path, lambda fh: np.save(fh, vectors))
     return vectors

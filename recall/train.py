@@ -62,6 +62,7 @@ from recall.scoring import full_ranking_metrics, user_vectors
 from recall.stage import DEFAULT_DEPTH
 from recall.text import embed_items
 from recall.towers import BOS, PAD, ItemTower, UserTower
+from recsys.atomic import atomic_write, atomic_write_json
 
 MODEL_FILE, SPEC_FILE, VECTORS_FILE, INDEX_DIR, REPORT_FILE = (
     "model.pt", "model.json", "item_vectors.npy", "index", "report.json")
@@ -261,18 +262,13 @@ def save_artifacts(
 ) -> None:
     """Write the model, spec, item vectors, faiss index and report; ``model.json`` last."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / f".{MODEL_FILE}.tmp"
-    torch.save({"item_tower": item_tower.state_dict(), "user_tower": user_tower.state_dict()}, tmp)
-    os.replace(tmp, out_dir / MODEL_FILE)
-    tmp = out_dir / f".{VECTORS_FILE}.tmp.npy"
-    np.save(tmp, item_vectors.astype(np.float32))
-    os.replace(tmp, out_dir / VECTORS_FILE)
+    atomic_write(out_dir / MODEL_FILE, lambda fh: torch.save(
+        {"item_tower": item_tower.state_dict(), "user_tower": user_tower.state_dict()}, fh))
+    atomic_write(out_dir / VECTORS_FILE, lambda fh: np.save(fh, item_vectors.astype(np.float32)))
     ItemIndex.build(item_vectors, kind=config.index).save(out_dir / INDEX_DIR)
     (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2))
     spec = {"config": config.model_dump(), "n_items": len(item_vectors), "user_vocab": vocab.to_json()}
-    tmp = out_dir / f".{SPEC_FILE}.tmp"
-    tmp.write_text(json.dumps(spec, indent=2))
-    os.replace(tmp, out_dir / SPEC_FILE)
+    atomic_write_json(out_dir / SPEC_FILE, spec)
 
 
 def main(argv: list[str] | None = None) -> None:
