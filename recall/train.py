@@ -158,7 +158,6 @@ def _setup(
                          f"got {len(seqs)} sequences and {len(targets)} targets")
     text = None
     if config.use_text:
-
         text = embed_items(split.items, out_dir / "text_cache", progress=progress)
     vocab = UserVocab.from_users(split.users)
     counts = np.bincount(np.concatenate([np.zeros(0, np.int64), *seqs]), minlength=split.n_items)

@@ -161,7 +161,6 @@ class RulesApplier:
         return rulesets[0].version if rulesets and rulesets[0] is not None else None
 
     def validate(self, data: dict[str, Any], source: str) -> tuple[str, Any]:
-
         ruleset = parse_ruleset(data, source=source)  # RulesError is a ValueError naming rule and key
         for stage in self.stages:  # refused before publishing: never activate what a stage cannot apply
             check = getattr(stage, "check", None)
@@ -206,7 +205,6 @@ class PromptApplier:
         self.available = True  # templates are stored and versioned even without a stage to use them
 
     def validate(self, data: dict[str, Any], source: str) -> tuple[str, Any]:
-
         template = parse_prompt_document(data, source)  # PromptError (a ValueError) naming the key
         version = template.version
         if version is None:
