@@ -24,6 +24,7 @@ from pydantic_settings import (
     InitSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     YamlConfigSettingsSource,
 )
 
@@ -36,6 +37,7 @@ from recsys.config import PipelineConfig
 from recsys.experiments import ExperimentsConfig
 from rules.config import RulesConfig
 
+ENV_PREFIX = "RECSYS_"
 ENV_REDIS_URL = "REDIS_URL"  # the plain name container platforms set, read when no redis_url is configured
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "pipeline.yaml"
 
@@ -46,7 +48,7 @@ class ConfigError(ValueError):
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="RECSYS_", env_nested_delimiter="__", extra="forbid", validate_default=True
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", validate_default=True
     )
 
     artifacts_dir: Path = Field(Path("artifacts"), description="Root of trained artifacts, one subdir per dataset.")
@@ -96,7 +98,7 @@ class Settings(BaseSettings):
         try:  # read once here for errors that name the file; the YAML source reads it for the values
             data = yaml.safe_load(path.read_text())
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+            raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from exc
         if not isinstance(data, dict | None):
             raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(data).__name__}")
         return cls._layered(path, None, str(path), overrides)
@@ -109,11 +111,18 @@ class Settings(BaseSettings):
     @classmethod
     def _layered(cls, yaml_file: Path | None, data: dict[str, Any] | None, source: str,
                  overrides: dict[str, Any]) -> Settings:
+        unknown = sorted(key for key in os.environ if key.upper().startswith(ENV_PREFIX)
+                         and key[len(ENV_PREFIX):].split("__")[0].lower() not in cls.model_fields)
+        if unknown:  # pydantic-settings reads known names only: a misspelt section would pass unseen
+            raise ConfigError(f"environment variable {unknown[0]}: no settings section "
+                              f"{unknown[0][len(ENV_PREFIX):].split('__')[0].lower()!r}; known: {sorted(cls.model_fields)}")
         token = _FILE_LAYERS.set((yaml_file, data))
         try:
             return cls(**overrides)
         except ValidationError as exc:
             raise ConfigError(format_validation_error(exc, source)) from exc
+        except SettingsError as exc:  # a RECSYS_* value that does not parse (e.g. broken JSON)
+            raise ConfigError(f"environment: {exc}") from exc
         finally:
             _FILE_LAYERS.reset(token)
 

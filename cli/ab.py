@@ -70,13 +70,20 @@ def _expected(config: Path | None, expected: str | None) -> dict[str, float] | N
             c.fail(f"--expected takes name=share pairs, comma-separated; got {expected!r}")
     if config is None:
         return None
-    section = (yaml.safe_load(config.read_text()) or {}).get("experiments")
+    try:
+        document = yaml.safe_load(config.read_text()) or {}
+    except yaml.YAMLError as exc:
+        c.fail(f"{config}: not valid YAML: {' '.join(str(exc).split())}")
+    if not isinstance(document, dict):
+        c.fail(f"{config}: top level must be a mapping of sections, got {type(document).__name__}")
+    section = document.get("experiments")
     if section is None:
         c.fail(f"{config}: no `experiments:` section")
     try:
         return ExperimentsConfig.model_validate(section).shares()
     except ValidationError as exc:
-        c.fail(f"{config}: experiments: {exc}")
+        c.fail(f"{config}: experiments: " + "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in exc.errors()))
     return None
 
 

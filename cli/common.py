@@ -4,7 +4,8 @@ Each command that reads a dataset takes ``--data DIR`` (format detected from the
 ``--format`` to force one; no ``--data`` means the synthetic default), and each command
 that measures writes its JSON report to ``--out FILE``. Heavy imports stay inside commands, and
 so do the jobs, serving and settings modules (pandas, Redis, every stage's config): ``recsys
---help`` imports only typer, pydantic and numpy.
+--help`` imports no torch, transformers, faiss, lightgbm, scipy, pandas or redis (the light stage
+modules the commands name, yaml and tqdm only).
 
 Errors: ``fail`` prints one ``error: ...`` line and exits 2. ``UserErrorGroup`` (the root
 command group) does the same for the exceptions bad input raises anywhere below a command
@@ -60,8 +61,8 @@ def load_settings(config: Path | None) -> Settings:
 
     try:
         return Settings.from_yaml(config)
-    except ConfigError as exc:
-        return fail(str(exc))
+    except ConfigError as exc:  # one line: the file, then each bad key after "; "
+        return fail("; ".join(line.strip() for line in str(exc).splitlines()))
 
 
 def artifact_dir(settings: Settings, data: Path | None, explicit: Path | None) -> Path:

@@ -10,7 +10,7 @@ Candidates from a recall model that trained on those items would carry inflated 
 scores for the labels, and LightGBM would learn to over-trust them. ``recall_holdout`` is
 trained without them, so the coarse ranker's training features look like serving-time ones.
 
-Deliberately left out: evaluation (``jobs.evaluate``), the LLM job (``llm_rerank.train``).
+Deliberately left out: evaluation (``jobs.evaluate``), LLM adaptation (``jobs.llm_adapt``).
 """
 
 from __future__ import annotations

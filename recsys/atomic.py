@@ -1,8 +1,10 @@
 """Atomic file writes: write beside the target, fsync-free rename over it (``os.replace``).
 
-A reader sees the old file or the new one, never half of one; a killed writer leaves only a
-dot-prefixed ``.<name>.tmp<pid>`` file that the next write replaces. The one implementation
-every artifact writer uses (models, splits, reports, tag parts, weights).
+A reader sees the old file or the new one, never half of one. The temporary sibling is
+``.<name>.tmp<pid>``, so two processes writing the same target never share one; a killed writer
+leaves its dot-file behind, and the next write of that target removes the ones whose process is
+gone. The one implementation every artifact writer uses (models, splits, reports, tag parts,
+weights).
 
 Deliberately left out: fsync before the rename (artifacts are rebuilt from their inputs after a
 crash of the machine itself), and directories (``llm_rerank.backbone`` renames a whole temporary
@@ -31,6 +33,7 @@ def atomic_write(path: Path | str, write: Callable[[IO[bytes]], Any]) -> Path:
     appends ``.npy``) write where they are told. The temporary file is removed if ``write`` raises.
     """
     path = Path(path)
+    _remove_stale(path)
     tmp = tmp_path(path)
     try:
         with tmp.open("wb") as fh:
@@ -40,6 +43,25 @@ def atomic_write(path: Path | str, write: Callable[[IO[bytes]], Any]) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def _remove_stale(path: Path) -> None:
+    """Delete temporary siblings of ``path`` left by writers that are no longer running."""
+    stem = f".{path.name}.tmp"
+    for tmp in path.parent.glob(f"{stem}*"):
+        pid = tmp.name[len(stem):]
+        if pid == "" or (pid.isdigit() and not _running(int(pid))):
+            tmp.unlink(missing_ok=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    return True
 
 
 def atomic_write_bytes(path: Path | str, data: bytes) -> Path:

@@ -4,7 +4,7 @@ With ``workers > 1`` uvicorn needs an import string, not an app object: ``serve`
 passes the settings (as JSON) and the artifact directory to the worker processes through
 environment variables, and each worker builds its app with ``app_from_env``. The variable
 names avoid the ``RECSYS_`` prefix on purpose: ``Settings`` reads every ``RECSYS_*``
-variable as a configuration key and refuses unknown ones.
+variable as a configuration key and refuses unknown ones (``cascade.settings``).
 
 Shared state across workers: ``serve`` resolves Redis before forking. Without
 ``settings.redis_url`` / ``$REDIS_URL`` (``Settings.resolve_redis_url``) it starts ONE embedded

@@ -53,3 +53,15 @@ def test_env_overrides_yaml_and_overrides_win(monkeypatch, tmp_path: Path):
     monkeypatch.setenv("RECSYS_SERVING__PORT", "9001")
     assert Settings.from_yaml(cfg).serving.port == 9001
     assert Settings.from_yaml(cfg, serving={"port": 9002}).serving.port == 9002
+
+
+def test_a_misspelt_section_in_the_environment_is_refused_by_name(monkeypatch):
+    monkeypatch.setenv("RECSYS_SERVNG__PORT", "1")
+    with pytest.raises(ConfigError, match="RECSYS_SERVNG__PORT: no settings section 'servng'"):
+        Settings.build({})
+
+
+def test_an_unparsable_environment_value_is_a_config_error(monkeypatch):
+    monkeypatch.setenv("RECSYS_PIPELINE__STAGES", "[{")
+    with pytest.raises(ConfigError, match="environment: error parsing value for field \"pipeline\""):
+        Settings.build({})

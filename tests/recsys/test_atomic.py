@@ -32,3 +32,18 @@ def test_a_failing_writer_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
 def test_text_is_utf8(tmp_path):
     atomic_write_text(tmp_path / "t.txt", "Amélie")
     assert (tmp_path / "t.txt").read_bytes() == "Amélie".encode()
+
+
+def test_the_next_write_removes_temporaries_of_dead_writers_only(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".w.json.tmp{int(dead.stdout)}"
+    live = tmp_path / f".w.json.tmp{os.getppid()}"  # a running process that is not this writer
+    stale.write_bytes(b"half")
+    live.write_bytes(b"in flight")
+    atomic_write_text(tmp_path / "w.json", "{}")
+    assert not stale.exists() and live.exists()
+    assert (tmp_path / "w.json").read_text() == "{}"
