@@ -93,14 +93,7 @@ class Settings(BaseSettings):
     def from_yaml(cls, path: Path | str | None = None, **overrides: Any) -> Settings:
         """Load ``path`` (default ``configs/pipeline.yaml``), env on top, then ``overrides``."""
         path = Path(path) if path is not None else DEFAULT_CONFIG
-        if not path.exists():
-            raise ConfigError(f"{path}: config file not found")
-        try:  # read once here for errors that name the file; the YAML source reads it for the values
-            data = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from exc
-        if not isinstance(data, dict | None):
-            raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(data).__name__}")
+        read_yaml_mapping(path)  # errors that name the file; the YAML source reads it for the values
         return cls._layered(path, None, str(path), overrides)
 
     @classmethod
@@ -130,6 +123,20 @@ class Settings(BaseSettings):
 # The file and dict layers of the Settings being built (a context variable: builds never share them).
 _FILE_LAYERS: contextvars.ContextVar[tuple[Path | None, dict[str, Any] | None]] = contextvars.ContextVar(
     "settings_file_layers", default=(None, None))
+
+
+def read_yaml_mapping(path: Path) -> dict[str, Any]:
+    """The top-level mapping of a YAML config file; ``ConfigError`` naming the file if it is missing,
+    not YAML or not a mapping (an empty file is an empty mapping)."""
+    if not path.exists():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from exc
+    if not isinstance(data, dict | None):
+        raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(data).__name__}")
+    return data or {}
 
 
 def format_validation_error(exc: ValidationError, source: str) -> str:

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 from pydantic import ValidationError
 
 from cli import common as c
@@ -70,12 +69,12 @@ def _expected(config: Path | None, expected: str | None) -> dict[str, float] | N
             c.fail(f"--expected takes name=share pairs, comma-separated; got {expected!r}")
     if config is None:
         return None
+    from cascade.settings import ConfigError, read_yaml_mapping  # lazy: keeps `recsys --help` fast
+
     try:
-        document = yaml.safe_load(config.read_text()) or {}
-    except yaml.YAMLError as exc:
-        c.fail(f"{config}: not valid YAML: {' '.join(str(exc).split())}")
-    if not isinstance(document, dict):
-        c.fail(f"{config}: top level must be a mapping of sections, got {type(document).__name__}")
+        document = read_yaml_mapping(config)
+    except ConfigError as exc:
+        c.fail(str(exc))
     section = document.get("experiments")
     if section is None:
         c.fail(f"{config}: no `experiments:` section")

@@ -95,8 +95,12 @@ def write_report(report: dict[str, Any], out: Path | None) -> None:
 
 
 def fail(message: str, code: int = 2) -> Any:
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    _say(message)
     raise typer.Exit(code)
+
+
+def _say(message: str) -> None:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
 
 
 # what bad input raises: LimitError/ValidationError/ConfigError/DataError are ValueErrors
@@ -136,7 +140,7 @@ class UserErrorGroup(TyperGroup):
 
 def _exit_with(message: str, code: int) -> None:
     """``fail`` outside a running command (no click context left to turn ``typer.Exit`` into an exit)."""
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    _say(message)
     raise SystemExit(code)
 
 
