@@ -25,7 +25,6 @@ from pydantic_settings import (
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     SettingsError,
-    YamlConfigSettingsSource,
 )
 
 from cascade.serving_config import ServingConfig
@@ -79,37 +78,33 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """Keyword overrides > ``RECSYS_*`` environment > the ``build`` dict > the YAML file > defaults;
+        """Keyword overrides > ``RECSYS_*`` environment > the YAML file (or ``build`` dict) > defaults;
         pydantic-settings deep-merges the layers (a nested key set in one keeps its siblings)."""
-        yaml_file, data = _FILE_LAYERS.get()
+        data = _FILE_LAYER.get()
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
         if data:
             sources.append(InitSettingsSource(settings_cls, init_kwargs=data))
-        if yaml_file is not None:
-            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file))
         return tuple(sources)
 
     @classmethod
     def from_yaml(cls, path: Path | str | None = None, **overrides: Any) -> Settings:
         """Load ``path`` (default ``configs/pipeline.yaml``), env on top, then ``overrides``."""
         path = Path(path) if path is not None else DEFAULT_CONFIG
-        read_yaml_mapping(path)  # errors that name the file; the YAML source reads it for the values
-        return cls._layered(path, None, str(path), overrides)
+        return cls._layered(read_yaml_mapping(path), str(path), overrides)
 
     @classmethod
     def build(cls, data: dict[str, Any] | None = None, *, source: str = "settings", **overrides: Any) -> Settings:
         """Validate ``data`` (YAML-shaped dict) with env and ``overrides`` layered on top."""
-        return cls._layered(None, dict(data or {}), source, overrides)
+        return cls._layered(dict(data or {}), source, overrides)
 
     @classmethod
-    def _layered(cls, yaml_file: Path | None, data: dict[str, Any] | None, source: str,
-                 overrides: dict[str, Any]) -> Settings:
+    def _layered(cls, data: dict[str, Any], source: str, overrides: dict[str, Any]) -> Settings:
         unknown = sorted(key for key in os.environ if key.upper().startswith(ENV_PREFIX)
                          and key[len(ENV_PREFIX):].split("__")[0].lower() not in cls.model_fields)
         if unknown:  # pydantic-settings reads known names only: a misspelt section would pass unseen
             raise ConfigError(f"environment variable {unknown[0]}: no settings section "
                               f"{unknown[0][len(ENV_PREFIX):].split('__')[0].lower()!r}; known: {sorted(cls.model_fields)}")
-        token = _FILE_LAYERS.set((yaml_file, data))
+        token = _FILE_LAYER.set(data)
         try:
             return cls(**overrides)
         except ValidationError as exc:
@@ -117,12 +112,11 @@ class Settings(BaseSettings):
         except SettingsError as exc:  # a RECSYS_* value that does not parse (e.g. broken JSON)
             raise ConfigError(f"environment: {exc}") from exc
         finally:
-            _FILE_LAYERS.reset(token)
+            _FILE_LAYER.reset(token)
 
 
-# The file and dict layers of the Settings being built (a context variable: builds never share them).
-_FILE_LAYERS: contextvars.ContextVar[tuple[Path | None, dict[str, Any] | None]] = contextvars.ContextVar(
-    "settings_file_layers", default=(None, None))
+# The YAML-file (or dict) layer of the Settings being built (a context variable: builds never share it).
+_FILE_LAYER: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("settings_file_layer", default=None)
 
 
 def read_yaml_mapping(path: Path) -> dict[str, Any]:
