@@ -67,7 +67,11 @@ class KVCacheConfig(BaseModel):
     # prompt and recomputed the candidate list on every request (0.65x of cold)
     enabled: bool = Field(True, description="Use the block cache instead of the whole-prefix LRU.")
     block_tokens: int = Field(16, ge=1, le=1024, description="Tokens per cached block (vLLM uses 16).")
-    tier1_bytes: int = Field(256 << 20, ge=0, description="In-process LRU bound in bytes; 0 disables tier 1.")
+    # 1 GiB since session 9: 256 MiB held ~11 ML-100K listwise prompts of SmolLM2-135M in fp32 (the precision
+    # "auto" serves without native bf16: 30 layers x K,V x 3 heads x 64 x 4 B = 46 KB per token, ~23 MB per
+    # 500-token prompt), so 16 users' warm requests all missed in `recsys bench serve` (LRU thrash)
+    tier1_bytes: int = Field(1 << 30, ge=0, description="In-process LRU bound in bytes (1 GiB holds ~45 "
+                             "500-token SmolLM2-135M prompts in fp32); 0 disables tier 1.")
     tier2: bool = Field(False, description="Share blocks through Redis (recsys.redis_state.connect); off by "
                         "default: a 16-token block of SmolLM2-135M is 0.37 MB in bf16, ~10 MB per user's prompt.")
     tier2_url: str | None = Field(None, description="Redis URL for tier 2; None: settings.redis_url / $REDIS_URL.")

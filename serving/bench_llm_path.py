@@ -9,8 +9,12 @@ phase reports the client latency, the LLM stage's own time from the answer's ``s
 the answer paths (a ``fallback`` is the LLM giving up on its budget) and the
 ``recsys_llm_prefix_cache_*`` counters of ``/metrics`` over the phase (two scrapes).
 
-``n_users`` should keep one phase's prompts within tier 1 (``llm.kv.tier1_bytes``: 256 MB
-holds ~20 ML-100K prompts of SmolLM2-135M in bf16), or warm calls measure evictions.
+Warm calls go only to the users whose blocks tier 1 still holds after the cold phase
+(``warm_users``): the blocks in tier 1 are the stored ones minus the evicted ones (process
+totals from ``/metrics``), the cold users the most recent of them, so the last
+``blocks held // blocks per cold user`` cold users are warm. Otherwise a phase larger than tier 1
+(``llm.kv.tier1_bytes``; 256 MiB held ~11 fp32 SmolLM2-135M prompts) measures LRU evictions,
+not the warm prefix: every warm call then misses, as the first LLM-path report did.
 
 Deliberately left out: the light path and the cache mix (``serving.bench``).
 """
@@ -30,8 +34,6 @@ import numpy as np
 from cascade.settings import Settings
 from llm_rerank.backbone import resolve_precision
 from serving.metrics import llm_cache_counts
-
-PHASES = ("cold", "warm")
 
 
 def llm_stage_names(settings: Settings) -> list[str]:
@@ -70,12 +72,34 @@ def bench_llm_path(base_url: str, user_ids: Sequence[str], concurrencies: Sequen
     for n, conc in enumerate(concurrencies):
         users = order[1 + n * n_users : 1 + (n + 1) * n_users]
         row: dict[str, Any] = {"concurrency": conc, "users": len(users)}
-        for phase in PHASES:
-            row[phase] = _phase(base_url, users, conc, k, f"{tag}-c{conc}", phase, stage, timeout_s)
+        row["cold"] = _phase(base_url, users, conc, k, f"{tag}-c{conc}", "cold", stage, timeout_s)
+        warm_users = users_in_tier1(users, row["cold"]["prefix_cache"], _cache_counts(base_url))
+        row["warm_users"] = len(warm_users)
+        row["warm"] = _phase(base_url, warm_users, conc, k, f"{tag}-c{conc}", "warm", stage, timeout_s)
         cold, warm = row["cold"]["stage_ms"]["p50_ms"], row["warm"]["stage_ms"]["p50_ms"]
         row["warm_over_cold_stage_p50"] = round(warm / cold, 4) if cold and warm is not None else None
         rows.append(row)
     return {"rows": rows, "stage": stage, "k": k, "warmup_call": warmup}
+
+
+def users_in_tier1(users: Sequence[str], cold: dict[str, Any], totals: dict[str, float]) -> list[str]:
+    """The last of the cold phase's ``users`` whose prompt blocks tier 1 still holds.
+
+    ``cold``: the cold phase's counter deltas (``stored`` blocks for these users); ``totals``: the
+    process totals now. Tier 1 holds ``stored - tier1_evictions`` blocks in all, the most recent
+    ones, which are the cold users' last prompts.
+
+    >>> users_in_tier1(["a", "b", "c", "d"], {"stored": 40}, {"stored": 50, "tier1_evictions": 25})
+    ['c', 'd']
+    >>> users_in_tier1(["a", "b"], {"stored": 20}, {"stored": 20, "tier1_evictions": 0})
+    ['a', 'b']
+    """
+    per_user = cold.get("stored", 0) / len(users) if users else 0
+    if per_user <= 0:  # nothing stored (every block was already cached): all are warm
+        return list(users)
+    held = max(totals.get("stored", 0) - totals.get("tier1_evictions", 0), 0)
+    kept = min(int(held // per_user), len(users))
+    return list(users[len(users) - kept:]) if kept else []
 
 
 def latency_summary(ms: Sequence[float]) -> dict[str, float | int | None]:
