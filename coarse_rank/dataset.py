@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -30,7 +30,6 @@ from offline.split import Split
 from recsys.contract import Candidates, Request, Stage
 
 QueryPhase = Literal["train", "valid"]
-USER_ATTRIBUTES = ("age", "gender", "occupation", "risk_tolerance")
 
 
 @dataclass
@@ -62,12 +61,6 @@ class QueryGroups:
         keep = np.flatnonzero(mask)
         return QueryGroups(self.phase, [self.requests[i] for i in keep],
                            [self.candidates[i] for i in keep], self.labels[keep])
-
-
-def user_attributes(split: Split, user_idx: int) -> dict[str, Any]:
-    """The user's attributes from ``split.users`` as a request carries them (missing ones absent)."""
-    row = split.users.iloc[user_idx]
-    return {k: row[k] for k in USER_ATTRIBUTES if k in row.index and not pd.isna(row[k])}
 
 
 def query_inputs(
@@ -105,8 +98,7 @@ def build_groups(
     requests, cands = [], []
     for u, hist in tqdm(list(zip(pool, histories, strict=True)), desc=f"coarse {phase} candidates",
                         disable=not progress, unit="user"):
-        req = Request(user_id=str(split.vocab.user_ids[u]), k=k, user_idx=int(u), history=hist,
-                      user_attrs=user_attributes(split, int(u)), request_id=f"coarse-{phase}-{u}")
+        req = split.request(int(u), hist, k=k, request_id=f"coarse-{phase}-{u}")
         requests.append(req)
         cands.append(candidate_stage.run(req, Candidates.empty()))
     return QueryGroups(phase, requests, cands, labels)

@@ -35,8 +35,7 @@ def requests_for(split: Split, phase: Phase, k: int = K) -> list[Request]:
 
 
 def requests_for_user(split: Split, u: int, phase: Phase, k: int = K) -> Request:
-    return Request(user_id=str(split.vocab.user_ids[u]), k=k, user_idx=u, history=split.history(u, phase),
-                   user_attrs=split.user_attrs(u), request_id=f"eval-{phase}-{u}")
+    return split.request(u, split.history(u, phase), k=k, request_id=f"eval-{phase}-{u}")
 
 
 def run_cascade(pipeline: Any, split: Split, phase: Phase, progress: bool = True, until: str | None = None,

@@ -46,7 +46,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 from tqdm import tqdm
 
 from cascade.settings import Settings
@@ -56,8 +55,9 @@ from llm_rerank.meta import TRAIN_META
 from llm_rerank.prompt import PromptBuilder, RequestPrompts, pad_token_id
 from llm_rerank.scores import zscore
 from llm_rerank.scoring import answer_logits
+from offline.split import Split
 from recsys.atomic import atomic_write
-from recsys.contract import Candidates, Request, Stage
+from recsys.contract import Candidates, Stage
 
 
 @dataclass(frozen=True)
@@ -71,14 +71,6 @@ class Example:
     prior: np.ndarray | None = None  # z-scored incoming-stage scores of ``candidates`` (residual training)
 
 
-def user_request(split: Any, user_idx: int, history: np.ndarray, k: int) -> Request:
-    """A ``Request`` for a split user with their profile attributes."""
-    row = split.users.iloc[user_idx]
-    attrs = {key: row[key] for key in ("age", "gender", "occupation") if key in row and not _missing(row[key])}
-    return Request(user_id=str(split.vocab.user_ids[user_idx]), k=k, user_idx=user_idx,
-                   history=history, user_attrs=attrs)
-
-
 def llm_valid_users(n_users: int, share: float, seed: int) -> np.ndarray:
     """The users whose valid item trains the LLM (sorted): a seeded ``share`` of all users."""
     if not 0.0 < share < 1.0:
@@ -87,7 +79,7 @@ def llm_valid_users(n_users: int, share: float, seed: int) -> np.ndarray:
     return np.sort(rng.permutation(n_users)[: int(round(share * n_users))]).astype(np.int64)
 
 
-def build_examples(split: Any, candidate_stage: Stage, *, n_users: int, n_candidates: int,
+def build_examples(split: Split, candidate_stage: Stage, *, n_users: int, n_candidates: int,
                    listwise: bool, seed: int, keep_order: bool | None = None, positives: str = "train",
                    valid_share: float = 0.5) -> list[Example]:
     """Up to ``n_users`` examples, one per sampled user (see the module doc for ``positives``)."""
@@ -111,7 +103,7 @@ def build_examples(split: Any, candidate_stage: Stage, *, n_users: int, n_candid
         else:
             seq = split.train_sequences[int(u)]
             history, positive = seq[:-1], int(seq[-1])
-        request = user_request(split, int(u), history, k=n_candidates)
+        request = split.request(int(u), history, k=n_candidates)
         got = candidate_stage.run(request, Candidates.empty())
         found = got.items
         negatives = [int(i) for i in found if int(i) != positive][: n_candidates - 1]
@@ -151,7 +143,7 @@ def _prior(got: Candidates, ranked: list[int], cands: list[int], target: int) ->
     return zscore(np.array(raw))
 
 
-def example_loss(prompts: RequestPrompts, model: Any, examples: list[Example], split: Any, listwise: bool,
+def example_loss(prompts: RequestPrompts, model: Any, examples: list[Example], split: Split, listwise: bool,
                  beta: Any = None) -> Any:
     """Mean loss of a batch of examples (listwise CE over letters / pointwise BCE on Yes-No), on the
     prompts the stage serves (``prompts``).
@@ -165,7 +157,7 @@ def example_loss(prompts: RequestPrompts, model: Any, examples: list[Example], s
     pad = pad_token_id(prompts.builder.tok)
     losses = []
     for ex in examples:
-        parts = prompts.build(user_request(split, ex.user_idx, ex.history, 1), ex.candidates)
+        parts = prompts.build(split.request(ex.user_idx, ex.history, k=1), ex.candidates)
         logits = answer_logits(model, [parts.prefix + s for s in parts.suffixes], pad)
         if listwise:
             letters = logits[0, prompts.builder.letter_ids[: len(ex.candidates)]]
@@ -182,7 +174,7 @@ def example_loss(prompts: RequestPrompts, model: Any, examples: list[Example], s
     return torch.stack(losses).mean()
 
 
-def train_llm(split: Any, candidate_stage: Stage, settings: Settings, artifact_dir: Path | str, *,
+def train_llm(split: Split, candidate_stage: Stage, settings: Settings, artifact_dir: Path | str, *,
               adapt: AdaptConfig | None = None, progress: bool = True) -> dict[str, Any]:
     """Fine-tune the base LLM with LoRA on ``split``'s train part; write the merged model.
 
@@ -326,11 +318,3 @@ def _save_merged(model: Any, tokenizer: Any, out_dir: Path, report: dict[str, An
     for f in sorted(tmp.iterdir(), key=lambda p: p.name == "config.json"):
         f.replace(out_dir / f.name)
     tmp.rmdir()
-
-
-
-def _missing(value: Any) -> bool:
-    try:
-        return bool(pd.isna(value))
-    except (TypeError, ValueError):  # list-like values are never "missing" here
-        return False

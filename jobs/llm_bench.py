@@ -18,7 +18,7 @@ import numpy as np
 
 from cascade.registry import stage_context
 from cascade.settings import Settings
-from jobs.llm_adapt import user_request
+from llm_rerank.backends import LocalBackend
 from llm_rerank.stage import LLMRerankStage
 from recsys.contract import Candidates, Request
 
@@ -55,16 +55,17 @@ def bench_llm_stage(artifact_dir: Path | str, split: Any, n_requests: int = 20, 
     rng = np.random.default_rng(seed)
     users = rng.choice(split.n_users, size=min(n_requests, split.n_users), replace=False)
     by_pop = np.argsort(-split.item_popularity("valid"), kind="stable")
-    stage.score(user_request(split, int(users[0]), split.history(int(users[0]), "valid"), 10),
+    stage.score(split.request(int(users[0]), split.history(int(users[0]), "valid"), k=10),
                 by_pop[:candidates])  # warm-up: first call pays one-off allocation costs
+    # cold prefix: the in-process caches are cleared per request (an http server's cache is out of reach)
+    local = stage.backend if isinstance(stage.backend, LocalBackend) else None
     ms, tokens = [], []
     for u in users:
         history = split.history(int(u), "valid")
         items = by_pop[~np.isin(by_pop, history)][:candidates]
-        request = user_request(split, int(u), history, 10)
-        stage.scorer.cache.clear()
-        if getattr(stage, "blocks", None) is not None:
-            stage.blocks.cache.clear_tier1()
+        request = split.request(int(u), history, k=10)
+        if local is not None:
+            local.clear_prefix_caches()
         parts = stage.build_prompt(request, items)
         t0 = time.perf_counter()
         stage.run(request, Candidates(items=items, scores={"coarse": -np.arange(len(items), dtype=np.float32)}))

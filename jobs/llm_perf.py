@@ -32,7 +32,6 @@ import numpy as np
 
 from cascade.registry import build_pipeline, stage_context
 from cascade.settings import Settings
-from jobs.llm_adapt import user_request
 from llm_rerank.backbone import resolve_model
 from llm_rerank.stage import LLMRerankStage
 from offline.metrics import PAD, per_user_metrics
@@ -76,7 +75,7 @@ def candidate_source(split: Any, artifact_dir: Path, settings: Settings, phase: 
     by_pop = np.argsort(-split.item_popularity(phase), kind="stable")
 
     def candidates_for(user_idx: int, history: np.ndarray) -> tuple[Request, np.ndarray]:
-        request = dataclasses.replace(user_request(split, user_idx, history, 50), exclude=history)
+        request = dataclasses.replace(split.request(user_idx, history, k=50), exclude=history)
         if pipeline is not None:
             return request, pipeline.run(request, until="coarse").candidates.items
         return request, by_pop[~np.isin(by_pop, history)]
@@ -105,8 +104,9 @@ def ensure_calibrated(settings: Settings, artifact_dir: Path, out_dir: Path, cas
     for request, items, _ in cases:
         parts = fp32.build_prompt(request, items)
         prompts += [parts.prefix + s for s in parts.suffixes]
-    record = calibrate(fp32.model, prompts, alpha)
-    save_calibrated(fp32.model, fp32.prompts.tok, record, out_dir, source=fp32.model_location)
+    model = fp32.local().model
+    record = calibrate(model, prompts, alpha)
+    save_calibrated(model, fp32.prompts.tok, record, out_dir, source=fp32.model_location)
     return record
 
 
@@ -225,7 +225,7 @@ def bench_precisions(settings: Settings, artifact_dir: Path, cases: Sequence[Cas
                   "tokens_per_s": tokens / (sum(ms[p]) / 1000), **_ranking_metrics(scores[p], scores["fp32"], cases)}
     out["int8_speedup_vs_bf16"] = out["bf16"]["stage_ms_p50"] / out["int8"]["stage_ms_p50"]
     out["int8_calibration"] = {k: calibration[k] for k in ("alpha", "prompts", "tokens") if k in calibration}
-    out["int8_calibration"]["rest_dtype"] = str(stages["int8"].model.dtype).removeprefix("torch.")
+    out["int8_calibration"]["rest_dtype"] = str(stages["int8"].local().model.dtype).removeprefix("torch.")
     return out
 
 
@@ -234,6 +234,7 @@ def bench_prefix_cache(settings: Settings, artifact_dir: Path, cases: Sequence[C
     kv = {"enabled": True, "tier2": True, "tier2_url": redis_url, "block_tokens": block_tokens,
           "tier2_prefix": f"bench-{precision}:"}
     cached = make_stage(settings, artifact_dir, precision=precision, kv=kv)
+    blocks = cached.local().blocks
     plain = make_stage(settings, artifact_dir, precision=precision, prefix_cache_size=0)
     phases: dict[str, list[float]] = {"uncached": [], "cold": [], "warm": [], "tier2": [], "shared_prefix": []}
     diffs: list[float] = []
@@ -244,13 +245,13 @@ def bench_prefix_cache(settings: Settings, artifact_dir: Path, cases: Sequence[C
         phases["uncached"].append((time.perf_counter() - t0) * 1000)
         for phase, cands in (("cold", items), ("warm", items), ("tier2", items), ("shared_prefix", items[::-1])):
             if phase == "tier2":
-                cached.blocks.cache.clear_tier1()
+                blocks.cache.clear_tier1()
             t0 = time.perf_counter()
             got = cached.score(request, cands)
             phases[phase].append((time.perf_counter() - t0) * 1000)
             if phase != "shared_prefix":
                 diffs.append(float(np.max(np.abs(got - ref))))
-    stats = cached.blocks.stats()
+    stats = blocks.stats()
     out = {f"{p}_ms_p50": _summary(v)["p50"] for p, v in phases.items()}
     out.update({"hit_rate": stats["hit_rate"], "max_abs_score_diff": max(diffs),
                 "warm_over_cold": out["warm_ms_p50"] / out["cold_ms_p50"],
@@ -292,9 +293,9 @@ def bench_batching(settings: Settings, artifact_dir: Path, cases: Sequence[Case]
     try:
         b = _drive(lambda c: batched.score(c[0], c[1]), cases, concurrency)
         u = _drive(serial, cases, concurrency)
-        stats = batched.batcher.stats()
+        stats = batched.cache_stats()
     finally:
         batched.close()
     return {"concurrency": concurrency, "precision": precision, "rps_batched": b["rps"], "rps_unbatched": u["rps"],
             "speedup": b["rps"] / u["rps"], "p50_batched_ms": b["p50_ms"], "p99_batched_ms": b["p99_ms"],
-            "p99_unbatched_ms": u["p99_ms"], "mean_batch": stats["jobs"] / max(stats["batches"], 1)}
+            "p99_unbatched_ms": u["p99_ms"], "mean_batch": stats["batch_jobs"] / max(stats["batch_batches"], 1)}

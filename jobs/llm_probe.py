@@ -113,7 +113,8 @@ def collect(stage: Any, cases: Sequence[tuple[Any, np.ndarray, int]], progress: 
     """
     import torch  # lazy: heavy (torch)
 
-    model, prompts = stage.model, stage.prompts
+    local = stage.local()
+    model, pad_id, prompts = local.model, local.pad_id, stage.prompts
     yes, no = prompts.yes_no
     head = model.get_output_embeddings()
     priors = prior
@@ -129,7 +130,7 @@ def collect(stage: Any, cases: Sequence[tuple[Any, np.ndarray, int]], progress: 
             h, ll = [], []
             for i in range(0, len(parts.suffixes), bs):
                 a, b = _suffix_pass(model, prefix, parts.suffixes[i : i + bs], parts.slots[i : i + bs],
-                                    stage.scorer.pad_id)
+                                    pad_id)
                 h.append(a)
                 ll.append(b)
             hs = torch.cat(h)
@@ -143,7 +144,7 @@ def collect(stage: Any, cases: Sequence[tuple[Any, np.ndarray, int]], progress: 
                     empty_prefix = run_prefix(model, bare.prefix)
                 for i in range(0, len(todo), bs):
                     _, b = _suffix_pass(model, empty_prefix, bare.suffixes[i : i + bs], bare.slots[i : i + bs],
-                                        stage.scorer.pad_id)
+                                        pad_id)
                     for j, v in zip(todo[i : i + bs], b.tolist(), strict=True):
                         priors[int(items[j])] = float(v)  # type: ignore[index]
         states.append(hs.float().numpy())

@@ -7,11 +7,14 @@ logits (listwise by default, pointwise selectable) and returns those rows sorted
 
 ``cascade.registry`` builds it from ``settings.llm`` (``spec.params`` override its keys) plus
 the artifacts root (where the base model is looked up) and the Redis URL and socket timeout of
-the KV cache's tier 2. Serving options (``LLMConfig``): ``precision`` fp32/bf16/int8
-(SmoothQuant W8A8 from the calibrated ``int8_dir``), ``kv.enabled`` (two-tier block prefix
-cache, ``llm_rerank.prefix_kv``), ``batching.enabled`` (concurrent requests share forward
-passes, ``llm_rerank.batching``) and ``backend: http`` (an OpenAI-compatible server: vLLM or
-``serving.llm_worker``; ``llm_rerank.remote``).
+the KV cache's tier 2. ``load`` finds the weights and tokenizer, then builds one
+``llm_rerank.backends.ScoringBackend`` from the config (``build_backend``) that turns each
+request's prompt into scores: ``LocalBackend`` runs the model in process (``precision``
+fp32/bf16/int8, SmoothQuant W8A8 from the calibrated ``int8_dir``; ``kv.enabled``, the two-tier
+block prefix cache ``llm_rerank.prefix_kv``; ``batching.enabled``, concurrent requests share
+forward passes, ``llm_rerank.batching``), ``RemoteBackend`` asks an OpenAI-compatible server
+(``backend: http``: vLLM or ``serving.llm_worker``; ``llm_rerank.remote``). Jobs that need the
+in-process model itself reach it through ``local()``.
 
 The prompt's instruction and questions come from a ``llm_rerank.template.PromptTemplate``:
 ``llm.prompt`` at start-up, then whatever ``set_prompt_template`` installs (``PUT /admin/prompts``
@@ -19,44 +22,31 @@ through ``serving.hot_reload.PromptApplier``). The swap is one assignment of a n
 ``PromptBuilder``, so a request in flight finishes on the prompt it started with; the stage
 version names the template (``p1`` = built-in, ``p1.<digest>`` otherwise).
 
-It never hangs a request: ``request.remaining_s()`` is checked before the prefix and
-between batches and a ``StageError`` is raised once it runs out; the pipeline then serves
-the previous (coarse) order as a fallback.
+It never hangs a request: the backend checks ``request.remaining_s()`` before the prefix, between
+batches, while queued for a shared batch and as the HTTP timeout, and raises ``StageError`` once it
+runs out; the pipeline then serves the previous (coarse) order as a fallback.
 
 Deliberately left out: fusing the LLM score with the coarse score (``fusion.stage``).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import logging
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from llm_rerank.backbone import load_model, resolve_model, resolve_precision, weights_digest
-from llm_rerank.batching import DynamicBatcher
+from llm_rerank.backends import LocalBackend, ScoringBackend, build_backend
 from llm_rerank.config import LLMConfig
 from llm_rerank.meta import read_train_meta
 from llm_rerank.prompt import PROMPT_VERSION, PromptBuilder, PromptParts, RequestPrompts, pad_token_id
-from llm_rerank.remote import RemoteLLM
 from llm_rerank.scores import zscore
-from llm_rerank.scoring import (
-    LogitScorer,
-    PrefixCache,
-    listwise_from_logits,
-    pointwise_from_logits,
-    row_logits,
-)
 from llm_rerank.template import DEFAULT, PromptTemplate, parse_prompt_document
 from offline.split import Split
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request, StageError
-from recsys.redis_state import DEFAULT_SOCKET_TIMEOUT_S, connect
-
-log = logging.getLogger(__name__)
+from recsys.redis_state import DEFAULT_SOCKET_TIMEOUT_S
 
 
 class LLMRerankStage:
@@ -77,12 +67,8 @@ class LLMRerankStage:
         self.artifacts_root = Path(artifacts_root)
         self.redis_url = redis_url
         self.redis_socket_timeout_s = redis_socket_timeout_s
-        self.blocks: Any = None
-        self.batcher: Any = None
-        self.remote: Any = None
-        self.model: Any = None
+        self.backend: ScoringBackend | None = None  # built by load(): llm_rerank.backends
         self.prompts: PromptBuilder | None = None
-        self.scorer: Any = None
         self.titles: np.ndarray = np.zeros(0, dtype=object)
         self.model_location = ""
         self.residual_beta: float | None = None  # adapted with AdaptConfig.residual: served letters + beta * z
@@ -109,73 +95,46 @@ class LLMRerankStage:
         if self.cfg.backend == "http":  # the server holds the model; only the tokenizer is needed here
             from transformers import AutoTokenizer  # lazy: heavy, only for the http backend
 
-            self.remote = RemoteLLM(self.cfg.base_url, self.cfg.served_model, self.cfg.http_timeout_s)
-            self.attach(None, AutoTokenizer.from_pretrained(location), titles)
+            model, tokenizer = None, AutoTokenizer.from_pretrained(location)
         else:
             self.precision = resolve_precision(self.cfg.precision)
             model, tokenizer = load_model(location, self.precision, self.cfg.threads)
-            self.attach(model, tokenizer, titles)
+        # blocks are keyed by token ids, which hold the instruction: KV of equal tokens is equal under
+        # any template, so the template is not in the namespace
+        backend = build_backend(self.cfg, model, pad_token_id(tokenizer), stage=self.name,
+                                kv_namespace=f"{self._weights}-{PROMPT_VERSION}|{self.precision}",
+                                redis_url=self.redis_url, redis_socket_timeout_s=self.redis_socket_timeout_s)
+        self.attach(backend, tokenizer, titles)
         self.model_location = location
 
-    def attach(self, model: Any, tokenizer: Any, titles: np.ndarray) -> None:
-        """Use an already loaded model/tokenizer and item titles (the training job and tests)."""
-        self.model = model
+    def attach(self, backend: ScoringBackend, tokenizer: Any, titles: np.ndarray) -> None:
+        """Serve with ``backend``, prompts from ``tokenizer`` and these item titles (``load`` calls it;
+        tests pass a backend they built). A backend attached before is closed."""
+        previous, self.backend = self.backend, backend
+        if previous is not None and previous is not backend:
+            previous.close()
         self.prompts = PromptBuilder.for_config(tokenizer, self.cfg, self.template)
         self.titles = np.asarray(titles, dtype=object)
         self._weights = self._weights or "unversioned"
-        blocks = self._block_cache(model) if model is not None and self.cfg.kv.enabled else None
-        if blocks is not None:
-            self.blocks = blocks
-        # the block cache, when on, replaces the whole-prefix LRU
-        lru = PrefixCache(0 if blocks is not None else self.cfg.prefix_cache_size)
-        self.scorer = LogitScorer(model, pad_token_id(tokenizer), batch_size=self.cfg.batch_size, cache=lru,
-                                  blocks=blocks)
-        if model is not None and self.cfg.batching.enabled:
-            b = self.cfg.batching
-            self.batcher = DynamicBatcher(self._run_batch, window_ms=b.window_ms, max_batch=b.max_batch,
-                                          length_bucket=b.length_bucket)
 
-    def _block_cache(self, model: Any) -> Any:
-        from llm_rerank.prefix_kv import BlockPrefixCache  # lazy: imports torch
-
-        kv = self.cfg.kv
-        client = None
-        if kv.tier2:
-            try:
-                client = connect(kv.tier2_url or self.redis_url, self.redis_socket_timeout_s)
-            except ValueError as exc:
-                log.warning("LLM KV tier 2 off: %s", exc)
-        return BlockPrefixCache.build(model, block_tokens=kv.block_tokens, tier1_bytes=kv.tier1_bytes,
-                                      # blocks are keyed by token ids, which hold the instruction: KV of
-                                      # equal tokens is equal under any template, so it is not in the key
-                                      namespace=f"{self._weights}-{PROMPT_VERSION}|{self.precision}",
-                                      redis_client=client,
-                                      kv_dtype=kv.kv_dtype, prefix=kv.tier2_prefix, ttl_s=kv.tier2_ttl_s,
-                                      max_entries=kv.tier2_max_entries)
-
-    def _run_batch(self, jobs: Sequence[Any]) -> list[Any]:
-        """Batcher callback: every job's full rows in one padded forward pass, split back per job."""
-        import torch  # lazy: heavy, only with a loaded model
-
-        rows = [r for job in jobs for r in job]
-        with torch.inference_mode():
-            logits = row_logits(self.model, rows, self.scorer.pad_id)
-        bounds = np.cumsum([0] + [len(j) for j in jobs])
-        return [logits[bounds[i] : bounds[i + 1]] for i in range(len(jobs))]
+    def local(self) -> LocalBackend:
+        """The in-process model's backend, for jobs that need the model itself (``jobs.llm_probe``,
+        ``jobs.llm_perf``); ``ValueError`` with ``backend: http``, whose model lives in the server."""
+        backend = self._backend()
+        if not isinstance(backend, LocalBackend):
+            raise ValueError(f"stage {self.name!r}: llm.backend is {self.cfg.backend!r}, whose model runs in "
+                             "another process; this needs llm.backend 'local'")
+        return backend
 
     def cache_stats(self) -> dict[str, float]:
-        """Prefix cache and batching counters for serving metrics (empty when both are off)."""
-        out: dict[str, float] = {}
-        if self.blocks is not None:
-            out.update({f"kv_{k}": v for k, v in self.blocks.stats().items()})
-        if self.batcher is not None:
-            out.update({f"batch_{k}": v for k, v in self.batcher.stats().items()})
-        return out
+        """Prefix cache (``kv_*``) and batching (``batch_*``) counters for serving metrics (empty when
+        both are off, and for the http backend)."""
+        return self.backend.stats() if self.backend is not None else {}
 
     def close(self) -> None:
-        if self.batcher is not None:
-            self.batcher.close()
-            self.batcher = None
+        """Release the backend's batcher thread / HTTP connections (tests and benchmarks)."""
+        if self.backend is not None:
+            self.backend.close()
 
     def version(self) -> str:
         if not self._weights:
@@ -204,43 +163,7 @@ class LLMRerankStage:
             return np.zeros(0, dtype=np.float32)
         prompts = self._prompts()  # one builder for the whole request, even if a new template lands meanwhile
         parts = self.build_prompt(request, item_idx, prompts)
-
-        def check() -> None:
-            left = request.remaining_s()
-            if left <= 0:
-                raise StageError(f"stage {self.name!r}: request deadline reached ({left * 1000:.0f} ms left)")
-
-        if self.remote is not None:
-            return self._score_remote(parts, len(item_idx), request, prompts)
-        if self.batcher is not None:
-            logits = self._batched_logits(parts, request)
-        else:
-            logits = self.scorer.logits(parts, check=check)
-        if self.cfg.scoring == "listwise":
-            return listwise_from_logits(logits, prompts.letter_ids, len(item_idx))
-        return pointwise_from_logits(logits, *prompts.yes_no)
-
-    def _batched_logits(self, parts: PromptParts, request: Request) -> Any:
-        rows = [parts.prefix + s for s in parts.suffixes]
-        left = request.remaining_s()
-        deadline = None if left == float("inf") else request.deadline
-        future = self.batcher.submit(rows, length=max(len(r) for r in rows), deadline=deadline,
-                                     priority=bool(request.context.get("priority", False)))
-        try:
-            return future.result(timeout=None if deadline is None else max(left, 0.0))
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise StageError(f"stage {self.name!r}: request deadline reached while batched") from None
-
-    def _score_remote(self, parts: PromptParts, n: int, request: Request, prompts: PromptBuilder) -> np.ndarray:
-        left = request.remaining_s()
-        if left <= 0:
-            raise StageError(f"stage {self.name!r}: request deadline reached before the LLM call")
-        timeout = min(self.cfg.http_timeout_s, left)
-        rows = [parts.prefix + s for s in parts.suffixes]
-        if self.cfg.scoring == "listwise":
-            return self.remote.listwise_scores(rows[0], prompts.letter_ids, n, timeout)
-        return self.remote.pointwise_scores(rows, *prompts.yes_no, timeout)
+        return self._backend().score(parts, prompts, len(item_idx), request)
 
     def run(self, request: Request, candidates: Candidates) -> Candidates:
         top = candidates.head(self.cfg.candidates)
@@ -253,6 +176,11 @@ class LLMRerankStage:
         if self.prompts is None:
             raise StageError(f"stage {self.name!r} used before load()")
         return self.prompts
+
+    def _backend(self) -> ScoringBackend:
+        if self.backend is None:
+            raise StageError(f"stage {self.name!r} used before load()")
+        return self.backend
 
 
 def residual_beta(*locations: Path) -> float | None:

@@ -25,6 +25,7 @@ import json
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -37,6 +38,27 @@ RISK_LEVELS = (0, 1, 2, 3)  # 0 = none ... 3 = high
 INTERACTION_COLUMNS = ("user_id", "item_id", "rating", "timestamp")
 ITEM_COLUMNS = ("item_id", "title", "text", "categories", "audience", "risk_level", "year", "attributes")
 USER_COLUMNS = ("user_id", "age", "gender", "occupation", "zip", "risk_tolerance", "attributes")
+USER_ATTRIBUTE_COLUMNS = ("age", "gender", "occupation", "zip", "risk_tolerance")  # what a request carries
+
+
+def user_attributes(users: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per users-table row, the attributes a ``Request`` carries (``USER_ATTRIBUTE_COLUMNS``): the
+    set ones only, as plain Python values. The one place user attributes are assembled
+    (``Split.user_attrs`` for training and eval, ``serving.state`` for serving).
+
+    >>> user_attributes(pd.DataFrame({"age": pd.array([30, None], dtype="Int64"), "zip": ["1", None]}))
+    [{'age': 30, 'zip': '1'}, {}]
+    """
+    cols = [c for c in USER_ATTRIBUTE_COLUMNS if c in users.columns]
+    out: list[dict[str, Any]] = []
+    for row in users[cols].itertuples(index=False):
+        attrs: dict[str, Any] = {}
+        for col, value in zip(cols, row, strict=True):
+            if pd.isna(value):
+                continue
+            attrs[col] = value.item() if isinstance(value, np.generic) else value
+        out.append(attrs)
+    return out
 
 
 class DataError(ValueError):

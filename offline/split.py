@@ -19,13 +19,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
 
-from offline.schema import Vocab
+from offline.schema import Vocab, user_attributes
 from recsys.atomic import atomic_write_json
+from recsys.contract import Request
 
 Phase = Literal["train", "valid", "test"]
 
@@ -43,7 +44,7 @@ class Split:
     test_ts: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     protocol: dict = field(default_factory=dict)  # e.g. {"k_core": 5, "split": "leave-one-out"}
     _seqs: list[np.ndarray] | None = field(default=None, repr=False)
-    _attrs: list[dict[str, object]] | None = field(default=None, repr=False)
+    _attrs: list[dict[str, Any]] | None = field(default=None, repr=False)
 
     @property
     def n_users(self) -> int:
@@ -80,16 +81,17 @@ class Split:
             return np.append(seq, self.valid[user_idx])
         raise ValueError(f"phase must be 'train', 'valid' or 'test', got {phase!r}")
 
-    def user_attrs(self, user_idx: int) -> dict[str, object]:
-        """The user's known attributes (age, gender, occupation, zip, risk_tolerance), NA dropped."""
+    def user_attrs(self, user_idx: int) -> dict[str, Any]:
+        """The user's known attributes (``offline.schema.user_attributes``), NA dropped."""
         if self._attrs is None:
-            cols = [c for c in ("age", "gender", "occupation", "zip", "risk_tolerance") if c in self.users]
-            rows = self.users[cols].to_dict("records")
-            self._attrs = [
-                {k: (int(v) if k in ("age", "risk_tolerance") else v) for k, v in r.items() if not _isna(v)}
-                for r in rows
-            ]
+            self._attrs = user_attributes(self.users)
         return dict(self._attrs[user_idx])
+
+    def request(self, user_idx: int, history: np.ndarray, *, k: int = 10, request_id: str = "") -> Request:
+        """The ``Request`` of user ``user_idx`` with ``history`` as its input: the user's id, index and
+        attributes. The one builder of requests from the split (eval, coarse and LLM training, benchmarks)."""
+        return Request(user_id=str(self.vocab.user_ids[user_idx]), k=k, user_idx=int(user_idx),
+                       history=history, user_attrs=self.user_attrs(user_idx), request_id=request_id)
 
     def targets(self, phase: Phase) -> np.ndarray:
         if phase == "valid":
@@ -146,7 +148,3 @@ class Split:
             valid_ts=hold["valid_ts"].to_numpy(np.int64), test_ts=hold["test_ts"].to_numpy(np.int64),
             protocol=meta["protocol"],
         )
-
-
-def _isna(v: object) -> bool:
-    return v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v))

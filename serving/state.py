@@ -25,12 +25,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-import pandas as pd
 
+from offline.schema import user_attributes
 from offline.split import Split
 from recsys.contract import Request
-
-USER_ATTRIBUTE_COLUMNS = ("age", "gender", "occupation", "zip", "risk_tolerance")
 
 
 class HistoryStore(Protocol):
@@ -58,24 +56,6 @@ class SplitHistories:
         if not 0 <= user_idx < len(self.sequences):
             raise IndexError(f"user_idx {user_idx} out of range [0, {len(self.sequences)})")
         return self.sequences[user_idx]
-
-
-def user_attributes(users: pd.DataFrame) -> list[dict[str, Any]]:
-    """One dict per users-table row with the set attributes only, as plain Python values.
-
-    >>> user_attributes(pd.DataFrame({"age": pd.array([30, None], dtype="Int64"), "zip": ["1", None]}))
-    [{'age': 30, 'zip': '1'}, {}]
-    """
-    cols = [c for c in USER_ATTRIBUTE_COLUMNS if c in users.columns]
-    out: list[dict[str, Any]] = []
-    for row in users[cols].itertuples(index=False):
-        attrs: dict[str, Any] = {}
-        for col, value in zip(cols, row, strict=True):
-            if pd.isna(value):
-                continue
-            attrs[col] = value.item() if isinstance(value, np.generic) else value
-        out.append(attrs)
-    return out
 
 
 class CatalogState:

@@ -9,14 +9,12 @@ predictable from the "follow" features but not from popularity.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pandas as pd
 
 from offline.schema import Vocab, normalise_items, normalise_users
 from offline.split import Split
-from recsys.contract import Candidates, Request
+from tests.doubles import PopularityStage as DoublePopularity
 
 
 def split_from_sequences(
@@ -76,28 +74,8 @@ def chain_split(n_users: int = 160, n_items: int = 30, follow_prob: float = 0.85
     return split_from_sequences(seqs, items, users, stamps)
 
 
-class PopularityStage:
-    """Recall by training popularity over every item outside the request's exclusions."""
-
-    name = "recall"
-    reads: tuple[str, ...] = ()
-    writes: tuple[str, ...] = ("recall",)
+class PopularityStage(DoublePopularity):
+    """The recall stage coarse training reads: popularity with its channel column (``tests.doubles``)."""
 
     def __init__(self, split: Split, depth: int = 200) -> None:
-        self.depth = depth
-        self.score = np.log1p(split.item_popularity("valid")).astype(np.float32)
-
-    def load(self, artifact_dir: Any) -> None:  # built from the split: nothing on disk
-        return None
-
-    def run(self, request: Request, candidates: Candidates) -> Candidates:
-        keep = np.ones(len(self.score), dtype=bool)
-        keep[request.excluded] = False
-        items = np.flatnonzero(keep)
-        order = np.argsort(-self.score[items], kind="stable")[: self.depth]
-        items, s = items[order], self.score[items[order]]
-        return Candidates(items=items, scores={"recall": s, "recall_popularity": s},
-                          flags={"src_popularity": np.ones(len(items), dtype=bool)}, order_by="recall")
-
-    def version(self) -> str:
-        return "popularity"
+        super().__init__(split.item_popularity("valid"), name="recall", depth=depth, channel_column=True)

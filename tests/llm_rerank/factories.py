@@ -21,7 +21,7 @@ import pandas as pd
 
 from offline.schema import Vocab, normalise_items, normalise_users
 from offline.split import Split
-from recsys.contract import Candidates, Request
+from tests.doubles import PopularityStage as DoublePopularity
 
 CONVERTED = Path(__file__).resolve().parents[2] / "artifacts" / "models" / "smollm2-135m-instruct"
 
@@ -115,25 +115,8 @@ def tiny_split() -> Split:
                  test_ts=np.full(8, 10_001, dtype=np.int64), protocol={"split": "toy"})
 
 
-class PopularityStage:
-    """Candidate stage: the most popular items outside the request's excluded set."""
+class PopularityStage(DoublePopularity):
+    """The coarse stage in front of the re-ranker: at most ``request.k`` popular items (``tests.doubles``)."""
 
-    name = "coarse"
-    reads: tuple[str, ...] = ()
-    writes: tuple[str, ...] = ("coarse",)
-
-    def __init__(self, split: Split, depth: int = 50):
-        self.popularity = split.item_popularity("valid")
-        self.depth = depth
-
-    def load(self, artifact_dir: Any) -> None:
-        return None
-
-    def run(self, request: Request, candidates: Candidates) -> Candidates:
-        order = np.argsort(-self.popularity, kind="stable")
-        order = order[~np.isin(order, request.excluded)][: min(self.depth, request.k)]
-        return Candidates(items=order, scores={"coarse": self.popularity[order].astype(np.float32)},
-                          order_by="coarse")
-
-    def version(self) -> str:
-        return "popularity"
+    def __init__(self, split: Split, depth: int = 50) -> None:
+        super().__init__(split.item_popularity("valid"), name="coarse", depth=depth, per_request_k=True)

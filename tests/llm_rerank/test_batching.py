@@ -111,13 +111,15 @@ def test_batched_stage_matches_unbatched_and_honours_deadlines(tmp_path: Path) -
     lengths = {len(batched.build_prompt(r, items).prefix) for r in requests}
     assert len(lengths) == 4  # four different prompt lengths: rows are padded in the shared pass
     gate = threading.Event()
-    run_batch = batched.batcher.run_batch
+    batcher = batched.local().batcher
+    assert batcher is not None
+    run_batch = batcher.run_batch
 
     def held(jobs: list) -> list:
         gate.wait(30)
         return run_batch(jobs)
 
-    batched.batcher.run_batch = held
+    batcher.run_batch = held
     try:
         with ThreadPoolExecutor(4) as pool:
             futures = [pool.submit(batched.score, r, items) for r in requests]

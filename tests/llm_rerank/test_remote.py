@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from cascade.settings import Settings
+from llm_rerank.backends import RemoteBackend
 from llm_rerank.remote import RemoteLLM
 from llm_rerank.stage import LLMRerankStage
 from recsys.config import StageSpec
@@ -76,7 +77,9 @@ def test_http_backend_scores_equal_local_scores(served: tuple[str, Path], scorin
     url, root = served
     local = _stage(root, scoring=scoring)
     remote = _stage(root, scoring=scoring, backend="http", base_url=url)
-    assert remote.model is None and remote.remote.model == "tiny"
+    assert isinstance(remote.backend, RemoteBackend) and remote.backend.remote.model == "tiny"
+    with pytest.raises(ValueError, match="llm.backend is 'http'"):
+        remote.local()  # no model in this process
     request = Request(user_id="u1", history=np.array([6, 7, 8]), user_attrs={"age": 30})
     items = np.array([0, 6, 2, 9, 4])
     np.testing.assert_allclose(remote.score(request, items), local.score(request, items), atol=1e-4)

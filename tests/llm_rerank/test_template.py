@@ -101,7 +101,7 @@ def test_changed_instruction_changes_the_token_ids_the_model_receives(artifacts:
     tok = stage.prompts.tok  # type: ignore[union-attr]
     request = Request(user_id="u0", history=np.array([1, 2]), user_attrs={"age": 30})
     items = np.array([0, 3, 6, 9, 11])
-    seen = SeenIds(stage.model)
+    seen = SeenIds(stage.local().model)
     try:
         before_scores = stage.score(request, items)
         before = seen.text(tok)
@@ -129,7 +129,7 @@ def test_no_cached_prefix_of_the_old_instruction_is_reused(artifacts: Path) -> N
     stage = make_stage(artifacts, scoring="pointwise", prefix_cache_size=8, kv={"enabled": False})  # the LRU
     request = Request(user_id="u0", history=np.array([1, 2]), user_attrs={"age": 30})
     items = np.array([0, 3])
-    cache = stage.scorer.cache
+    cache = stage.local().scorer.cache
     stage.score(request, items)
     stage.score(request, items)
     assert (cache.hits, cache.misses, len(cache)) == (1, 1, 1)  # the same instruction: reused

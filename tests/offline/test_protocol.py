@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from offline.protocol import k_core, make_split
-from offline.schema import DataError, Dataset
+from offline.schema import DataError, Dataset, user_attributes
 from offline.split import Split
 
 
@@ -55,6 +55,22 @@ def _tiny_dataset(swap_tied_rows: bool = False) -> Dataset:
     items = pd.DataFrame({"item_id": ["i3", "i1", "i2", "i4"], "title": ["C", "A", "B", "D"]})
     users = pd.DataFrame({"user_id": ["u2", "u1"], "age": [30, 20]})
     return Dataset(name="tiny", interactions=_inter(rows), items=items, users=users)
+
+
+def test_user_attributes_returns_plain_python_values() -> None:
+    users = pd.DataFrame({"age": pd.array([30, None], dtype="Int64"), "zip": ["1", None], "other": [1, 2]})
+    attrs = user_attributes(users)
+    assert attrs == [{"age": 30, "zip": "1"}, {}]
+    assert type(attrs[0]["age"]) is int
+
+
+def test_split_request_carries_id_attributes_and_history() -> None:
+    split = make_split(_tiny_dataset(), k_core=1)
+    req = split.request(1, split.history(1, "test"), k=5, request_id="r1")
+    assert (req.user_id, req.user_idx, req.k, req.request_id) == ("u1", 1, 5, "r1")
+    assert dict(req.user_attrs) == {"age": 20} and type(req.user_attrs["age"]) is int
+    assert req.history.tolist() == [1, 0] and req.exclude is None
+    assert dict(split.request(2, np.zeros(0, np.int64)).user_attrs) == {}  # u3 has no users row: age unknown
 
 
 def test_make_split_by_hand() -> None:

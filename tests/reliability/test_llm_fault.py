@@ -81,7 +81,7 @@ def test_hung_llm_backend_falls_back_to_coarse_order_within_budget(served: tuple
     coarse_order = ids(ask(client, llm=False))
     assert ask(client, llm=True)["path"] == "llm"  # healthy first
     release = threading.Event()
-    hook = llm.model.register_forward_pre_hook(lambda module, args: release.wait(30) and None)
+    hook = llm.local().model.register_forward_pre_hook(lambda module, args: release.wait(30) and None)
     try:
         answer = ask(client, llm=True)
         assert_coarse_fallback(answer, coarse_order, "call abandoned")
@@ -111,7 +111,7 @@ def test_crashing_llm_backend_falls_back_to_coarse_order(served: tuple[TestClien
     def crash(module: Any, args: Any) -> None:
         raise RuntimeError("backend crashed: device lost")
 
-    hook = llm.model.register_forward_pre_hook(crash)
+    hook = llm.local().model.register_forward_pre_hook(crash)
     try:
         answer = ask(client, llm=True)
     finally:

@@ -44,7 +44,7 @@ def llm_app(toy_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 def llm_answer(client: TestClient, stage: LLMRerankStage, user: str = "u1") -> tuple[dict, str]:
     """One LLM-path answer for ``user`` and the text of the token ids the stage's model embedded for it."""
     seen: list[list[int]] = []
-    hook = stage.model.get_input_embeddings().register_forward_pre_hook(lambda _m, a: seen.extend(a[0].tolist()))
+    hook = stage.local().model.get_input_embeddings().register_forward_pre_hook(lambda _m, a: seen.extend(a[0].tolist()))
     try:
         data = client.post("/v1/recommend", json={"user_id": user, "k": 3, "llm": True}).json()
     finally:

@@ -3,10 +3,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 
-from serving.state import CatalogState, SplitHistories, user_attributes
+from serving.state import CatalogState, SplitHistories
 
 
 def test_known_user_gets_full_history_attrs_and_index(toy_dir: Path) -> None:
@@ -33,13 +32,6 @@ def test_item_ids_and_titles_follow_item_index(toy_dir: Path) -> None:
     assert state.n_items == 6
     assert [state.item_id(i) for i in range(6)] == ["m1", "m2", "m3", "m4", "m5", "m6"]
     assert state.title(3) == "Delta"
-
-
-def test_user_attributes_returns_plain_python_values() -> None:
-    users = pd.DataFrame({"age": pd.array([30, None], dtype="Int64"), "zip": ["1", None], "other": [1, 2]})
-    attrs = user_attributes(users)
-    assert attrs == [{"age": 30, "zip": "1"}, {}]
-    assert type(attrs[0]["age"]) is int
 
 
 def test_split_histories_refuses_unknown_index() -> None:

@@ -29,6 +29,7 @@ from offline.schema import Dataset
 from offline.split import Split
 from recsys.config import STAGE_KINDS, StageSpec
 from recsys.contract import Candidates, Request, StageError
+from tests.doubles import PopularityStage
 
 TOY_KINDS = {
     "recall": "tests.serving.toy:PopularityRecall",
@@ -80,13 +81,13 @@ def use_toy_stage_kinds() -> None:
     STAGE_KINDS.update(TOY_KINDS)
 
 
-class PopularityRecall:
-    reads: tuple[str, ...] = ()
-    writes = ("recall",)
+class PopularityRecall(PopularityStage):
+    """``tests.doubles.PopularityStage`` built by the registry, counting every observed interaction."""
+
     load_gate: threading.Event | None = None  # a test holds loading here to observe /readyz at 503
 
     def __init__(self, spec: StageSpec, config: Any, **context: Any):
-        self.name = spec.name
+        super().__init__(name=spec.name, log1p=False)
         self.counts: np.ndarray | None = None
 
     def load(self, artifact_dir: Path) -> None:
@@ -94,12 +95,7 @@ class PopularityRecall:
             raise TimeoutError("PopularityRecall.load_gate was never opened")
         split = Split.load(Path(artifact_dir) / "split")
         self.counts = split.item_popularity("test") + np.bincount(split.test, minlength=split.n_items)
-
-    def run(self, request: Request, candidates: Candidates) -> Candidates:
-        if self.counts is None:
-            raise StageError("PopularityRecall.run before load()")
-        items = np.setdiff1d(np.arange(len(self.counts)), request.excluded)
-        return Candidates(items=items).with_scores("recall", self.counts[items])
+        self.score = self._scores(self.counts)
 
     def version(self) -> str:
         return "pop-" + hashlib.sha1(np.asarray(self.counts).tobytes()).hexdigest()[:8]
