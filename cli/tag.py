@@ -167,6 +167,33 @@ def ablation(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.Ar
     c.write_report(report, out)
 
 
+@tag_app.command("cold-items")
+def cold_items(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
+               out: c.OutOpt = None,
+               share: Annotated[float, typer.Option("--share", min=0.01, max=0.5,
+                                                    help="Share of items made new by the cutoff.")] = 0.1,
+               llm_share: Annotated[float, typer.Option("--llm-share", min=0.0, max=1.0)] = 0.2,
+               variants: Annotated[str, typer.Option(
+                   "--variants", help="Comma-separated: none, text, llm_tags, llm_embedding, text+llm_tags, "
+                   "text+llm_embedding.")] = "none,text,llm_tags,llm_embedding,text+llm_tags,text+llm_embedding",
+               ) -> None:
+    """The cold-item slice with each item-side source alone: text, LLM tags, LLM embedding (jobs.cold_sources).
+
+    Tags the cold split's catalog by logits and trains the embedding projection first (new items'
+    labels and interactions kept out), then a two-tower with and one without text.
+    """
+    from jobs.cold_sources import cold_source_report  # lazy: keeps `recsys --help` fast
+
+    settings = c.load_settings(config)
+    split, root = _split(settings, data, artifacts)
+    chosen = tuple(v.strip() for v in variants.split(",") if v.strip())
+    try:
+        report = cold_source_report(settings, root, split, share=share, variants=chosen, llm_share=llm_share)
+    except (ValueError, FileNotFoundError) as exc:
+        c.fail(str(exc))
+    c.write_report(report, out)
+
+
 @tag_app.command("bench-logits")
 def bench_logits(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
                  out: c.OutOpt = None, threads: ThreadsOpt = None,

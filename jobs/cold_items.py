@@ -104,10 +104,40 @@ def cold_item_report(settings: Settings, artifact_dir: Path, split: Split, *, sh
     """Train the cold cascade (or reuse it) and measure every stage on the cold- and warm-item slices."""
     t0 = time.perf_counter()
     cold_dir, cold = prepare_cold(artifact_dir, split, share)
+    trained = train_cold(settings, cold_dir, cold, progress)
+    t1 = time.perf_counter()
+    info = cold.protocol["cold_items"]
+    return {
+        "share": share, "cutoff_ts": info["cutoff_ts"], "new_items": info["n_new"], "of_items": cold.n_items,
+        "dropped_train_interactions": info["dropped_train_interactions"],
+        **measure_cold(settings, cold_dir, cold, phase=phase, n_boot=n_boot, progress=progress),
+        "train_s": {k: v.get("seconds") for k, v in trained.items()},
+        "seconds": {"train": round(t1 - t0, 1), "eval": round(time.perf_counter() - t1, 1)},
+    }
+
+
+def train_cold(settings: Settings, cold_dir: Path, cold: Split, progress: bool = True) -> dict[str, Any]:
+    """Train (or reuse) the cold cascade's stages: the defaults, plus the LLM when the pipeline has one."""
     wanted = DEFAULT_STAGES + (("llm",) if any(s.enabled and s.kind == "llm" for s in settings.pipeline.stages)
                                else ())
-    trained = train_stages(settings, cold_dir, cold, stages=wanted, progress=progress)
-    t1 = time.perf_counter()
+    return train_stages(settings, cold_dir, cold, stages=wanted, progress=progress)
+
+
+def item_side_knowledge(settings: Settings) -> dict[str, bool]:
+    """What the pipeline knows of an item without interactions: its text (MiniLM in the item tower),
+    LLM tags (coarse tag features: ``coarse.tag_features`` or a coarse stage on ``coarse_tags/``),
+    its LLM embedding (a ``recall_llm`` stage)."""
+    enabled = [s for s in settings.pipeline.stages if s.enabled]
+    return {"text": bool(settings.recall.use_text),
+            "llm_tags": bool(settings.coarse.tag_features)
+            or any(s.kind == "coarse" and s.params.get("subdir") == "coarse_tags" for s in enabled),
+            "llm_embedding": any(s.kind == "recall_llm" for s in enabled)}
+
+
+def measure_cold(settings: Settings, cold_dir: Path, cold: Split, *, phase: str = "test", n_boot: int = 2000,
+                 progress: bool = True) -> dict[str, Any]:
+    """Run the pipeline of ``settings`` over the cold cascade's ``phase`` requests; per slice (cold item,
+    warm item) and stage: NDCG@10, Recall@10, paired CIs, and each stage's candidate recall."""
     pipeline = memoised(build_pipeline(settings, cold_dir))
     run = run_cascade(pipeline, cold, phase, progress)  # type: ignore[arg-type]
     ok = {s for s, c in run["status"].items() if c.get("ok", 0) > 0} | {"final"}
@@ -115,14 +145,8 @@ def cold_item_report(settings: Settings, artifact_dir: Path, split: Split, *, sh
     targets = cold.targets(phase)  # type: ignore[arg-type]
     is_new = np.isin(targets, cold.unseen_items)
     slices = {"cold_item": np.flatnonzero(is_new), "warm_item": np.flatnonzero(~is_new & (targets >= 0))}
-    info = cold.protocol["cold_items"]
-    kinds = {s.kind for s in settings.pipeline.stages if s.enabled}
     return {
-        "share": share, "cutoff_ts": info["cutoff_ts"], "new_items": info["n_new"], "of_items": cold.n_items,
-        "dropped_train_interactions": info["dropped_train_interactions"],
-        "item_side_knowledge": {"text": bool(settings.recall.use_text),
-                                "llm_tags": bool(settings.coarse.tag_features),
-                                "llm_embedding": "recall_llm" in kinds},
+        "item_side_knowledge": item_side_knowledge(settings),
         "slices": {name: {**slice_table({s: run["tops"][s][users] for s in stages}, targets[users], stages,
                                         seed=settings.seed, n_boot=n_boot),
                           "candidate_recall": candidate_recall(run["candidates"], targets, users)}
@@ -130,6 +154,5 @@ def cold_item_report(settings: Settings, artifact_dir: Path, split: Split, *, sh
         "new_items_among_candidates": {s: round(float(np.mean([np.isin(c, cold.unseen_items).sum()
                                                                 for c in run["candidates"][s]])), 3)
                                        for s in SCORED if s in ok},
-        "train_s": {k: v.get("seconds") for k, v in trained.items()},
-        "seconds": {"train": round(t1 - t0, 1), "eval": round(time.perf_counter() - t1, 1)},
+        "stage_status": run["status"],
     }

@@ -1,0 +1,157 @@
+"""Which item-side knowledge reaches new items: the cold-item slice with each source on alone.
+
+``jobs.cold_items`` trains a cascade without the interactions of the items first seen after a
+cutoff and measures the users whose test item is one of them. A new item can only be recalled
+and ranked through what the cascade knows of it without interactions. This job measures that
+slice once per source:
+
+- ``none``: nothing (the two-tower without text: a new item is an untrained id);
+- ``text``: MiniLM text in the two-tower's item tower (``recall.use_text``, the default);
+- ``llm_tags``: LLM tags as coarse features (``coarse_tags/``, ``jobs.coarse_tags``), two-tower
+  without text;
+- ``llm_embedding``: the LLM-embedding recall channel (``recall_llm``, ``recall.llm_channel``), two-tower
+  without text;
+- ``text+llm_tags``, ``text+llm_embedding``: each LLM source on top of the default.
+
+The LLM sources are rebuilt on the cold split so nothing about the new items' interactions or
+labels is learnt: the catalog is tagged by label logits (``jobs.tagging.run``, method
+``logits``) with thresholds calibrated on the items outside the usual tag holdout *and* outside
+the new items, and the embedding projection (``jobs.tagging.embed``) trains on the cold split's
+training sequences, which hold no new item. The text and no-text cascades share the cold split,
+the tags and the embeddings; each has its own two-tower, coarse and fusion
+(``<artifact_dir>/cold-items/`` and ``<artifact_dir>/cold-items-no-text/cold-items/``).
+A variant with an LLM source has its own fusion weights key, so fusion is tuned for it on valid
+(``jobs.train``) and its gate decides what ``final`` serves.
+
+Deliberately left out: tagger adaptation (the base model tags; ``recsys tag adapt`` is not run on
+the cold split).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cascade.settings import Settings
+from jobs.cold_items import measure_cold, prepare_cold, train_cold
+from jobs.tagging.ablation import variant_settings
+from jobs.tagging.embed import EmbedSettings
+from jobs.tagging.quality import holdout_items
+from jobs.tagging.run import HOLDOUT_FRACTION
+from jobs.train import train_stages
+from llm_rerank.backbone import resolve_model
+from offline.split import Split
+
+# variant -> (two-tower with text, ablation swaps of jobs.tagging.ablation)
+VARIANTS: dict[str, tuple[bool, tuple[str, ...]]] = {
+    "none": (False, ()), "text": (True, ()), "llm_tags": (False, ("tag_features",)),
+    "llm_embedding": (False, ("llm_channel",)), "text+llm_tags": (True, ("tag_features",)),
+    "text+llm_embedding": (True, ("llm_channel",)),
+}
+NO_TEXT_DIR = "cold-items-no-text"
+
+
+def variant_pipeline(settings: Settings, variant: str, llm_share: float = 0.2) -> Settings:
+    """``settings`` for ``variant``: text on/off in the two-tower, and the LLM source's stage swap."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown cold-source variant {variant!r}; choose from {sorted(VARIANTS)}")
+    text, swaps = VARIANTS[variant]
+    out = settings.model_copy(update={"recall": settings.recall.model_copy(update={"use_text": text})})
+    if "tag_features" in swaps:
+        out = variant_settings(out, "tag_features")
+    if "llm_channel" in swaps:
+        out = variant_settings(out, "llm_channel", llm_share)
+    return out
+
+
+def cold_tag_holdout(n_items: int, new: np.ndarray, seed: int) -> np.ndarray:
+    """Items whose labels calibrate nothing: the usual tag holdout plus the new items.
+
+    >>> cold_tag_holdout(10, np.array([9]), 0).tolist() == sorted(set(holdout_items(10, 0.5, 0).tolist()) | {9})
+    True
+    """
+    return np.union1d(holdout_items(n_items, HOLDOUT_FRACTION, seed), np.asarray(new, dtype=np.int64))
+
+
+def prepare_llm_sources(settings: Settings, cold_dir: Path, cold: Split, *, progress: bool = True) -> dict[str, Any]:
+    """Tag the cold split's catalog by logits and train the embedding projection, unless done; their reports."""
+    from jobs.tagging.embed import train_embeddings  # lazy: imports torch
+    from jobs.tagging.generate import TaggerSettings  # lazy: imports torch and xgrammar
+    from jobs.tagging.run import tag_catalog  # lazy: imports torch and xgrammar
+
+    tags = cold_dir / "tags"
+    tags.mkdir(parents=True, exist_ok=True)
+    held = cold_tag_holdout(cold.n_items, cold.unseen_items, settings.seed)
+    holdout = {"fraction": HOLDOUT_FRACTION, "seed": settings.seed, "items": held.tolist(),
+               "plus_new_items": len(cold.unseen_items)}
+    out: dict[str, Any] = {}
+    path = tags / "holdout.json"
+    if not (tags / "summary.json").exists() or not path.exists() or json.loads(path.read_text()) != holdout:
+        path.write_text(json.dumps(holdout))
+        model = resolve_model(settings.llm, Path(settings.artifacts_dir))
+        summary = tag_catalog(cold, model, cold_dir, TaggerSettings(domain=settings.llm.domain, precision="fp32"),
+                              method="logits", batch_size=64, seed=settings.seed, progress=progress)
+        shutil.rmtree(tags / "embed", ignore_errors=True)  # projections of older states are stale
+        out["tagging"] = {k: summary.get(k) for k in ("items", "seconds", "items_per_s", "genre_f1_micro_heldout",
+                                                       "items_heldout", "schema_valid_rate", "calibrated_on_items")}
+    else:
+        out["tagging"] = {"reused": True}
+    if not (tags / "embed" / "meta.json").exists():
+        meta = train_embeddings(cold, tags, EmbedSettings(seed=settings.seed))
+        out["embedding"] = {k: meta[k] for k in ("pairs", "seconds", "n_items")}
+        out["embedding"]["loss_first_last"] = [meta["loss_per_epoch"][0], meta["loss_per_epoch"][-1]]
+    else:
+        out["embedding"] = {"reused": True}
+    return out
+
+
+def cold_source_report(settings: Settings, artifact_dir: Path, split: Split, *, share: float = 0.1,
+                       phase: str = "test", variants: tuple[str, ...] = tuple(VARIANTS), llm_share: float = 0.2,
+                       n_boot: int = 1000, progress: bool = True) -> dict[str, Any]:
+    """The cold- and warm-item slices per variant (module docstring), with what each variant trained."""
+    from jobs.coarse_tags import ensure_coarse_tags  # lazy: imports scipy (coarse_rank)
+
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown cold-source variant(s) {unknown}; choose from {sorted(VARIANTS)}")
+    t0 = time.perf_counter()
+    artifact_dir = Path(artifact_dir)
+    cold_dir, cold = prepare_cold(artifact_dir, split, share)
+    needs_llm = any(VARIANTS[v][1] for v in variants)
+    report: dict[str, Any] = {"share": share, "phase": phase, "new_items": int(len(cold.unseen_items)),
+                              "of_items": cold.n_items, "llm_share": llm_share, "variants": {}}
+    if needs_llm:
+        report["llm_sources"] = prepare_llm_sources(settings, cold_dir, cold, progress=progress)
+    roots = {True: cold_dir}
+    if any(not VARIANTS[v][0] for v in variants):
+        parent = artifact_dir / NO_TEXT_DIR
+        if not (parent / "split").exists():
+            shutil.copytree(artifact_dir / "split", parent / "split")
+        roots[False], _ = prepare_cold(parent, split, share)
+        if needs_llm:  # same cold split, so the same tags and embeddings
+            shutil.rmtree(roots[False] / "tags", ignore_errors=True)
+            shutil.copytree(cold_dir / "tags", roots[False] / "tags")
+    trained: dict[bool, dict[str, Any]] = {}
+    for variant in variants:
+        text, swaps = VARIANTS[variant]
+        root, base = roots[text], variant_pipeline(settings, "text" if text else "none")
+        if text not in trained:
+            trained[text] = {k: v.get("seconds") for k, v in train_cold(base, root, cold, progress).items()}
+        row: dict[str, Any] = {"two_tower_text": text, "train_s": trained[text]}
+        if "tag_features" in swaps:
+            tagged = ensure_coarse_tags(base, root, cold, progress=progress)
+            row["coarse_tags"] = {"trained_now": tagged["trained"],
+                                  "valid_ndcg@10": tagged["report"].get("valid_ndcg@10")}
+        chosen = variant_pipeline(settings, variant, llm_share)
+        if swaps:  # its own fusion weights key: tune fusion for this pipeline on valid (jobs.train)
+            fused = train_stages(chosen, root, cold, stages=("fusion",), progress=progress)["fusion"]
+            row["fusion_train_s"] = fused.get("seconds")
+        row.update(measure_cold(chosen, root, cold, phase=phase, n_boot=n_boot, progress=progress))
+        report["variants"][variant] = row
+    report["seconds"] = round(time.perf_counter() - t0, 1)
+    return report
