@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from cascade.settings import Settings
-from jobs.llm_perf import bench_llm
+from jobs.llm_perf import bench_llm, candidate_source
+from jobs.train import prepare, train_stages
+from tests.jobs.test_train import TINY
 from tests.llm_rerank.factories import save_tiny_llm, tiny_split
 
 
@@ -40,3 +42,18 @@ def test_bench_llm_reports_all_three_comparisons(tmp_path: Path) -> None:
     assert set(partial[0]) < set(partial[1]) and "precision" in partial[0]  # saved after each finished section
     with pytest.raises(KeyError):
         report["precision"]["fp16"]
+
+
+@pytest.mark.slow
+def test_candidates_come_from_current_stages_and_stale_ones_are_retrained(tmp_path: Path) -> None:
+    art = tmp_path / "synthetic"
+    split = prepare(None, art, n_users=60, n_items=120, seed=3)
+    settings = Settings.build(TINY)
+    train_stages(settings, art, split, stages=("recall", "recall_holdout", "coarse"), progress=False)
+    _, source = candidate_source(split, art, settings)
+    assert source == "coarse"  # current: reused as trained
+    changed = Settings.build({**TINY, "coarse": {**TINY["coarse"], "n_estimators": 15}})
+    candidates_for, source = candidate_source(split, art, changed)
+    assert source == "coarse (retrained stale coarse)"
+    _, items = candidates_for(0, split.history(0, "valid"))
+    assert len(items) > 0 and not set(items.tolist()) & set(split.history(0, "valid").tolist())
