@@ -37,6 +37,7 @@ from cascade.settings import Settings
 from jobs.cascade_run import SCORED, memoised, run_cascade, slice_table
 from jobs.train import DEFAULT_STAGES, split_id, train_stages
 from offline.metrics import candidate_recall as share_found
+from offline.metrics import per_user_metrics
 from offline.split import Split
 
 COLD_DIR = "cold-items"
@@ -135,9 +136,12 @@ def item_side_knowledge(settings: Settings) -> dict[str, bool]:
 
 
 def measure_cold(settings: Settings, cold_dir: Path, cold: Split, *, phase: str = "test", n_boot: int = 2000,
-                 progress: bool = True) -> dict[str, Any]:
+                 progress: bool = True, per_user: dict[str, dict[str, np.ndarray]] | None = None) -> dict[str, Any]:
     """Run the pipeline of ``settings`` over the cold cascade's ``phase`` requests; per slice (cold item,
-    warm item) and stage: NDCG@10, Recall@10, paired CIs, and each stage's candidate recall."""
+    warm item) and stage: NDCG@10, Recall@10, paired CIs, and each stage's candidate recall.
+    ``per_user``, when given, receives each slice's per-user NDCG@10 by stage, and per scored stage
+    ``candidates:<stage>`` (1 when the target was among the candidates it received), for paired CIs
+    between pipelines (``jobs.cold_sources``)."""
     pipeline = memoised(build_pipeline(settings, cold_dir))
     run = run_cascade(pipeline, cold, phase, progress)  # type: ignore[arg-type]
     ok = {s for s, c in run["status"].items() if c.get("ok", 0) > 0} | {"final"}
@@ -145,6 +149,12 @@ def measure_cold(settings: Settings, cold_dir: Path, cold: Split, *, phase: str 
     targets = cold.targets(phase)  # type: ignore[arg-type]
     is_new = np.isin(targets, cold.unseen_items)
     slices = {"cold_item": np.flatnonzero(is_new), "warm_item": np.flatnonzero(~is_new & (targets >= 0))}
+    if per_user is not None:
+        for name, users in slices.items():
+            per_user[name] = {s: per_user_metrics(run["tops"][s][users], targets[users])["ndcg@10"] for s in stages}
+            per_user[name].update({f"candidates:{s}": np.array([t in set(c[u].tolist()) for u, t in
+                                                                zip(users, targets[users], strict=True)], float)
+                                   for s, c in run["candidates"].items() if s in SCORED and any(len(x) for x in c)})
     return {
         "item_side_knowledge": item_side_knowledge(settings),
         "slices": {name: {**slice_table({s: run["tops"][s][users] for s in stages}, targets[users], stages,

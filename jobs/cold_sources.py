@@ -45,6 +45,7 @@ from jobs.tagging.quality import holdout_items
 from jobs.tagging.run import HOLDOUT_FRACTION
 from jobs.train import train_stages
 from llm_rerank.backbone import resolve_model
+from offline.bootstrap import paired_bootstrap
 from offline.split import Split
 
 # variant -> (two-tower with text, ablation swaps of jobs.tagging.ablation)
@@ -137,6 +138,7 @@ def cold_source_report(settings: Settings, artifact_dir: Path, split: Split, *, 
             shutil.rmtree(roots[False] / "tags", ignore_errors=True)
             shutil.copytree(cold_dir / "tags", roots[False] / "tags")
     trained: dict[bool, dict[str, Any]] = {}
+    per_user: dict[str, dict[str, dict[str, np.ndarray]]] = {}
     for variant in variants:
         text, swaps = VARIANTS[variant]
         root, base = roots[text], variant_pipeline(settings, "text" if text else "none")
@@ -151,7 +153,40 @@ def cold_source_report(settings: Settings, artifact_dir: Path, split: Split, *, 
         if swaps:  # its own fusion weights key: tune fusion for this pipeline on valid (jobs.train)
             fused = train_stages(chosen, root, cold, stages=("fusion",), progress=progress)["fusion"]
             row["fusion_train_s"] = fused.get("seconds")
-        row.update(measure_cold(chosen, root, cold, phase=phase, n_boot=n_boot, progress=progress))
+        per_user[variant] = {}
+        row.update(measure_cold(chosen, root, cold, phase=phase, n_boot=n_boot, progress=progress,
+                                per_user=per_user[variant]))
         report["variants"][variant] = row
+    report["vs_base"] = variant_deltas(per_user, seed=settings.seed, n_boot=n_boot)
     report["seconds"] = round(time.perf_counter() - t0, 1)
     return report
+
+
+def variant_deltas(per_user: dict[str, dict[str, dict[str, np.ndarray]]], *, seed: int = 0, n_boot: int = 1000
+                   ) -> dict[str, Any]:
+    """Each variant against the one without its LLM source (``none`` or ``text``, when measured), per
+    slice and stage: the mean difference on the same users of NDCG@10 (``<stage>``) and of the
+    target being among the stage's candidates (``candidates:<stage>``), with paired-bootstrap 95% CIs.
+
+    >>> d = variant_deltas({"none": {"cold_item": {"recall": np.zeros(4)}},
+    ...                     "llm_embedding": {"cold_item": {"recall": np.full(4, 0.5)}}}, n_boot=10)
+    >>> d["llm_embedding_vs_none"]["cold_item"]["recall"]
+    {'mean': 0.5, 'ci95': [0.5, 0.5]}
+    """
+    out: dict[str, Any] = {}
+    for variant, slices in per_user.items():
+        text, swaps = VARIANTS[variant]
+        base = "text" if text else "none"
+        if not swaps or base not in per_user:
+            continue
+        rows: dict[str, Any] = {}
+        for name, stages in slices.items():
+            rows[name] = {}
+            for stage, values in stages.items():
+                ref = per_user[base][name].get(stage)
+                if ref is None or len(ref) != len(values) or not len(values):
+                    continue
+                r = paired_bootstrap(ref, values, n_boot=n_boot, seed=seed)
+                rows[name][stage] = {"mean": round(r["mean"], 5), "ci95": [round(x, 5) for x in r["ci95"]]}
+        out[f"{variant}_vs_{base}"] = rows
+    return out

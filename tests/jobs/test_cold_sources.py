@@ -53,6 +53,11 @@ def test_llm_sources_are_rebuilt_on_the_cold_split_and_each_variant_measured(tmp
     assert knowledge == {"none": {"text": False, "llm_tags": False, "llm_embedding": False},
                          "llm_tags": {"text": False, "llm_tags": True, "llm_embedding": False},
                          "llm_embedding": {"text": False, "llm_tags": False, "llm_embedding": True}}
+    deltas = report["vs_base"]
+    assert set(deltas) == {"llm_tags_vs_none", "llm_embedding_vs_none"}
+    for rows in deltas.values():
+        assert {"recall", "coarse", "candidates:recall"} <= set(rows["cold_item"])
+        assert all(r["ci95"][0] <= r["mean"] <= r["ci95"][1] for r in rows["cold_item"].values())
     for row in report["variants"].values():
         assert row["slices"]["cold_item"]["users"] == int(np.isin(split.test, new).sum())
         assert {"recall", "coarse"} <= set(row["slices"]["cold_item"]["stages"])
