@@ -187,6 +187,9 @@ def cold_items(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.
     settings = c.load_settings(config)
     split, root = _split(settings, data, artifacts)
     chosen = tuple(v.strip() for v in variants.split(",") if v.strip())
+    if not chosen:
+        c.fail("--variants names no variant; choose from none, text, llm_tags, llm_embedding, text+llm_tags, "
+               "text+llm_embedding")
     try:
         report = cold_source_report(settings, root, split, share=share, variants=chosen, llm_share=llm_share)
     except (ValueError, FileNotFoundError) as exc:

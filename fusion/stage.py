@@ -143,7 +143,7 @@ def weights_key_for(stages: Sequence[StageSpec], ruleset_path: Callable[[str | N
     ``stages`` is the whole pipeline; ``ruleset_path`` gives a policy stage's rule set file from
     its ``params.ruleset`` (``rules.config.RulesConfig.ruleset_path``; ``cascade.registry.weights_key``
     passes both from the settings). The digest covers the scored stages, every enabled stage's
-    kind and depth, and each policy stage's rule set (its file's bytes and params), so weights
+    kind, depth and params, and each policy stage's rule set (its file's bytes), so weights
     tuned under one rule set or candidate depth are never served under another: a change gives
     a new key, and the next ``recsys train``/``eval`` tunes for it (``jobs.train``) while serving
     falls back to the most refined stage's order.
@@ -157,6 +157,8 @@ def weights_key_for(stages: Sequence[StageSpec], ruleset_path: Callable[[str | N
         if spec.kind in POLICY_KINDS:
             path = Path(ruleset_path(spec.params.get("ruleset")))
             part += [sorted(spec.params.items()), file_sha256(path) if path.is_file() else f"missing:{path}"]
+        elif spec.params:  # e.g. coarse served from coarse_tags/: other scores, other weights
+            part.append(sorted(spec.params.items()))
         parts.append(part)
     digest = hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:12]
     return f"{'+'.join(fused) or 'none'}-{digest}"

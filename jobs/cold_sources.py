@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +44,11 @@ from jobs.tagging.ablation import variant_settings
 from jobs.tagging.embed import EmbedSettings
 from jobs.tagging.quality import holdout_items
 from jobs.tagging.run import HOLDOUT_FRACTION
-from jobs.train import train_stages
-from llm_rerank.backbone import resolve_model
+from jobs.train import split_id, train_stages
+from llm_rerank.backbone import resolve_model, weights_digest
 from offline.bootstrap import paired_bootstrap
 from offline.split import Split
+from recsys.atomic import atomic_write_json
 
 # variant -> (two-tower with text, ablation swaps of jobs.tagging.ablation)
 VARIANTS: dict[str, tuple[bool, tuple[str, ...]]] = {
@@ -55,6 +57,7 @@ VARIANTS: dict[str, tuple[bool, tuple[str, ...]]] = {
     "text+llm_embedding": (True, ("llm_channel",)),
 }
 NO_TEXT_DIR = "cold-items-no-text"
+SOURCES_FILE = "cold_sources.json"
 
 
 def variant_pipeline(settings: Settings, variant: str, llm_share: float = 0.2) -> Settings:
@@ -79,8 +82,16 @@ def cold_tag_holdout(n_items: int, new: np.ndarray, seed: int) -> np.ndarray:
     return np.union1d(holdout_items(n_items, HOLDOUT_FRACTION, seed), np.asarray(new, dtype=np.int64))
 
 
+def sources_inputs(cold_dir: Path, holdout: dict[str, Any], model: str, embed: EmbedSettings) -> dict[str, Any]:
+    """What the cold split's tags and embeddings are made from; they are reused only while it is unchanged."""
+    return {"split": split_id(cold_dir), "holdout": holdout, "model": model, "model_weights": weights_digest(model),
+            "embed": asdict(embed)}
+
+
 def prepare_llm_sources(settings: Settings, cold_dir: Path, cold: Split, *, progress: bool = True) -> dict[str, Any]:
-    """Tag the cold split's catalog by logits and train the embedding projection, unless done; their reports."""
+    """Tag the cold split's catalog by logits and train the embedding projection, unless both were made
+    from the same inputs (``sources_inputs``, recorded in ``tags/cold_sources.json`` once both are done);
+    their reports."""
     from jobs.tagging.embed import train_embeddings  # lazy: imports torch
     from jobs.tagging.generate import TaggerSettings  # lazy: imports torch and xgrammar
     from jobs.tagging.run import tag_catalog  # lazy: imports torch and xgrammar
@@ -90,24 +101,24 @@ def prepare_llm_sources(settings: Settings, cold_dir: Path, cold: Split, *, prog
     held = cold_tag_holdout(cold.n_items, cold.unseen_items, settings.seed)
     holdout = {"fraction": HOLDOUT_FRACTION, "seed": settings.seed, "items": held.tolist(),
                "plus_new_items": len(cold.unseen_items)}
-    out: dict[str, Any] = {}
-    path = tags / "holdout.json"
-    if not (tags / "summary.json").exists() or not path.exists() or json.loads(path.read_text()) != holdout:
-        path.write_text(json.dumps(holdout))
-        model = resolve_model(settings.llm, Path(settings.artifacts_dir))
-        summary = tag_catalog(cold, model, cold_dir, TaggerSettings(domain=settings.llm.domain, precision="fp32"),
-                              method="logits", batch_size=64, seed=settings.seed, progress=progress)
-        shutil.rmtree(tags / "embed", ignore_errors=True)  # projections of older states are stale
-        out["tagging"] = {k: summary.get(k) for k in ("items", "seconds", "items_per_s", "genre_f1_micro_heldout",
-                                                       "items_heldout", "schema_valid_rate", "calibrated_on_items")}
-    else:
-        out["tagging"] = {"reused": True}
-    if not (tags / "embed" / "meta.json").exists():
-        meta = train_embeddings(cold, tags, EmbedSettings(seed=settings.seed))
-        out["embedding"] = {k: meta[k] for k in ("pairs", "seconds", "n_items")}
-        out["embedding"]["loss_first_last"] = [meta["loss_per_epoch"][0], meta["loss_per_epoch"][-1]]
-    else:
-        out["embedding"] = {"reused": True}
+    model = resolve_model(settings.llm, Path(settings.artifacts_dir))
+    embed = EmbedSettings(seed=settings.seed)
+    inputs = sources_inputs(cold_dir, holdout, model, embed)
+    marker = tags / SOURCES_FILE
+    if marker.exists() and json.loads(marker.read_text()) == inputs and (tags / "embed" / "meta.json").exists():
+        return {"tagging": {"reused": True}, "embedding": {"reused": True}}
+    marker.unlink(missing_ok=True)  # written last: a run that stops half-way is redone, never reused
+    (tags / "holdout.json").write_text(json.dumps(holdout))  # tag_catalog calibrates outside these items
+    summary = tag_catalog(cold, model, cold_dir, TaggerSettings(domain=settings.llm.domain, precision="fp32"),
+                          method="logits", batch_size=64, seed=settings.seed, progress=progress)
+    shutil.rmtree(tags / "embed", ignore_errors=True)  # projections of older states are stale
+    meta = train_embeddings(cold, tags, embed)
+    atomic_write_json(marker, inputs)
+    out: dict[str, Any] = {
+        "tagging": {k: summary.get(k) for k in ("items", "seconds", "items_per_s", "genre_f1_micro_heldout",
+                                                "items_heldout", "schema_valid_rate", "calibrated_on_items")},
+        "embedding": {**{k: meta[k] for k in ("pairs", "seconds", "n_items")},
+                      "loss_first_last": [meta["loss_per_epoch"][0], meta["loss_per_epoch"][-1]]}}
     return out
 
 
@@ -131,7 +142,8 @@ def cold_source_report(settings: Settings, artifact_dir: Path, split: Split, *, 
     roots = {True: cold_dir}
     if any(not VARIANTS[v][0] for v in variants):
         parent = artifact_dir / NO_TEXT_DIR
-        if not (parent / "split").exists():
+        if not (parent / "split").exists() or split_id(parent) != split_id(artifact_dir):  # a re-prepared split
+            shutil.rmtree(parent / "split", ignore_errors=True)
             shutil.copytree(artifact_dir / "split", parent / "split")
         roots[False], _ = prepare_cold(parent, split, share)
         if needs_llm:  # same cold split, so the same tags and embeddings
@@ -145,14 +157,16 @@ def cold_source_report(settings: Settings, artifact_dir: Path, split: Split, *, 
         if text not in trained:
             trained[text] = {k: v.get("seconds") for k, v in train_cold(base, root, cold, progress).items()}
         row: dict[str, Any] = {"two_tower_text": text, "train_s": trained[text]}
+        rebuilt = bool(report.get("llm_sources")) and "reused" not in report["llm_sources"]["embedding"]
         if "tag_features" in swaps:
             tagged = ensure_coarse_tags(base, root, cold, progress=progress)
+            rebuilt = rebuilt or tagged["trained"]
             row["coarse_tags"] = {"trained_now": tagged["trained"],
-                                  "valid_ndcg@10": tagged["report"].get("valid_ndcg@10")}
+                                  **{k: v for k, v in tagged["report"].items() if k.startswith("valid_ndcg")}}
         chosen = variant_pipeline(settings, variant, llm_share)
-        if swaps:  # its own fusion weights key: tune fusion for this pipeline on valid (jobs.train)
-            fused = train_stages(chosen, root, cold, stages=("fusion",), progress=progress)["fusion"]
-            row["fusion_train_s"] = fused.get("seconds")
+        if swaps:  # its own fusion weights key (the swapped stage's kind or params): tuned on valid (jobs.train)
+            fused = train_stages(chosen, root, cold, stages=("fusion",), force=rebuilt, progress=progress)["fusion"]
+            row["fusion"] = {"trained_now": not fused.get("reused"), "seconds": fused.get("seconds")}
         per_user[variant] = {}
         row.update(measure_cold(chosen, root, cold, phase=phase, n_boot=n_boot, progress=progress,
                                 per_user=per_user[variant]))

@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -111,15 +112,17 @@ def train_stages(
         stage_dir = _stage_dir(settings, artifact_dir, stage)
         meta = _read_meta(stage_dir)
         config_id = _config_id(settings, stage)
+        upstream = _upstream(settings, artifact_dir, stage)
         if (not force and meta is not None and meta.get("split_id") == current
-                and meta.get("config_id") == config_id):
+                and meta.get("config_id") == config_id
+                and meta.get("upstream", upstream) == upstream):  # stage.json before session 9: no record
             report[stage] = {"reused": True, **meta.get("report", {})}
             continue
         t0 = time.perf_counter()
         rep = _TRAINERS[stage](settings, artifact_dir, split, progress)
         rep["seconds"] = round(time.perf_counter() - t0, 2)
         report[stage] = rep
-        _write_meta(stage_dir, rep, current, config_id)
+        _write_meta(stage_dir, rep, current, config_id, upstream)
         force = True  # a retrained stage invalidates every stage trained on its output
     return report
 
@@ -153,9 +156,28 @@ def _config_id(settings: Settings, stage: str) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _write_meta(directory: Path, report: dict[str, Any], split_id: str, config_id: str = "") -> None:
+# the stages whose trained output a stage learns from: retraining one of them (in any command, e.g. the
+# LLM probe retraining a stale coarse) makes the stages below it stale too
+DEPENDS_ON = {"recall": (), "recall_holdout": (), "coarse": ("recall", "recall_holdout"),
+              "llm": ("recall", "coarse"), "fusion": ("recall", "coarse", "llm")}
+
+
+def _upstream(settings: Settings, artifact_dir: Path, stage: str) -> dict[str, str | None]:
+    """The ``run_id`` of each trained stage ``stage`` depends on (``DEPENDS_ON``), as now on disk."""
+    out: dict[str, str | None] = {}
+    for dep in DEPENDS_ON[stage]:
+        meta = _read_meta(_stage_dir(settings, artifact_dir, dep))
+        if meta is not None:
+            out[dep] = meta.get("run_id")
+    return out
+
+
+def _write_meta(directory: Path, report: dict[str, Any], split_id: str, config_id: str = "",
+                upstream: dict[str, str | None] | None = None) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(directory / "stage.json", {"split_id": split_id, "config_id": config_id, "report": report},
+    atomic_write_json(directory / "stage.json", {"split_id": split_id, "config_id": config_id,
+                                                 "run_id": uuid.uuid4().hex, "upstream": upstream or {},
+                                                 "report": report},
                       default=_json_default)  # last write: marks the stage complete
 
 

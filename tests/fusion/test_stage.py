@@ -123,6 +123,9 @@ def test_weights_key_follows_stages_depths_and_rule_sets(tmp_path):
     deeper = Settings.build({})
     deeper.pipeline.stages[1] = deeper.pipeline.stages[1].model_copy(update={"depth": 100})
     assert weights_key(deeper) != base
+    tagged = Settings.build({})  # coarse served from coarse_tags/: its scores differ, so do its weights
+    tagged.pipeline.stages[1] = tagged.pipeline.stages[1].model_copy(update={"params": {"subdir": "coarse_tags"}})
+    assert weights_key(tagged) not in (base, weights_key(deeper))
     mine = tmp_path / "mine.yaml"
     mine.write_text("version: m-1\nrules:\n  - {id: x, kind: blocklist, items: {item_ids: ['1']}}\n")
     other_rules = weights_key(Settings.build({"rules": {"ruleset": str(mine)}}))

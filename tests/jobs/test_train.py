@@ -28,6 +28,10 @@ def test_tiny_cascade_trains_evaluates_and_is_reused(tmp_path: Path):
     # retraining an upstream stage retrains everything downstream of it
     forced = train_stages(settings, art, split, stages=("recall_holdout", "coarse"), force=True)
     assert not forced["coarse"].get("reused")
+    # ... also when that happened in another command: fusion learnt from the coarse model just replaced
+    later = train_stages(settings, art, split)
+    assert [k for k, r in later.items() if not r.get("reused")] == ["fusion"]
+    assert all(r.get("reused") for r in train_stages(settings, art, split).values())
 
     ev = evaluate_pipeline(settings, art, split, phase="test", progress=False, n_boot=200)
     assert ev["n_users"] == split.n_users and ev["dataset"] == "synthetic"
