@@ -37,7 +37,7 @@ from cascade.settings import Settings
 from jobs.cascade_run import SCORED, memoised, run_cascade, slice_table
 from jobs.train import DEFAULT_STAGES, split_id, train_stages
 from offline.metrics import candidate_recall as share_found
-from offline.metrics import per_user_metrics
+from offline.metrics import candidates_found, per_user_metrics
 from offline.split import Split
 
 COLD_DIR = "cold-items"
@@ -152,8 +152,7 @@ def measure_cold(settings: Settings, cold_dir: Path, cold: Split, *, phase: str 
     if per_user is not None:
         for name, users in slices.items():
             per_user[name] = {s: per_user_metrics(run["tops"][s][users], targets[users])["ndcg@10"] for s in stages}
-            per_user[name].update({f"candidates:{s}": np.array([t in set(c[u].tolist()) for u, t in
-                                                                zip(users, targets[users], strict=True)], float)
+            per_user[name].update({f"candidates:{s}": candidates_found([c[u] for u in users], targets[users])
                                    for s, c in run["candidates"].items() if s in SCORED and any(len(x) for x in c)})
     return {
         "item_side_knowledge": item_side_knowledge(settings),

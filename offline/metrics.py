@@ -86,17 +86,26 @@ def summarize(per_user: dict[str, np.ndarray]) -> dict[str, float]:
     return out
 
 
-def candidate_recall(candidates: Sequence[np.ndarray] | np.ndarray, targets: np.ndarray) -> float:
-    """Share of users whose target is among their candidates (a recall channel's ceiling)."""
+def candidates_found(candidates: Sequence[np.ndarray] | np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Per user, 1.0 when the target is among their candidates, else 0.0.
+
+    >>> candidates_found([np.array([1, 2]), np.array([3])], np.array([2, 4])).tolist()
+    [1.0, 0.0]
+    """
     targets = np.asarray(targets, dtype=np.int64)
     if len(candidates) != len(targets):
         raise ValueError(f"candidate_recall: {len(candidates)} candidate lists for {len(targets)} targets")
+    if isinstance(candidates, np.ndarray) and candidates.ndim == 2:
+        return (candidates == targets[:, None]).any(axis=1).astype(np.float64)
+    return np.array([bool(np.any(np.asarray(c) == t)) for c, t in zip(candidates, targets, strict=True)],
+                    dtype=np.float64)
+
+
+def candidate_recall(candidates: Sequence[np.ndarray] | np.ndarray, targets: np.ndarray) -> float:
+    """Share of users whose target is among their candidates (a recall channel's ceiling)."""
     if len(targets) == 0:
         raise ValueError("candidate_recall: no users")
-    if isinstance(candidates, np.ndarray) and candidates.ndim == 2:
-        return float((candidates == targets[:, None]).any(axis=1).mean())
-    found = [bool(np.any(np.asarray(c) == t)) for c, t in zip(candidates, targets, strict=True)]
-    return float(np.mean(found))
+    return float(candidates_found(candidates, targets).mean())
 
 
 def coverage(rankings: np.ndarray, n_items: int, k: int = 10) -> float:

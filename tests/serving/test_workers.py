@@ -63,15 +63,12 @@ def test_rule_change_and_rollback_reach_both_workers_within_two_seconds(toy_dir:
                 pids.add(resp.json()["pid"])
         assert len(pids) == 2, "the second worker never became ready"
 
-        samples: list[tuple[float, int, str]] = []  # (time, pid, rules version) from /readyz
         answers: list[tuple[float, int, list[str], str]] = []  # (time, status, items, rules version)
         stop = threading.Event()
 
         def loop() -> None:
             with httpx.Client(base_url=url, timeout=10) as client:
                 while not stop.is_set():
-                    ready = _fresh_get(url + "/readyz").json()
-                    samples.append((time.monotonic(), ready["pid"], ready["versions"]["rules"]))
                     resp = client.post("/v1/recommend", json={"user_id": "u1", "k": 3})
                     body = resp.json() if resp.status_code == 200 else {}
                     answers.append((time.monotonic(), resp.status_code, [i["id"] for i in body.get("items", [])],
@@ -96,7 +93,6 @@ def test_rule_change_and_rollback_reach_both_workers_within_two_seconds(toy_dir:
     for window, version in ((after_put, "block-m4"), (after_back, "default-2")):
         assert {pid for pid, _ in window} == pids  # both workers answered...
         assert {v for _, v in window} == {version}  # ...and both served the new version
-    assert samples  # the background loop sampled /readyz throughout
     # multi-process metrics: the answers of both workers are counted together
     total = sum(float(line.split()[-1]) for line in metrics.splitlines()
                 if line.startswith("recsys_requests_total{"))
