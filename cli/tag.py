@@ -175,7 +175,12 @@ def cold_items(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.
                llm_share: Annotated[float, typer.Option("--llm-share", min=0.0, max=1.0)] = 0.2,
                variants: Annotated[str, typer.Option(
                    "--variants", help="Comma-separated: none, text, llm_tags, llm_embedding, text+llm_tags, "
-                   "text+llm_embedding.")] = "none,text,llm_tags,llm_embedding,text+llm_tags,text+llm_embedding",
+                   "text+llm_embedding, text+llm_rerank (the LLM re-ranker on the LLM path; seconds per request, "
+                   "so not in the default list).")
+               ] = "none,text,llm_tags,llm_embedding,text+llm_tags,text+llm_embedding",
+               rerank_users: Annotated[int, typer.Option(
+                   "--rerank-users", min=10, help="text+llm_rerank: valid users its fusion gate is fitted on, and "
+                   "warm-item test users measured beside every cold-item user (seeded samples).")] = 150,
                ) -> None:
     """The cold-item slice with each item-side source alone: text, LLM tags, LLM embedding (jobs.cold_sources).
 
@@ -189,9 +194,10 @@ def cold_items(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.
     chosen = tuple(v.strip() for v in variants.split(",") if v.strip())
     if not chosen:
         c.fail("--variants names no variant; choose from none, text, llm_tags, llm_embedding, text+llm_tags, "
-               "text+llm_embedding")
+               "text+llm_embedding, text+llm_rerank")
     try:
-        report = cold_source_report(settings, root, split, share=share, variants=chosen, llm_share=llm_share)
+        report = cold_source_report(settings, root, split, share=share, variants=chosen, llm_share=llm_share,
+                                    rerank_users=rerank_users)
     except (ValueError, FileNotFoundError) as exc:
         c.fail(str(exc))
     c.write_report(report, out)

@@ -34,7 +34,7 @@ import numpy as np
 
 from cascade.registry import build_pipeline
 from cascade.settings import Settings
-from jobs.cascade_run import SCORED, memoised, run_cascade, slice_table
+from jobs.cascade_run import SCORED, memoised, requests_for_user, run_cascade, slice_table
 from jobs.train import DEFAULT_STAGES, split_id, train_stages
 from offline.metrics import candidate_recall as share_found
 from offline.metrics import candidates_found, per_user_metrics
@@ -136,17 +136,24 @@ def item_side_knowledge(settings: Settings) -> dict[str, bool]:
 
 
 def measure_cold(settings: Settings, cold_dir: Path, cold: Split, *, phase: str = "test", n_boot: int = 2000,
-                 progress: bool = True, per_user: dict[str, dict[str, np.ndarray]] | None = None) -> dict[str, Any]:
+                 progress: bool = True, per_user: dict[str, dict[str, np.ndarray]] | None = None,
+                 users: np.ndarray | None = None) -> dict[str, Any]:
     """Run the pipeline of ``settings`` over the cold cascade's ``phase`` requests; per slice (cold item,
     warm item) and stage: NDCG@10, Recall@10, paired CIs, and each stage's candidate recall.
     ``per_user``, when given, receives each slice's per-user NDCG@10 by stage, and per scored stage
     ``candidates:<stage>`` (1 when the target was among the candidates it received), for paired CIs
-    between pipelines (``jobs.cold_sources``)."""
+    between pipelines (``jobs.cold_sources``). ``users`` (ascending user indices) measures only those
+    users' requests, for a pipeline too slow to run every user (the LLM path, ``jobs.cold_sources``)."""
     pipeline = memoised(build_pipeline(settings, cold_dir))
-    run = run_cascade(pipeline, cold, phase, progress)  # type: ignore[arg-type]
+    targets = cold.targets(phase)  # type: ignore[arg-type]
+    requests, measured = None, None
+    if users is not None:
+        users = np.asarray(users, dtype=np.int64)
+        requests = [requests_for_user(cold, int(u), phase) for u in users]  # type: ignore[arg-type]
+        targets, measured = targets[users], len(users)
+    run = run_cascade(pipeline, cold, phase, progress, requests=requests)  # type: ignore[arg-type]
     ok = {s for s, c in run["status"].items() if c.get("ok", 0) > 0} | {"final"}
     stages = [s for s in (*SCORED, "final") if s in ok]
-    targets = cold.targets(phase)  # type: ignore[arg-type]
     is_new = np.isin(targets, cold.unseen_items)
     slices = {"cold_item": np.flatnonzero(is_new), "warm_item": np.flatnonzero(~is_new & (targets >= 0))}
     if per_user is not None:
@@ -164,4 +171,5 @@ def measure_cold(settings: Settings, cold_dir: Path, cold: Split, *, phase: str 
                                                                 for c in run["candidates"][s]])), 3)
                                        for s in SCORED if s in ok},
         "stage_status": run["status"],
+        **({"measured_users": measured, "of_users": int(cold.n_users)} if measured is not None else {}),
     }

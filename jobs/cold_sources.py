@@ -12,6 +12,15 @@ slice once per source:
 - ``llm_embedding``: the LLM-embedding recall channel (``recall_llm``, ``recall.llm_channel``), two-tower
   without text;
 - ``text+llm_tags``, ``text+llm_embedding``: each LLM source on top of the default.
+- ``text+llm_rerank``: the default plus the LLM re-ranker over coarse's top ``llm.candidates``
+  (``rerank_variant``). The LLM is the cold cascade's own adaptation (``<cold>/llm``, from
+  ``recsys eval --config configs/pipeline_llm.yaml``) when present, else the base backbone
+  zero-shot; the report says which. One LLM call per request costs seconds on CPU, so this
+  variant measures every cold-item user and a seeded sample of ``rerank_users`` warm-item users,
+  and its fusion gate is fitted (``jobs.evaluate.fit_gate``, not saved) on a seeded sample of
+  ``rerank_users`` valid users unless weights tuned on all of them exist. Its own
+  ``llm_vs_coarse`` per slice answers whether the re-ranker lifts new items; ``final_vs_coarse``
+  is what the gate serves, and ``llm_routing`` reads it.
 
 The LLM sources are rebuilt on the cold split so nothing about the new items' interactions or
 labels is learnt: the catalog is tagged by label logits (``jobs.tagging.run``, method
@@ -38,8 +47,12 @@ from typing import Any
 
 import numpy as np
 
+from cascade.registry import weights_key
 from cascade.settings import Settings
+from fusion.stage import WEIGHTS_FILE
+from jobs.cascade_run import requests_for
 from jobs.cold_items import measure_cold, prepare_cold, train_cold
+from jobs.evaluate import fit_gate, gate_pipeline
 from jobs.tagging.ablation import variant_settings
 from jobs.tagging.embed import EmbedSettings
 from jobs.tagging.quality import holdout_items
@@ -49,13 +62,16 @@ from llm_rerank.backbone import resolve_model, weights_digest
 from offline.bootstrap import paired_bootstrap
 from offline.split import Split
 from recsys.atomic import atomic_write_json
+from recsys.config import StageSpec
 
 # variant -> (two-tower with text, ablation swaps of jobs.tagging.ablation)
 VARIANTS: dict[str, tuple[bool, tuple[str, ...]]] = {
     "none": (False, ()), "text": (True, ()), "llm_tags": (False, ("tag_features",)),
     "llm_embedding": (False, ("llm_channel",)), "text+llm_tags": (True, ("tag_features",)),
-    "text+llm_embedding": (True, ("llm_channel",)),
+    "text+llm_embedding": (True, ("llm_channel",)), "text+llm_rerank": (True, ("llm_rerank",)),
 }
+RERANK_BUDGET_MS = 10_000.0  # the LLM stage's budget while measured (configs/pipeline_llm.yaml): no fallback hides
+RERANK_REQUEST_MS = 15_000.0  # its order on a slow machine; stage_status still counts any fallback
 NO_TEXT_DIR = "cold-items-no-text"
 SOURCES_FILE = "cold_sources.json"
 
@@ -70,7 +86,66 @@ def variant_pipeline(settings: Settings, variant: str, llm_share: float = 0.2) -
         out = variant_settings(out, "tag_features")
     if "llm_channel" in swaps:
         out = variant_settings(out, "llm_channel", llm_share)
+    if "llm_rerank" in swaps:
+        out = with_llm_stage(out)
     return out
+
+
+def with_llm_stage(settings: Settings) -> Settings:
+    """``settings`` with the LLM stage on after coarse (added with ``llm.candidates`` depth when the
+    pipeline has none), and budgets at least ``RERANK_BUDGET_MS`` / ``RERANK_REQUEST_MS``.
+
+    >>> s = with_llm_stage(Settings())
+    >>> [(x.name, x.enabled, x.budget_ms) for x in s.pipeline.stages if x.kind == "llm"]
+    [('llm', True, 10000.0)]
+    """
+    stages, found = [], False
+    for spec in settings.pipeline.stages:
+        if spec.kind == "llm":
+            found = True
+            spec = spec.model_copy(update={"enabled": True, "budget_ms": max(spec.budget_ms or 0.0, RERANK_BUDGET_MS)})
+        stages.append(spec)
+    if not found:
+        at = next((i + 1 for i, s in enumerate(stages) if s.kind == "coarse"), None)
+        if at is None:
+            raise ValueError("the text+llm_rerank variant needs a coarse stage to re-rank after")
+        stages.insert(at, StageSpec(name="llm", kind="llm", depth=settings.llm.candidates, budget_ms=RERANK_BUDGET_MS))
+    pipe = settings.pipeline.model_copy(update={
+        "stages": stages, "request_budget_ms": max(settings.pipeline.request_budget_ms, RERANK_REQUEST_MS)})
+    return settings.model_copy(update={"pipeline": pipe})
+
+
+def rerank_variant(settings: Settings, root: Path, cold: Split, *, users: int, phase: str = "test",
+                   n_boot: int = 1000, progress: bool = True,
+                   per_user: dict[str, dict[str, np.ndarray]] | None = None) -> dict[str, Any]:
+    """The ``text+llm_rerank`` row (module docstring): which LLM, the gate and its evidence, and the
+    cold-item slice (every user) and a warm-item sample measured through the LLM path."""
+    rng = np.random.default_rng(settings.seed)
+    adapted = (root / "llm" / "train_meta.json").exists() and settings.llm.use_adapted
+    tuned = (root / "fusion" / weights_key(settings) / WEIGHTS_FILE).exists()
+    gate: dict[str, Any] = {"source": "weights.json (tuned on every valid user)"} if tuned else {}
+    if not tuned:
+        trainable = cold.valid_trainable()
+        pool = [r for r in requests_for(cold, "valid") if trainable[r.user_idx]]
+        picked = sorted(rng.choice(len(pool), size=min(users, len(pool)), replace=False).tolist())
+        fitted = fit_gate(gate_pipeline(settings, root), cold, [pool[i] for i in picked], settings, progress=progress)
+        gate = {"source": f"fit_gate on {len(picked)} sampled valid users (not saved)",
+                "weights": fitted["weights"], "valid_ndcg@10": round(fitted["valid_ndcg@10"], 5),
+                "single_stage_valid_ndcg@10": {s: round(v, 5) for s, v in fitted["single_stage_valid_ndcg"].items()},
+                "mixture_check": fitted["mixture_check"]}
+        settings = settings.model_copy(update={"fusion": settings.fusion.model_copy(
+            update={"weights": fitted["weights"]})})
+    targets = cold.targets(phase)  # type: ignore[arg-type]
+    is_new = np.isin(targets, cold.unseen_items)
+    warm = np.flatnonzero(~is_new & (targets >= 0))
+    sample = np.sort(rng.choice(warm, size=min(users, len(warm)), replace=False))
+    measured = np.union1d(np.flatnonzero(is_new), sample)
+    row = measure_cold(settings, root, cold, phase=phase, n_boot=n_boot, progress=progress, per_user=per_user,
+                       users=measured)
+    return {"llm": {"model": settings.llm.model, "adapted_on_cold_split": bool(adapted),
+                    "zero_shot": not adapted, "candidates": settings.llm.candidates},
+            "gate": gate, "warm_item_sample": {"users": int(len(sample)), "of": int(len(warm)), "seed": settings.seed},
+            **row}
 
 
 def cold_tag_holdout(n_items: int, new: np.ndarray, seed: int) -> np.ndarray:
@@ -124,7 +199,7 @@ def prepare_llm_sources(settings: Settings, cold_dir: Path, cold: Split, *, prog
 
 def cold_source_report(settings: Settings, artifact_dir: Path, split: Split, *, share: float = 0.1,
                        phase: str = "test", variants: tuple[str, ...] = tuple(VARIANTS), llm_share: float = 0.2,
-                       n_boot: int = 1000, progress: bool = True) -> dict[str, Any]:
+                       n_boot: int = 1000, progress: bool = True, rerank_users: int = 150) -> dict[str, Any]:
     """The cold- and warm-item slices per variant (module docstring), with what each variant trained."""
     from jobs.coarse_tags import ensure_coarse_tags  # lazy: imports scipy (coarse_rank)
 
@@ -134,7 +209,7 @@ def cold_source_report(settings: Settings, artifact_dir: Path, split: Split, *, 
     t0 = time.perf_counter()
     artifact_dir = Path(artifact_dir)
     cold_dir, cold = prepare_cold(artifact_dir, split, share)
-    needs_llm = any(VARIANTS[v][1] for v in variants)
+    needs_llm = any(set(VARIANTS[v][1]) - {"llm_rerank"} for v in variants)  # tags or embeddings to build
     report: dict[str, Any] = {"share": share, "phase": phase, "new_items": int(len(cold.unseen_items)),
                               "of_items": cold.n_items, "llm_share": llm_share, "variants": {}}
     if needs_llm:
@@ -164,10 +239,15 @@ def cold_source_report(settings: Settings, artifact_dir: Path, split: Split, *, 
             row["coarse_tags"] = {"trained_now": tagged["trained"],
                                   **{k: v for k, v in tagged["report"].items() if k.startswith("valid_ndcg")}}
         chosen = variant_pipeline(settings, variant, llm_share)
+        per_user[variant] = {}
+        if "llm_rerank" in swaps:
+            row.update(rerank_variant(chosen, root, cold, users=rerank_users, phase=phase, n_boot=n_boot,
+                                      progress=progress, per_user=per_user[variant]))
+            report["variants"][variant] = row
+            continue
         if swaps:  # its own fusion weights key (the swapped stage's kind or params): tuned on valid (jobs.train)
             fused = train_stages(chosen, root, cold, stages=("fusion",), force=rebuilt, progress=progress)["fusion"]
             row["fusion"] = {"trained_now": not fused.get("reused"), "seconds": fused.get("seconds")}
-        per_user[variant] = {}
         row.update(measure_cold(chosen, root, cold, phase=phase, n_boot=n_boot, progress=progress,
                                 per_user=per_user[variant]))
         report["variants"][variant] = row

@@ -297,9 +297,7 @@ def tune_fusion(settings: Settings, artifact_dir: Path, split: Split, *, progres
     Every valid user whose valid item no stage learnt from is one example (``fit_gate``). The
     test phase is never read.
     """
-    names = [s.name for s in settings.pipeline.stages if s.enabled]
-    before_fusion = names[names.index("fusion") - 1] if "fusion" in names else names[-1]
-    pipeline = build_pipeline(settings, artifact_dir, only=tuple(names[: names.index(before_fusion) + 1]))
+    pipeline = gate_pipeline(settings, artifact_dir)
     held = llm_trained_users(pipeline)  # their valid item trained the LLM: tuning on them would flatter it
     trainable = split.valid_trainable()  # a new item of the cold-item protocol is never learnt from
     requests = [r for r in requests_for(split, "valid") if r.user_idx not in held and trainable[r.user_idx]]
@@ -312,6 +310,13 @@ def tune_fusion(settings: Settings, artifact_dir: Path, split: Split, *, progres
             "valid_users": len(requests), "excluded_llm_training_users": len(held),
             "grid_best": gate["grid_best"], "mixture_check": gate["mixture_check"],
             "single_stage_valid_ndcg@10": {s: round(v, 5) for s, v in single.items()}}
+
+
+def gate_pipeline(settings: Settings, artifact_dir: Path) -> Any:
+    """The pipeline up to the stage whose candidates fusion reads (the one before ``fusion``)."""
+    names = [s.name for s in settings.pipeline.stages if s.enabled]
+    before_fusion = names[names.index("fusion") - 1] if "fusion" in names else names[-1]
+    return build_pipeline(settings, artifact_dir, only=tuple(names[: names.index(before_fusion) + 1]))
 
 
 def fit_gate(pipeline: Any, split: Split, requests: list[Any], settings: Settings, *,
