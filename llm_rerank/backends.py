@@ -118,8 +118,9 @@ class LocalBackend:
             check_deadline(request, self.stage)
 
         check()
-        if self.batcher is not None:
-            logits = self._batched_logits(self.batcher, parts, request)
+        batcher = self.batcher  # read once: close() may clear it meanwhile (the closed batcher raises StageError)
+        if batcher is not None:
+            logits = self._batched_logits(batcher, parts, request)
         else:
             logits = self.scorer.logits(parts, check=check)
         if self.scoring == "listwise":
