@@ -206,6 +206,8 @@ def cold_source_report(settings: Settings, artifact_dir: Path, split: Split, *, 
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown cold-source variant(s) {unknown}; choose from {sorted(VARIANTS)}")
+    for variant in variants:  # a variant this pipeline cannot run is refused before anything trains
+        variant_pipeline(settings, variant, llm_share)
     t0 = time.perf_counter()
     artifact_dir = Path(artifact_dir)
     cold_dir, cold = prepare_cold(artifact_dir, split, share)

@@ -92,6 +92,18 @@ def test_the_llm_stage_is_added_after_coarse_when_the_pipeline_has_none() -> Non
         with_llm_stage(settings.model_copy(update={"pipeline": no_coarse}))
 
 
+def test_a_variant_the_pipeline_cannot_run_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    settings = Settings.build(TINY)
+    no_coarse = settings.pipeline.model_copy(update={"stages": [s for s in settings.pipeline.stages
+                                                                if s.kind not in ("coarse", "llm")]})
+    art = tmp_path / "synthetic"
+    split = prepare(None, art, n_users=30, n_items=60, seed=3)
+    with pytest.raises(ValueError, match="needs a coarse stage"):
+        cold_source_report(settings.model_copy(update={"pipeline": no_coarse}), art, split,
+                           variants=("text", "text+llm_rerank"), progress=False)
+    assert not (art / "cold-items").exists()
+
+
 @pytest.mark.slow
 def test_the_llm_reranker_is_measured_on_every_cold_user_and_a_warm_sample(tmp_path: Path) -> None:
     art = tmp_path / "synthetic"
