@@ -135,6 +135,13 @@ def item_side_knowledge(settings: Settings) -> dict[str, bool]:
             "llm_embedding": any(s.kind == "recall_llm" for s in enabled)}
 
 
+def item_slices(cold: Split, targets: np.ndarray) -> dict[str, np.ndarray]:
+    """Row indices of ``targets`` whose item is new (``cold_item``) or known (``warm_item``); rows
+    without a target (-1) are in neither."""
+    is_new = np.isin(targets, cold.unseen_items)
+    return {"cold_item": np.flatnonzero(is_new), "warm_item": np.flatnonzero(~is_new & (targets >= 0))}
+
+
 def measure_cold(settings: Settings, cold_dir: Path, cold: Split, *, phase: str = "test", n_boot: int = 2000,
                  progress: bool = True, per_user: dict[str, dict[str, np.ndarray]] | None = None,
                  users: np.ndarray | None = None) -> dict[str, Any]:
@@ -154,8 +161,7 @@ def measure_cold(settings: Settings, cold_dir: Path, cold: Split, *, phase: str 
     run = run_cascade(pipeline, cold, phase, progress, requests=requests)  # type: ignore[arg-type]
     ok = {s for s, c in run["status"].items() if c.get("ok", 0) > 0} | {"final"}
     stages = [s for s in (*SCORED, "final") if s in ok]
-    is_new = np.isin(targets, cold.unseen_items)
-    slices = {"cold_item": np.flatnonzero(is_new), "warm_item": np.flatnonzero(~is_new & (targets >= 0))}
+    slices = item_slices(cold, targets)
     if per_user is not None:
         for name, users in slices.items():
             per_user[name] = {s: per_user_metrics(run["tops"][s][users], targets[users])["ndcg@10"] for s in stages}

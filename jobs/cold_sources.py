@@ -51,7 +51,7 @@ from cascade.registry import weights_key
 from cascade.settings import Settings
 from fusion.stage import WEIGHTS_FILE
 from jobs.cascade_run import requests_for
-from jobs.cold_items import measure_cold, prepare_cold, train_cold
+from jobs.cold_items import item_slices, measure_cold, prepare_cold, train_cold
 from jobs.evaluate import fit_gate, gate_pipeline
 from jobs.tagging.ablation import variant_settings
 from jobs.tagging.embed import EmbedSettings
@@ -135,11 +135,10 @@ def rerank_variant(settings: Settings, root: Path, cold: Split, *, users: int, p
                 "mixture_check": fitted["mixture_check"]}
         settings = settings.model_copy(update={"fusion": settings.fusion.model_copy(
             update={"weights": fitted["weights"]})})
-    targets = cold.targets(phase)  # type: ignore[arg-type]
-    is_new = np.isin(targets, cold.unseen_items)
-    warm = np.flatnonzero(~is_new & (targets >= 0))
+    slices = item_slices(cold, cold.targets(phase))  # type: ignore[arg-type]
+    warm = slices["warm_item"]
     sample = np.sort(rng.choice(warm, size=min(users, len(warm)), replace=False))
-    measured = np.union1d(np.flatnonzero(is_new), sample)
+    measured = np.union1d(slices["cold_item"], sample)
     row = measure_cold(settings, root, cold, phase=phase, n_boot=n_boot, progress=progress, per_user=per_user,
                        users=measured)
     return {"llm": {"model": settings.llm.model, "adapted_on_cold_split": bool(adapted),
@@ -242,16 +241,15 @@ def cold_source_report(settings: Settings, artifact_dir: Path, split: Split, *, 
                                   **{k: v for k, v in tagged["report"].items() if k.startswith("valid_ndcg")}}
         chosen = variant_pipeline(settings, variant, llm_share)
         per_user[variant] = {}
-        if "llm_rerank" in swaps:
+        if "llm_rerank" in swaps:  # its gate is fitted on a sample, not tuned on every valid user
             row.update(rerank_variant(chosen, root, cold, users=rerank_users, phase=phase, n_boot=n_boot,
                                       progress=progress, per_user=per_user[variant]))
-            report["variants"][variant] = row
-            continue
-        if swaps:  # its own fusion weights key (the swapped stage's kind or params): tuned on valid (jobs.train)
-            fused = train_stages(chosen, root, cold, stages=("fusion",), force=rebuilt, progress=progress)["fusion"]
-            row["fusion"] = {"trained_now": not fused.get("reused"), "seconds": fused.get("seconds")}
-        row.update(measure_cold(chosen, root, cold, phase=phase, n_boot=n_boot, progress=progress,
-                                per_user=per_user[variant]))
+        else:
+            if swaps:  # its own fusion weights key (the swapped stage's kind or params): tuned on valid (jobs.train)
+                fused = train_stages(chosen, root, cold, stages=("fusion",), force=rebuilt, progress=progress)["fusion"]
+                row["fusion"] = {"trained_now": not fused.get("reused"), "seconds": fused.get("seconds")}
+            row.update(measure_cold(chosen, root, cold, phase=phase, n_boot=n_boot, progress=progress,
+                                    per_user=per_user[variant]))
         report["variants"][variant] = row
     report["vs_base"] = variant_deltas(per_user, seed=settings.seed, n_boot=n_boot)
     report["seconds"] = round(time.perf_counter() - t0, 1)
