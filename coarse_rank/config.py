@@ -34,8 +34,15 @@ class CoarseConfig(BaseModel):
         "before it. Candidates must come from a recall model trained without those N items "
         "(artifacts recall_holdout/), so no label was seen in training.",
     )
+    # Caps keep training cost and memory flat past 10K users (each query group is ~200 feature rows:
+    # 125K users x 3 positions would be 75M rows); ML-100K/ML-1M have fewer users and use them all.
     max_train_users: int | None = Field(
-        default=None, ge=1, description="Cap on training query groups (users sampled with the seed); None uses all."
+        default=10_000, ge=1, description="Cap on users giving training query groups (sampled with the seed); "
+        "None uses all."
+    )
+    max_valid_users: int | None = Field(
+        default=10_000, ge=1, description="Cap on users giving early-stopping (valid) query groups (sampled with "
+        "the seed); None uses all."
     )
     # -- features ---------------------------------------------------------------------
     cooc_window: int = Field(

@@ -64,6 +64,9 @@ class FusionConfig(BaseModel):
     normalisation: Normalisation = Field(default="linear", description="Rank normalisation: linear or rrf.")
     rrf_k: float = Field(default=60.0, gt=0, description="The c of reciprocal-rank normalisation (rrf only).")
     tune_step: float = Field(default=0.1, gt=0, le=0.5, description="Grid step on the weight simplex for tuning.")
+    tune_users: int | None = Field(
+        default=10_000, ge=1, description="Valid users the weights are tuned on: a seeded sample above this many "
+        "(tuning runs the cascade once per user); None: every eligible user.")
     tuned: Literal["checked", "grid_best"] = Field(
         default="checked", description="Which tuned weights to serve from weights.json: 'checked' = the valid grid's "
         "best mixture only if it beats the best single stage with a paired-bootstrap CI above zero (else that "

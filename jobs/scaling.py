@@ -3,12 +3,18 @@
 ``python -m jobs.scaling --interactions 100000 1000000 5000000 --out reports/scaling.json``
 generates, for each size, the synthetic dataset with about ``EVENTS_PER_USER`` events per
 user and one item per ``USERS_PER_ITEM`` users (so the catalog grows with the data), then in
-a fresh child process (so each size's peak memory is its own): prepares the split, trains
-every default stage (``jobs.train.train_stages``) and evaluates the test phase
-(``jobs.evaluate.evaluate_pipeline``). Per size it reports the interactions actually
-generated, per-stage training seconds, eval seconds, the process's peak RSS and each
-stage's peak RSS (sampled every 0.2 s), and the ratios to the smallest size beside the
-ratio of interactions, so growth faster than linear stands out.
+a fresh child process (so each size's peak memory is its own): generates the data (timed
+apart as ``generate_s``: the benchmark's own cost, not the system's), splits it, trains every
+default stage (``jobs.train.train_stages``) and runs the test requests of a seeded sample of
+``--eval-users`` users through the cascade (``jobs.cascade_run.run_cascade``). Per size it
+reports the interactions actually generated, per-stage training seconds, eval seconds and
+the p50 milliseconds per request, NDCG@10 per stage and candidate recall on the sample, the
+process's peak RSS and each stage's peak RSS (sampled every 0.2 s), and the ratios to the
+smallest size beside the ratio of interactions, so growth faster than linear stands out.
+
+Training-time measurements read at most 10,000 users past that size (``recall.tune_users``,
+``coarse.max_train_users`` / ``max_valid_users``, ``fusion.tune_users``), so their cost stops
+growing with users there.
 
 Deliberately left out: the LLM stage (its cost is per request, see ``recsys bench llm``) and
 repeated runs per size (``recsys eval --seeds`` measures the spread).
@@ -26,12 +32,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from cascade.registry import build_pipeline
 from cascade.settings import Settings
-from jobs.evaluate import evaluate_pipeline
-from jobs.train import DEFAULT_STAGES, prepare, train_stages
+from jobs.cascade_run import requests_for_user, run_cascade, slice_table
+from jobs.train import DEFAULT_STAGES, train_stages
+from offline.loaders import load_dataset
+from offline.metrics import candidates_found
+from offline.protocol import make_split, user_sample
 
 EVENTS_PER_USER = 40  # offline.synthetic's default mean_sessions x mean_session_len
 USERS_PER_ITEM = 2
+EVAL_USERS = 5000  # test users evaluated per size (a seeded sample above this; the per-user cost is the figure)
+SCORED_STAGES = ("recall", "coarse")
 
 
 class PeakRss:
@@ -58,35 +72,49 @@ def _rss_mib() -> float:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 
 
-def measure_one(interactions: int, artifact_dir: Path, config: Path | None = None) -> dict[str, Any]:
-    """Prepare, train and evaluate one size in this process; the size's row of the report."""
+def measure_one(interactions: int, artifact_dir: Path, config: Path | None = None,
+                eval_users: int | None = EVAL_USERS) -> dict[str, Any]:
+    """Generate, split, train and evaluate one size in this process; the size's row of the report."""
     settings = Settings.from_yaml(config)
     n_users = max(interactions // EVENTS_PER_USER, 10)
     rss = PeakRss()
     t0 = time.perf_counter()
-    split = prepare(None, artifact_dir, n_users=n_users, n_items=max(n_users // USERS_PER_ITEM, 100), seed=settings.seed)
+    ds = load_dataset(None, None, n_users=n_users, n_items=max(n_users // USERS_PER_ITEM, 100), seed=settings.seed)
+    t1 = time.perf_counter()
+    split = make_split(ds, k_core=5)
+    split.save(Path(artifact_dir) / "split")
     row: dict[str, Any] = {"target_interactions": interactions, "interactions": int(len(split.train)) + 2 * split.n_users,
                            "users": split.n_users, "items": split.n_items,
-                           "prepare_s": round(time.perf_counter() - t0, 1), "prepare_peak_mib": rss.mark()}
+                           "generate_s": round(t1 - t0, 1), "split_s": round(time.perf_counter() - t1, 1),
+                           "prepare_peak_mib": rss.mark()}
+    del ds
     row["train_s"], row["train_peak_mib"] = {}, {}
     for stage in DEFAULT_STAGES:
         report = train_stages(settings, artifact_dir, split, stages=(stage,), progress=False)
         row["train_s"][stage] = report[stage].get("seconds")
         row["train_peak_mib"][stage] = rss.mark()
-    t1 = time.perf_counter()
-    ev = evaluate_pipeline(settings, artifact_dir, split, phase="test", progress=False, n_boot=200)
-    row.update(eval_s=round(time.perf_counter() - t1, 1), eval_peak_mib=rss.mark(),
+    users = user_sample(np.arange(split.n_users), eval_users, settings.seed)
+    t2 = time.perf_counter()
+    pipeline = build_pipeline(settings, artifact_dir)
+    run = run_cascade(pipeline, split, "test", progress=False,
+                      requests=[requests_for_user(split, int(u), "test") for u in users])
+    table = slice_table(run["tops"], np.asarray(split.targets("test"))[users], [*SCORED_STAGES, "final"],
+                        seed=settings.seed, n_boot=200)
+    row.update(eval_users=int(len(users)), eval_s=round(time.perf_counter() - t2, 1),
+               eval_ms_per_user_p50=round(float(np.median(run["total_ms"])), 2), eval_peak_mib=rss.mark(),
                peak_rss_mib=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-               ndcg10={k: v["ndcg@10"] for k, v in ev["stages"].items()})
+               ndcg10={k: v["ndcg@10"] for k, v in table["stages"].items()},
+               candidate_recall200=round(float(candidates_found(run["candidates"]["recall"],
+                                                                 np.asarray(split.targets("test"))[users]).mean()), 5))
     return row
 
 
 def growth(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each row's cost as a multiple of the first row's, beside its multiple of interactions.
 
-    >>> growth([{"interactions": 10, "train_s": {"a": 2.0}, "eval_s": 1.0, "peak_rss_mib": 100.0},
-    ...         {"interactions": 100, "train_s": {"a": 30.0}, "eval_s": 5.0, "peak_rss_mib": 150.0}])[1]
-    {'interactions_x': 10.0, 'train_s_x': {'a': 15.0}, 'eval_s_x': 5.0, 'peak_rss_x': 1.5}
+    >>> growth([{"interactions": 10, "train_s": {"a": 2.0}, "eval_ms_per_user_p50": 1.0, "peak_rss_mib": 100.0},
+    ...         {"interactions": 100, "train_s": {"a": 30.0}, "eval_ms_per_user_p50": 5.0, "peak_rss_mib": 150.0}])[1]
+    {'interactions_x': 10.0, 'train_s_x': {'a': 15.0}, 'eval_ms_per_user_x': 5.0, 'peak_rss_x': 1.5}
     """
     base = rows[0]
 
@@ -95,7 +123,7 @@ def growth(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     return [{"interactions_x": ratio(r["interactions"], base["interactions"]),
              "train_s_x": {k: ratio(v, base["train_s"].get(k)) for k, v in r["train_s"].items()},
-             "eval_s_x": ratio(r["eval_s"], base["eval_s"]),
+             "eval_ms_per_user_x": ratio(r["eval_ms_per_user_p50"], base["eval_ms_per_user_p50"]),
              "peak_rss_x": ratio(r["peak_rss_mib"], base["peak_rss_mib"])} for r in rows]
 
 
@@ -104,16 +132,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--interactions", type=int, nargs="+", default=[100_000, 1_000_000, 5_000_000])
     parser.add_argument("--artifacts", type=Path, default=Path("artifacts/scaling"))
     parser.add_argument("--config", type=Path, default=None)
+    parser.add_argument("--eval-users", type=int, default=EVAL_USERS,
+                        help="Test users evaluated per size (seeded sample); the per-user time is comparable.")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # child mode: measure one size, print JSON
     args = parser.parse_args(argv)
     if args.one is not None:
-        print(json.dumps(measure_one(args.one, args.artifacts / f"n{args.one}", args.config)))
+        print(json.dumps(measure_one(args.one, args.artifacts / f"n{args.one}", args.config, args.eval_users)))
         return
     rows = []
     for n in sorted(args.interactions):
         cmd = [sys.executable, "-m", "jobs.scaling", "--one", str(n), "--artifacts", str(args.artifacts),
-               "--out", str(args.out), *(["--config", str(args.config)] if args.config else [])]
+               "--out", str(args.out), "--eval-users", str(args.eval_users),
+               *(["--config", str(args.config)] if args.config else [])]
         done = subprocess.run(cmd, capture_output=True, text=True, check=True)
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
         report = {"rows": rows, "growth": growth(rows)}

@@ -156,3 +156,23 @@ def _encoded_users(ds: Dataset, kept: pd.DataFrame) -> pd.DataFrame:
     order = pd.Index(list(listed) + unlisted, name="user_id")
     reindexed = table.set_index("user_id").reindex(order).reset_index()
     return normalise_users(reindexed)  # fills the unknown users' rows with canonical empties
+
+
+def user_sample(users: np.ndarray, cap: int | None, seed: int) -> np.ndarray:
+    """``users`` unchanged when ``cap`` is None or they are no more than ``cap``, else ``cap`` of them
+    drawn without replacement with ``seed``, sorted. Training-time measurements (early stopping,
+    channel-share and fusion tuning, the coarse ranker's query groups) read such a sample, so
+    their cost stops growing with the user count once it passes ``cap``; below it they read
+    every user, as before.
+
+    >>> user_sample(np.arange(5), None, 0).tolist(), user_sample(np.arange(5), 5, 0).tolist()
+    ([0, 1, 2, 3, 4], [0, 1, 2, 3, 4])
+    >>> len(user_sample(np.arange(100), 10, 0)), bool(np.all(np.diff(user_sample(np.arange(100), 10, 0)) > 0))
+    (10, True)
+    """
+    users = np.asarray(users, dtype=np.int64)
+    if cap is None or len(users) <= cap:
+        return users
+    if cap < 1:
+        raise ValueError(f"user_sample: cap must be >= 1 or None, got {cap}")
+    return np.sort(np.random.default_rng(seed).choice(users, size=cap, replace=False))

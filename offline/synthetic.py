@@ -9,7 +9,8 @@ two CPU cores (default ~600 users x ~40 events), yet with the structure each sta
   (genre centroid + noise) with a Zipf popularity.
 - users: age 13-70 (about 15% under 18), gender, occupation, zip, risk tolerance 0..3, and a
   latent taste: a sparse Dirichlet mixture over genres (tilted by age) + a latent vector.
-- sessions: each user has several sessions; a session has a focus genre drawn from the
+- sessions: each user has several sessions (drawn from a per-user pool of items above
+  ``POOL_ITEMS`` items, see there); a session has a focus genre drawn from the
   taste, and each next item is drawn (Gumbel-max, without repeats) from taste + popularity +
   a strong pull toward the previous item's latent neighbourhood and its "follow-up" item (a
   sequel-like successor). That first-order structure is what lets a sequence model beat
@@ -80,6 +81,11 @@ SESSION_FOCUS = 3.0  # logit bonus for the session's focus genre (sessions are a
 MINOR_ADULT_PENALTY = 5.0  # logit penalty on adult items for under-18s: e^-5, rare but not impossible
 RATING_BASE = 2.6  # chosen items sit ~1 sd above a user's mean affinity -> mean rating ~3.6
 MIN_EVENTS = 5  # every user survives a 5-core filter and a leave-one-out split
+# Above this many items a user's events are drawn from a pool of this many items, itself drawn
+# (Gumbel-top-k) from the user's taste + popularity, so each event costs O(POOL_ITEMS) instead of
+# O(n_items) and generation stays linear in interactions (jobs.scaling: 1M+ interactions); a
+# user never needs more than ~100 distinct items. Smaller catalogs (the default) use every item.
+POOL_ITEMS = 1500
 START_TS = 1_546_300_800  # 2019-01-01 UTC
 
 
@@ -152,9 +158,7 @@ class _Catalog:
         vecs = _unit(membership @ genre_vecs + ITEM_NOISE * _unit(rng.normal(size=(n_items, LATENT_DIM))))
         # Zipf-like popularity (exponent POP_EXPONENT) on a random order of items
         log_pop = -POP_EXPONENT * np.log(rng.permutation(n_items) + 10.0)
-        sim = vecs @ vecs.T
-        np.fill_diagonal(sim, -np.inf)
-        follow_up = np.argsort(-sim, axis=1)[:, :5][np.arange(n_items), rng.integers(0, 5, size=n_items)]
+        follow_up = _nearest(vecs, 5)[np.arange(n_items), rng.integers(0, 5, size=n_items)]
         audience, risk = _ratings_for(rng, genres, cats)
         titles, texts = _texts(rng, genres, cats)
         years = np.clip(2024 - np.floor(rng.exponential(14.0, size=n_items)), 1950, 2024).astype(int)
@@ -243,29 +247,35 @@ def _sessions(
 ) -> pd.DataFrame:
     n_items = len(catalog.cats)
     adult = catalog.audience == AUDIENCES.index("adult")
+    slot = np.full(n_items, -1, dtype=np.int64)  # item -> its position in the user's pool, -1 outside
     cols: dict[str, list] = {"user": [], "item": [], "rating": [], "timestamp": []}
     for u in range(len(age)):
         affinity = (TASTE_WEIGHT * np.log(catalog.membership @ tastes[u] + 0.02)
                     + LATENT_WEIGHT * (catalog.vecs @ user_vecs[u]))
         z = (affinity - affinity.mean()) / (affinity.std() + 1e-9)  # how well each item suits u
         base = affinity + catalog.log_pop - (MINOR_ADULT_PENALTY if age[u] < 18 else 0.0) * adult
+        pool = np.arange(n_items) if n_items <= POOL_ITEMS else _gumbel_top(rng, base, POOL_ITEMS)
+        slot[pool] = np.arange(len(pool))
+        base_p, vecs_p, membership_p = base[pool], catalog.vecs[pool], catalog.membership[pool]
         lengths = np.maximum(1, rng.poisson(mean_session_len - 1, size=1 + rng.poisson(mean_sessions - 1)) + 1)
         lengths[-1] += max(0, MIN_EVENTS - lengths.sum())
-        lengths = _cap(lengths, n_items - 1)
-        seen = np.zeros(n_items, dtype=bool)
+        lengths = _cap(lengths, len(pool) - 1)
+        seen = np.zeros(len(pool), dtype=bool)
         ts = START_TS + int(rng.integers(0, 3 * 365 * 86400))
         for length in lengths:
-            focus = catalog.membership[:, rng.choice(len(tastes[u]), p=tastes[u])]
+            session = base_p + SESSION_FOCUS * membership_p[:, rng.choice(len(tastes[u]), p=tastes[u])]
+            session[seen] = -np.inf  # no repeats; picks below are masked as they happen
             prev = -1
             for _ in range(length):
-                logits = base + SESSION_FOCUS * focus
+                logits = session
                 if prev >= 0:  # first-order pull: latent neighbours and the follow-up of the last item
-                    logits = logits + NEIGHBOUR_PULL * (catalog.vecs @ catalog.vecs[prev])
-                    logits[catalog.follow_up[prev]] += FOLLOW_UP_PULL
-                logits[seen] = -np.inf
-                item = int(np.argmax(logits + rng.gumbel(size=n_items)))
-                seen[item] = True
-                rating = np.clip(np.round(RATING_BASE + 0.9 * z[item] + rng.normal(0, 0.8)), 1, 5)
+                    logits = logits + NEIGHBOUR_PULL * (vecs_p @ catalog.vecs[prev])
+                    if (follow := slot[catalog.follow_up[prev]]) >= 0:
+                        logits[follow] += FOLLOW_UP_PULL
+                pick = int(np.argmax(logits + rng.gumbel(size=len(pool))))
+                seen[pick], session[pick] = True, -np.inf
+                item = int(pool[pick])
+                rating = min(max(round(RATING_BASE + 0.9 * z[item] + rng.normal(0, 0.8)), 1), 5)  # half to even
                 ts += 60 + int(rng.exponential(25 * 60))
                 cols["user"].append(u)
                 cols["item"].append(item)
@@ -273,7 +283,28 @@ def _sessions(
                 cols["timestamp"].append(ts)
                 prev = item
             ts += 3600 + int(rng.exponential(4 * 86400))
+        slot[pool] = -1
     return pd.DataFrame(cols)
+
+
+def _gumbel_top(rng: np.random.Generator, logits: np.ndarray, k: int) -> np.ndarray:
+    """``k`` items drawn without replacement with probabilities softmax(``logits``) (Gumbel-top-k),
+    in item order."""
+    return np.sort(np.argpartition(-(logits + rng.gumbel(size=len(logits))), k - 1)[:k])
+
+
+def _nearest(vecs: np.ndarray, k: int, block: int = 2048) -> np.ndarray:
+    """``[n, k]`` indices of each row's ``k`` most similar other rows (dot product), best first,
+    computed in row blocks so memory stays ``block x n`` rather than ``n x n``."""
+    n = len(vecs)
+    out = np.empty((n, k), dtype=np.int64)
+    for lo in range(0, n, block):
+        sim = vecs[lo:lo + block] @ vecs.T
+        rows = np.arange(len(sim))
+        sim[rows, lo + rows] = -np.inf
+        top = np.argpartition(-sim, k - 1, axis=1)[:, :k]
+        out[lo:lo + block] = np.take_along_axis(top, np.argsort(-np.take_along_axis(sim, top, 1), axis=1), 1)
+    return out
 
 
 def _cap(lengths: np.ndarray, limit: int) -> np.ndarray:

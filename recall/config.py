@@ -45,6 +45,10 @@ class RecallConfig(BaseModel):
     train_threads: int = Field(
         0, ge=0, le=256, description="torch CPU threads for training; 0 = one per available core."
     )
+    tune_users: int | None = Field(
+        10_000, ge=1, description="Users whose held-out item early stopping and the channel-share search read "
+        "(a seeded sample above this many, so their cost stops growing with users); None: every user."
+    )
     max_train_s: float = Field(240.0, gt=0, description="Wall-clock cap on training; the best model so far is kept.")
     loss: Literal["auto", "full", "sampled"] = Field(
         "auto", description="full softmax over the catalog, sampled softmax with logQ correction, or auto."

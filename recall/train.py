@@ -53,6 +53,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from offline.protocol import user_sample
 from offline.split import Split
 from recall.config import RecallConfig
 from recall.extra_channels import train_channels
@@ -149,13 +150,16 @@ class _Run:
 
 def _setup(
     split: Split, out_dir: Path, config: RecallConfig, sequences: list[np.ndarray] | None,
-    targets: np.ndarray | None, progress: bool,
+    targets: np.ndarray | None, progress: bool, seed: int,
 ) -> _Run:
     seqs = list(split.train_sequences if sequences is None else sequences)
     targets = np.asarray(split.valid if targets is None else targets, dtype=np.int64)
     if len(seqs) != split.n_users or len(targets) != split.n_users:
         raise ValueError(f"need one sequence and one target per user ({split.n_users}); "
                          f"got {len(seqs)} sequences and {len(targets)} targets")
+    # early stopping and the channel-share search read at most tune_users of them (-1: not read)
+    sampled = user_sample(np.flatnonzero(targets >= 0), config.tune_users, seed)
+    targets = np.where(np.isin(np.arange(len(targets)), sampled), targets, -1)
     text = None
     if config.use_text:
         text = embed_items(split.items, out_dir / "text_cache", progress=progress)
@@ -240,8 +244,9 @@ def train_two_tower(
     torch.set_num_threads(config.train_threads or len(os.sched_getaffinity(0)))
     torch.manual_seed(seed)
     out_dir = Path(out_dir)
-    run = _setup(split, out_dir, config, sequences, early_stop_targets, progress)
+    run = _setup(split, out_dir, config, sequences, early_stop_targets, progress, seed)
     report = _fit(run, config, seed, t0, progress)
+    report["early_stop_users"] = int((run.targets >= 0).sum())
     if sequences is None and early_stop_targets is None:
         test_hist = [split.history(u, "test") for u in range(split.n_users)]
         report["test"] = run.evaluate(test_hist, split.test)

@@ -18,10 +18,10 @@ def test_docstring_examples() -> None:
 
 
 def test_growth_leaves_missing_figures_empty() -> None:
-    rows = [{"interactions": 100, "train_s": {"a": 0.0}, "eval_s": 2.0, "peak_rss_mib": 10.0},
-            {"interactions": 300, "train_s": {"a": 1.0, "b": 2.0}, "eval_s": 3.0, "peak_rss_mib": 40.0}]
-    assert growth(rows)[1] == {"interactions_x": 3.0, "train_s_x": {"a": None, "b": None}, "eval_s_x": 1.5,
-                               "peak_rss_x": 4.0}
+    rows = [{"interactions": 100, "train_s": {"a": 0.0}, "eval_ms_per_user_p50": 2.0, "peak_rss_mib": 10.0},
+            {"interactions": 300, "train_s": {"a": 1.0, "b": 2.0}, "eval_ms_per_user_p50": 3.0, "peak_rss_mib": 40.0}]
+    assert growth(rows)[1] == {"interactions_x": 3.0, "train_s_x": {"a": None, "b": None},
+                               "eval_ms_per_user_x": 1.5, "peak_rss_x": 4.0}
 
 
 _PEAK_RSS = """
@@ -48,7 +48,9 @@ def test_one_tiny_size_end_to_end(tmp_path: Path) -> None:
     config = tmp_path / "tiny.yaml"
     config.write_text("recall: {dim: 16, max_len: 10, n_blocks: 1, n_heads: 1, max_epochs: 2, eval_every: 2,"
                       " use_text: false}\ncoarse: {n_estimators: 10, min_child_samples: 5, train_positions: 1}\n")
-    row = measure_one(4000, tmp_path / "n4000", config)
+    row = measure_one(4000, tmp_path / "n4000", config, eval_users=40)
     assert row["users"] == 100 and abs(row["interactions"] - 4000) < 800
     assert set(row["train_s"]) == {"recall", "recall_holdout", "coarse", "fusion"}
     assert row["peak_rss_mib"] >= max(row["train_peak_mib"].values()) - 1
+    assert row["eval_users"] == 40 and set(row["ndcg10"]) == {"recall", "coarse", "final"}
+    assert 0.0 <= row["candidate_recall200"] <= 1.0 and row["eval_ms_per_user_p50"] > 0

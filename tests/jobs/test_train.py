@@ -77,6 +77,23 @@ def test_tiny_cascade_trains_evaluates_and_is_reused(tmp_path: Path):
     assert retuned["recall"]["reused"] and retuned["coarse"]["reused"] and not retuned["fusion"].get("reused")
 
 
+@pytest.mark.slow
+def test_user_caps_bound_every_training_time_measurement(tmp_path: Path):
+    # past a cap, early stopping, share tuning, the coarse query groups and fusion tuning read a
+    # seeded sample of that many users (so their cost stops growing with users), not all of them
+    capped = {**TINY, "recall": {**TINY["recall"], "tune_users": 20},
+              "coarse": {**TINY["coarse"], "max_train_users": 25, "max_valid_users": 15}, "fusion": {"tune_users": 12}}
+    art = tmp_path / "synthetic"
+    split = prepare(None, art, n_users=60, n_items=120, seed=3)
+    report = train_stages(Settings.build(capped), art, split)
+    assert report["recall"]["early_stop_users"] == report["recall_holdout"]["early_stop_users"] == 20
+    assert report["coarse"]["n_train_groups"] <= 25 * 2 and report["coarse"]["n_valid_groups"] <= 15
+    assert report["fusion"]["valid_users"] == 12
+    uncapped = train_stages(Settings.build(TINY), tmp_path / "all", prepare(None, tmp_path / "all", n_users=60,
+                                                                          n_items=120, seed=3))
+    assert uncapped["recall"]["early_stop_users"] == 60 and uncapped["fusion"]["valid_users"] == 60
+
+
 def test_holdout_sequences_hold_out_the_last_items(tmp_path: Path):
     split = prepare(None, tmp_path / "s", n_users=20, n_items=60, seed=1)
     seqs, targets = holdout_sequences(split, positions=2)

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from offline.schema import AUDIENCES, Dataset
-from offline.synthetic import GENRES, MIN_EVENTS, generate
+from offline.synthetic import GENRES, MIN_EVENTS, POOL_ITEMS, _nearest, generate
 
 
 @pytest.fixture(scope="module")
@@ -94,3 +94,22 @@ def test_next_item_is_predictable_from_the_previous_one(small: Dataset) -> None:
 def test_bad_sizes_are_refused(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         generate(**kwargs)  # type: ignore[arg-type]
+
+
+def test_large_catalog_draws_from_a_pool_and_stays_valid() -> None:
+    # above POOL_ITEMS a user's events come from a per-user pool (linear generation); same invariants
+    ds = generate(n_users=30, n_items=POOL_ITEMS + 500, seed=5)
+    ev = ds.interactions
+    assert ev.groupby("user_id").size().min() >= MIN_EVENTS
+    assert not ev.duplicated(["user_id", "item_id"]).any()
+    assert set(ev["item_id"]) <= set(ds.items["item_id"])
+    assert ev["item_id"].nunique() > 300  # users' pools differ: the events spread over the catalog
+    pd.testing.assert_frame_equal(ev, generate(n_users=30, n_items=POOL_ITEMS + 500, seed=5).interactions)
+
+
+def test_nearest_matches_a_full_sort() -> None:
+    vecs = np.random.default_rng(0).normal(size=(300, 8))
+    sim = vecs @ vecs.T
+    np.fill_diagonal(sim, -np.inf)
+    expected = np.argsort(-sim, axis=1)[:, :5]
+    np.testing.assert_array_equal(_nearest(vecs, 5, block=64), expected)
