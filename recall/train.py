@@ -247,9 +247,11 @@ def train_two_tower(
     run = _setup(split, out_dir, config, sequences, early_stop_targets, progress, seed)
     report = _fit(run, config, seed, t0, progress)
     report["early_stop_users"] = int((run.targets >= 0).sum())
-    if sequences is None and early_stop_targets is None:
-        test_hist = [split.history(u, "test") for u in range(split.n_users)]
-        report["test"] = run.evaluate(test_hist, split.test)
+    if sequences is None and early_stop_targets is None:  # on the same sample size as early stopping
+        read = user_sample(np.arange(split.n_users), config.tune_users, seed)
+        test = np.full(split.n_users, -1, dtype=np.int64)
+        test[read] = np.asarray(split.test)[read]
+        report["test"] = run.evaluate([split.history(u, "test") for u in range(split.n_users)], test)
     report["train_s"] = round(time.perf_counter() - t0, 1)
     save_artifacts(out_dir, run.item_tower, run.user_tower, run.item_vectors(), run.vocab, config, report)
     if config.extra_channels:
