@@ -6,7 +6,9 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from jobs.evaluate import llm_trained_users
+import numpy as np
+
+from jobs.evaluate import _checked_weights, llm_trained_users
 from recsys.config import StageSpec
 
 
@@ -28,3 +30,49 @@ def test_llm_trained_users_come_from_the_served_models_train_meta(tmp_path: Path
     (served / "train_meta.json").write_text(json.dumps({"valid_users": []}))
     assert llm_trained_users(_pipeline((llm, stage))) == set()
     assert llm_trained_users(_pipeline((llm, SimpleNamespace(model_location=str(tmp_path / "base"))))) == set()
+
+
+def _examples(target_rank: dict[str, list[int]], n_cand: int = 10) -> list:
+    """One FusionExample per user: each column ranks the target at the given position. The target
+    is the last candidate, so fused ties (broken in candidate order) never favour it."""
+    from fusion.stage import FusionExample
+
+    out = []
+    target = n_cand - 1
+    for u in range(len(next(iter(target_rank.values())))):
+        columns = {}
+        for stage, ranks in target_rank.items():
+            order = list(range(n_cand - 1))
+            order.insert(ranks[u], target)  # the stage's ranking, target at position ranks[u]
+            score = np.empty(n_cand)
+            score[order] = np.arange(n_cand, 0, -1, dtype=float)
+            columns[stage] = score
+        out.append(FusionExample(columns=columns, relevant=np.arange(n_cand) == target))
+    return out
+
+
+def _gate(examples: list) -> tuple[dict, dict]:
+    from fusion.stage import ndcg_at_k, tune_fusion_weights
+
+    grid_best = tune_fusion_weights(examples, k=10, step=0.1)
+    single = {s: float(ndcg_at_k(examples, [{s: 1.0}], 10)[0]) for s in grid_best}
+    return _checked_weights(examples, grid_best, single, seed=0)
+
+
+def test_the_gate_keeps_coarse_against_a_stage_better_only_by_noise() -> None:
+    # recall ranks the target one place higher than coarse for 12 users and one lower for 20:
+    # ahead on the mean (+0.001), not beyond the CI, and no mixture does better than recall
+    recall = [1] * 12 + [3] * 20 + [2] * 168
+    weights, check = _gate(_examples({"recall": recall, "coarse": [2] * 200}))
+    assert weights == {"coarse": 1.0} and check["vs"] == "coarse" and check["ci95"][0] <= 0
+    # the same for an LLM stage: an expensive stage must earn its place, not win a tie
+    weights, _ = _gate(_examples({"recall": [4] * 200, "coarse": [2] * 200, "llm": recall}))
+    assert weights == {"coarse": 1.0}
+
+
+def test_the_gate_serves_a_stage_or_mixture_that_beats_coarse_beyond_the_ci() -> None:
+    weights, check = _gate(_examples({"recall": [4] * 200, "coarse": [2] * 200, "llm": [0] * 190 + [2] * 10}))
+    assert check["ci95"][0] > 0 and weights.get("llm", 0) > 0 and weights.get("coarse", 0) < 1
+    # recall alone does better than coarse for every user: it is served
+    weights, check = _gate(_examples({"recall": [0] * 200, "coarse": [3] * 200}))
+    assert weights.get("recall", 0) > 0 and check["ci95"][0] > 0
