@@ -5,8 +5,8 @@ run), then shows the LLM re-ranker (the real SmolLM2, zero-shot on this catalog)
 
 - in process, one ``serving.service.Recommender`` with the LLM stage on (the server's own
   answer code, without HTTP) tunes the fusion gate for ``recall+coarse+llm`` on a sample of
-  ``GATE_USERS`` valid users (``jobs.evaluate``'s check: a mixture is served only if it
-  beats the best single stage with a CI above zero; reused on a second run), then answers
+  ``GATE_USERS`` valid users (``jobs.evaluate``'s check: the LLM's order or a mixture is served
+  only if it beats coarse's with a CI above zero; reused on a second run), then answers
   one request with the LLM stage's budget cut to ``CUT_BUDGET_MS``: the stage gives up and
   the cascade serves the coarse order, marked ``fallback``;
 - the HTTP server, LLM stage loaded, answers a known user on the light path, an unknown

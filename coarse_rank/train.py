@@ -29,7 +29,7 @@ from coarse_rank.dataset import QueryGroups, build_groups, channel_columns, trai
 from coarse_rank.features import CATEGORICAL_FEATURES, FeatureBuilder, check_tags
 from coarse_rank.item_tags import ItemTags
 from offline.metrics import per_user_metrics
-from offline.protocol import user_sample
+from offline.protocol import SALT_COARSE_TRAIN, SALT_COARSE_VALID, user_sample
 from offline.split import Split
 from recsys.atomic import atomic_write_json
 from recsys.contract import Stage
@@ -69,9 +69,9 @@ def train_coarse(
 
     check_tags(config, tags, split.n_items)  # fail before the slow candidate pass
     started = time.perf_counter()
-    tr_all = build_groups(split, candidate_stage, "train", users=_users(split, config.max_train_users, seed),
+    tr_all = build_groups(split, candidate_stage, "train", users=_users(split, config.max_train_users, seed, SALT_COARSE_TRAIN),
                           progress=progress, positions=config.train_positions)
-    va_all = build_groups(split, candidate_stage, "valid", users=_users(split, config.max_valid_users, seed + 1),
+    va_all = build_groups(split, candidate_stage, "valid", users=_users(split, config.max_valid_users, seed, SALT_COARSE_VALID),
                           progress=progress)
     scores, flags = channel_columns([tr_all, va_all])
     prefix = training_prefix(split, config.train_positions)
@@ -162,9 +162,9 @@ def importance_table(names: list[str], gain: np.ndarray) -> dict[str, dict[str, 
             for i in np.argsort(-gain, kind="stable")}
 
 
-def _users(split: Split, cap: int | None, seed: int) -> np.ndarray | None:
+def _users(split: Split, cap: int | None, seed: int, salt: int) -> np.ndarray | None:
     """A seeded sample of ``cap`` users (``offline.protocol.user_sample``); None (every user) below it."""
-    return None if cap is None or cap >= split.n_users else user_sample(np.arange(split.n_users), cap, seed)
+    return None if cap is None or cap >= split.n_users else user_sample(np.arange(split.n_users), cap, seed, salt=salt)
 
 
 def _matrix(builder: FeatureBuilder, groups: QueryGroups, progress: bool) -> np.ndarray:

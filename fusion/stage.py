@@ -16,8 +16,9 @@ shifts the ranking smoothly instead of falling off a cliff. With no weighted sta
 current order is kept.
 
 Weights come from ``artifact_dir/fusion/<key>/weights.json`` written by ``save_weights`` after
-``tune_fusion_weights`` (grid search maximising NDCG@10 on the valid split, kept only when it
-beats the best single stage), where ``<key>`` is ``weights_key_for`` (computed from the settings
+``tune_fusion_weights`` (grid search maximising NDCG@10 on the valid split; the gate,
+``jobs.evaluate.fit_gate``, serves coarse's order unless the best mixture or another stage
+alone beats it with a CI above zero), where ``<key>`` is ``weights_key_for`` (computed from the settings
 by ``cascade.registry.weights_key``): the scored stages plus a digest of the depths and rule sets
 they were tuned under. Without weights tuned for this
 exact pipeline, ``FusionConfig.weights`` when set, else the most refined scored stage's order
@@ -68,9 +69,9 @@ class FusionConfig(BaseModel):
         default=10_000, ge=1, description="Valid users the weights are tuned on: a seeded sample above this many "
         "(tuning runs the cascade once per user); None: every eligible user.")
     tuned: Literal["checked", "grid_best"] = Field(
-        default="checked", description="Which tuned weights to serve from weights.json: 'checked' = the valid grid's "
-        "best mixture only if it beats the best single stage with a paired-bootstrap CI above zero (else that "
-        "stage alone); 'grid_best' = the grid's best mixture regardless (still chosen on valid, never on test).")
+        default="checked", description="Which tuned weights to serve from weights.json: 'checked' = coarse's order "
+        "unless the valid grid's best mixture or another stage alone beats it with a paired-bootstrap CI above "
+        "zero; 'grid_best' = the grid's best mixture regardless (still chosen on valid, never on test).")
 
     @field_validator("weights")
     @classmethod

@@ -123,7 +123,7 @@ def rerank_variant(settings: Settings, root: Path, cold: Split, *, users: int, p
     rng = np.random.default_rng(settings.seed)
     adapted = (root / "llm" / "train_meta.json").exists() and settings.llm.use_adapted
     tuned = (root / "fusion" / weights_key(settings) / WEIGHTS_FILE).exists()
-    gate: dict[str, Any] = {"source": "weights.json (tuned on every valid user)"} if tuned else {}
+    gate: dict[str, Any] = {"source": "weights.json (tuned on the valid users)"} if tuned else {}
     if not tuned:
         trainable = cold.valid_trainable()
         pool = [r for r in requests_for(cold, "valid") if trainable[r.user_idx]]

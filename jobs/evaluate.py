@@ -45,7 +45,7 @@ from llm_rerank.meta import read_train_meta
 from offline.baselines import evaluate_rankings_per_user, popularity_rankings
 from offline.bootstrap import paired_bootstrap
 from offline.metrics import candidate_recall, coverage, summarize
-from offline.protocol import user_sample
+from offline.protocol import SALT_FUSION, user_sample
 from offline.split import Phase, Split
 from recsys.config import POLICY_KINDS
 from recsys.contract import Candidates
@@ -301,8 +301,9 @@ def tune_fusion(settings: Settings, artifact_dir: Path, split: Split, *, progres
     pipeline = gate_pipeline(settings, artifact_dir)
     held = llm_trained_users(pipeline)  # their valid item trained the LLM: tuning on them would flatter it
     trainable = split.valid_trainable()  # a new item of the cold-item protocol is never learnt from
-    requests = [r for r in requests_for(split, "valid") if r.user_idx not in held and trainable[r.user_idx]]
-    requests = [requests[i] for i in user_sample(np.arange(len(requests)), settings.fusion.tune_users, settings.seed)]
+    eligible = np.array([u for u in range(split.n_users) if u not in held and trainable[u]], dtype=np.int64)
+    requests = [requests_for_user(split, int(u), "valid")
+                for u in user_sample(eligible, settings.fusion.tune_users, settings.seed, salt=SALT_FUSION)]
     gate = fit_gate(pipeline, split, requests, settings, progress=progress)
     single, best = gate["single_stage_valid_ndcg"], gate["valid_ndcg@10"]
     save_weights(Path(artifact_dir) / "fusion" / weights_key(settings), gate["weights"], valid_ndcg_at_10=best,

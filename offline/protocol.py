@@ -158,21 +158,26 @@ def _encoded_users(ds: Dataset, kept: pd.DataFrame) -> pd.DataFrame:
     return normalise_users(reindexed)  # fills the unknown users' rows with canonical empties
 
 
-def user_sample(users: np.ndarray, cap: int | None, seed: int) -> np.ndarray:
-    """``users`` unchanged when ``cap`` is None or they are no more than ``cap``, else ``cap`` of them
-    drawn without replacement with ``seed``, sorted. Training-time measurements (early stopping,
-    channel-share and fusion tuning, the coarse ranker's query groups) read such a sample, so
-    their cost stops growing with the user count once it passes ``cap``; below it they read
-    every user, as before.
+# one random stream per purpose, so e.g. fusion is not tuned on exactly the users recall early-stopped on
+SALT_EARLY_STOP, SALT_TEST_REPORT, SALT_COARSE_TRAIN, SALT_COARSE_VALID, SALT_FUSION, SALT_SCALING_EVAL = range(1, 7)
 
-    >>> user_sample(np.arange(5), None, 0).tolist(), user_sample(np.arange(5), 5, 0).tolist()
+
+def user_sample(users: np.ndarray, cap: int | None, seed: int, *, salt: int) -> np.ndarray:
+    """``users`` unchanged when ``cap`` is None or they are no more than ``cap``, else ``cap`` of them
+    drawn without replacement from the stream ``(seed, salt)``, sorted. Training-time measurements
+    (early stopping, channel-share and fusion tuning, the coarse ranker's query groups) read such a
+    sample, so their cost stops growing with the user count once it passes ``cap``; below it they
+    read every user, as before.
+
+    >>> user_sample(np.arange(5), None, 0, salt=1).tolist(), user_sample(np.arange(5), 5, 0, salt=1).tolist()
     ([0, 1, 2, 3, 4], [0, 1, 2, 3, 4])
-    >>> len(user_sample(np.arange(100), 10, 0)), bool(np.all(np.diff(user_sample(np.arange(100), 10, 0)) > 0))
-    (10, True)
+    >>> a, b = user_sample(np.arange(100), 10, 0, salt=1), user_sample(np.arange(100), 10, 0, salt=2)
+    >>> len(a), bool(np.all(np.diff(a) > 0)), a.tolist() == b.tolist()
+    (10, True, False)
     """
     users = np.asarray(users, dtype=np.int64)
     if cap is None or len(users) <= cap:
         return users
     if cap < 1:
         raise ValueError(f"user_sample: cap must be >= 1 or None, got {cap}")
-    return np.sort(np.random.default_rng(seed).choice(users, size=cap, replace=False))
+    return np.sort(np.random.default_rng([seed, salt]).choice(users, size=cap, replace=False))

@@ -81,10 +81,11 @@ SESSION_FOCUS = 3.0  # logit bonus for the session's focus genre (sessions are a
 MINOR_ADULT_PENALTY = 5.0  # logit penalty on adult items for under-18s: e^-5, rare but not impossible
 RATING_BASE = 2.6  # chosen items sit ~1 sd above a user's mean affinity -> mean rating ~3.6
 MIN_EVENTS = 5  # every user survives a 5-core filter and a leave-one-out split
-# Above this many items a user's events are drawn from a pool of this many items, itself drawn
-# (Gumbel-top-k) from the user's taste + popularity, so each event costs O(POOL_ITEMS) instead of
-# O(n_items) and generation stays linear in interactions (jobs.scaling: 1M+ interactions); a
-# user never needs more than ~100 distinct items. Smaller catalogs (the default) use every item.
+# Above this many items a user's events are drawn from a pool: this many items drawn (Gumbel-top-k)
+# from the user's taste + popularity, plus their follow-ups (so a sequel stays reachable). Each
+# event then costs O(pool) instead of O(n_items); what stays O(n_items) per user is the vectorised
+# affinity and the pool draw (jobs.scaling times generation apart from the system). A user never
+# needs more than ~100 distinct items. Smaller catalogs (the default) use every item.
 POOL_ITEMS = 1500
 START_TS = 1_546_300_800  # 2019-01-01 UTC
 
@@ -254,7 +255,11 @@ def _sessions(
                     + LATENT_WEIGHT * (catalog.vecs @ user_vecs[u]))
         z = (affinity - affinity.mean()) / (affinity.std() + 1e-9)  # how well each item suits u
         base = affinity + catalog.log_pop - (MINOR_ADULT_PENALTY if age[u] < 18 else 0.0) * adult
-        pool = np.arange(n_items) if n_items <= POOL_ITEMS else _gumbel_top(rng, base, POOL_ITEMS)
+        if n_items <= POOL_ITEMS:
+            pool = np.arange(n_items)
+        else:  # the drawn items and their follow-ups, so a sequel stays reachable from every pick
+            drawn = _gumbel_top(rng, base, POOL_ITEMS)
+            pool = np.union1d(drawn, catalog.follow_up[drawn])
         slot[pool] = np.arange(len(pool))
         base_p, vecs_p, membership_p = base[pool], catalog.vecs[pool], catalog.membership[pool]
         lengths = np.maximum(1, rng.poisson(mean_session_len - 1, size=1 + rng.poisson(mean_sessions - 1)) + 1)
@@ -293,7 +298,7 @@ def _gumbel_top(rng: np.random.Generator, logits: np.ndarray, k: int) -> np.ndar
     return np.sort(np.argpartition(-(logits + rng.gumbel(size=len(logits))), k - 1)[:k])
 
 
-def _nearest(vecs: np.ndarray, k: int, block: int = 2048) -> np.ndarray:
+def _nearest(vecs: np.ndarray, k: int, block: int = 256) -> np.ndarray:
     """``[n, k]`` indices of each row's ``k`` most similar other rows (dot product), best first,
     computed in row blocks so memory stays ``block x n`` rather than ``n x n``."""
     n = len(vecs)
@@ -302,7 +307,7 @@ def _nearest(vecs: np.ndarray, k: int, block: int = 2048) -> np.ndarray:
         sim = vecs[lo:lo + block] @ vecs.T
         rows = np.arange(len(sim))
         sim[rows, lo + rows] = -np.inf
-        top = np.argpartition(-sim, k - 1, axis=1)[:, :k]
+        top = np.argpartition(-sim, k - 1, axis=1)[:, :k].copy()  # not a view holding the block's rows
         out[lo:lo + block] = np.take_along_axis(top, np.argsort(-np.take_along_axis(sim, top, 1), axis=1), 1)
     return out
 

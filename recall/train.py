@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from offline.protocol import user_sample
+from offline.protocol import SALT_EARLY_STOP, SALT_TEST_REPORT, user_sample
 from offline.split import Split
 from recall.config import RecallConfig
 from recall.extra_channels import train_channels
@@ -143,9 +143,12 @@ class _Run:
             return self.item_tower.all_items().numpy()
 
     def evaluate(self, histories: list[np.ndarray], targets: np.ndarray) -> dict[str, float]:
+        """Full-ranking metrics of the users with a target (>= 0); only they are encoded."""
         items = self.item_vectors()
-        return full_ranking_metrics(user_vectors(self.user_tower, items, histories, self.attrs), items,
-                                    histories, targets)
+        keep = np.flatnonzero(np.asarray(targets) >= 0)
+        read = [histories[u] for u in keep]
+        return full_ranking_metrics(user_vectors(self.user_tower, items, read, self.attrs[keep]), items,
+                                    read, np.asarray(targets)[keep])
 
 
 def _setup(
@@ -158,7 +161,7 @@ def _setup(
         raise ValueError(f"need one sequence and one target per user ({split.n_users}); "
                          f"got {len(seqs)} sequences and {len(targets)} targets")
     # early stopping and the channel-share search read at most tune_users of them (-1: not read)
-    sampled = user_sample(np.flatnonzero(targets >= 0), config.tune_users, seed)
+    sampled = user_sample(np.flatnonzero(targets >= 0), config.tune_users, seed, salt=SALT_EARLY_STOP)
     targets = np.where(np.isin(np.arange(len(targets)), sampled), targets, -1)
     text = None
     if config.use_text:
@@ -247,11 +250,12 @@ def train_two_tower(
     run = _setup(split, out_dir, config, sequences, early_stop_targets, progress, seed)
     report = _fit(run, config, seed, t0, progress)
     report["early_stop_users"] = int((run.targets >= 0).sum())
-    if sequences is None and early_stop_targets is None:  # on the same sample size as early stopping
-        read = user_sample(np.arange(split.n_users), config.tune_users, seed)
+    if sequences is None and early_stop_targets is None:  # on a sample of the early-stopping size
+        read = user_sample(np.arange(split.n_users), config.tune_users, seed, salt=SALT_TEST_REPORT)
         test = np.full(split.n_users, -1, dtype=np.int64)
         test[read] = np.asarray(split.test)[read]
-        report["test"] = run.evaluate([split.history(u, "test") for u in range(split.n_users)], test)
+        hist = [split.history(u, "test") if test[u] >= 0 else np.zeros(0, np.int64) for u in range(split.n_users)]
+        report["test"] = run.evaluate(hist, test)
     report["train_s"] = round(time.perf_counter() - t0, 1)
     save_artifacts(out_dir, run.item_tower, run.user_tower, run.item_vectors(), run.vocab, config, report)
     if config.extra_channels:

@@ -53,4 +53,4 @@ def test_one_tiny_size_end_to_end(tmp_path: Path) -> None:
     assert set(row["train_s"]) == {"recall", "recall_holdout", "coarse", "fusion"}
     assert row["peak_rss_mib"] >= max(row["train_peak_mib"].values()) - 1
     assert row["eval_users"] == 40 and set(row["ndcg10"]) == {"recall", "coarse", "final"}
-    assert 0.0 <= row["candidate_recall200"] <= 1.0 and row["eval_ms_per_user_p50"] > 0
+    assert 0.0 <= row["candidate_recall"]["recall"] <= 1.0 and row["eval_ms_per_user_p50"] > 0

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from offline import synthetic
 from offline.schema import AUDIENCES, Dataset
 from offline.synthetic import GENRES, MIN_EVENTS, POOL_ITEMS, _nearest, generate
 
@@ -113,3 +114,21 @@ def test_nearest_matches_a_full_sort() -> None:
     np.fill_diagonal(sim, -np.inf)
     expected = np.argsort(-sim, axis=1)[:, :5]
     np.testing.assert_array_equal(_nearest(vecs, 5, block=64), expected)
+
+
+def _follow_up_share(n_items: int, seed: int = 5) -> float:
+    """Share of a user's consecutive events whose second item is the first one's follow-up."""
+    ds = generate(n_users=40, n_items=n_items, seed=seed)
+    catalog = synthetic._Catalog.draw(np.random.default_rng(seed), n_items, GENRES[:12])  # generate's first draw
+    idx = ds.interactions["item_id"].str[1:].astype(int).to_numpy() - 1
+    users = ds.interactions["user_id"].to_numpy()
+    same = users[1:] == users[:-1]
+    return float((catalog.follow_up[idx[:-1]] == idx[1:])[same].mean())
+
+
+def test_the_pool_keeps_the_sequel_structure(monkeypatch: pytest.MonkeyPatch) -> None:
+    # pooled, a pick's follow-up is always in the pool: sequels are at least as frequent as when
+    # every event scores the whole catalog (measured 0.026 against 0.016 at 6,000 items)
+    pooled = _follow_up_share(6000)
+    monkeypatch.setattr(synthetic, "POOL_ITEMS", 10**9)
+    assert pooled >= _follow_up_share(6000) > 0
