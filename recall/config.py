@@ -49,7 +49,8 @@ class RecallConfig(BaseModel):
         10_000, ge=1, description="Users whose held-out item early stopping and the channel-share search read "
         "(a seeded sample above this many, so their cost stops growing with users); None: every user."
     )
-    max_train_s: float = Field(240.0, gt=0, description="Wall-clock cap on training; the best model so far is kept.")
+    max_train_s: float = Field(240.0, gt=0, description="Wall-clock cap on training, checked after every step (an epoch "
+                               "is cut short); the model is then evaluated and the best one so far kept.")
     loss: Literal["auto", "full", "sampled"] = Field(
         "auto", description="full softmax over the catalog, sampled softmax with logQ correction, or auto."
     )

@@ -191,7 +191,7 @@ def _fit(run: _Run, config: RecallConfig, seed: int, t0: float, progress: bool) 
     gen, rng = torch.Generator().manual_seed(seed), np.random.default_rng(seed)
     best: dict[str, Any] = {"valid": {"ndcg@10": -1.0}, "best_epoch": 0, "state": None}
     history: list[dict[str, Any]] = []
-    bad_evals, epoch = 0, 0
+    bad_evals, epoch, out_of_time, steps = 0, 0, False, 0
     bar = tqdm(range(1, config.max_epochs + 1), desc="two-tower", disable=not progress)
     for epoch in bar:
         run.item_tower.train()
@@ -207,6 +207,9 @@ def _fit(run: _Run, config: RecallConfig, seed: int, t0: float, progress: bool) 
             loss.backward()
             opt.step()
             losses.append(loss.item())
+            steps += 1
+            if time.perf_counter() - t0 > config.max_train_s:
+                break  # within the epoch: one epoch over millions of windows can outlast the cap many times
         out_of_time = time.perf_counter() - t0 > config.max_train_s
         if epoch % config.eval_every and epoch != config.max_epochs and not out_of_time:
             continue
@@ -224,7 +227,8 @@ def _fit(run: _Run, config: RecallConfig, seed: int, t0: float, progress: bool) 
     bar.close()
     run.item_tower.load_state_dict(best["state"][0])
     run.user_tower.load_state_dict(best["state"][1])
-    return {"epochs": epoch, "best_epoch": best["best_epoch"], "n_windows": len(x_all),
+    return {"epochs": epoch, "best_epoch": best["best_epoch"], "n_windows": len(x_all), "steps": steps,
+            "out_of_time": out_of_time,
             "loss": "full" if run.log_q is None else "sampled", "valid": best["valid"], "history": history}
 
 

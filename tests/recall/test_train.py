@@ -93,3 +93,12 @@ def test_an_item_no_sequence_holds_is_not_trained_as_a_negative(split, tmp_path:
     with torch.no_grad():
         content_only = tower.eval().all_items().numpy()
     np.testing.assert_allclose(np.load(tmp_path / VECTORS_FILE)[0], content_only[0], atol=1e-5)
+
+
+def test_the_time_cap_cuts_an_epoch_short_and_keeps_an_evaluated_model(split, tmp_path: Path):
+    # at millions of windows one epoch outlasts the cap many times: it is checked after every step
+    report = train_two_tower(split, tmp_path, tiny_config(max_train_s=1e-9, max_epochs=50, batch_size=1),
+                             progress=False)
+    assert report["out_of_time"] and report["epochs"] == report["best_epoch"] == 1
+    assert report["steps"] == 1 < report["n_windows"]  # the first epoch stopped after one step
+    assert len(report["history"]) == 1 and (tmp_path / MODEL_FILE).is_file()
