@@ -151,6 +151,13 @@ class _Run:
                                     read, np.asarray(targets)[keep])
 
 
+def _only(targets: np.ndarray, users: np.ndarray) -> np.ndarray:
+    """``targets`` of ``users``, -1 (not read) for everyone else."""
+    out = np.full(len(targets), -1, dtype=np.int64)
+    out[users] = targets[users]
+    return out
+
+
 def _setup(
     split: Split, out_dir: Path, config: RecallConfig, sequences: list[np.ndarray] | None,
     targets: np.ndarray | None, progress: bool, seed: int,
@@ -162,7 +169,7 @@ def _setup(
                          f"got {len(seqs)} sequences and {len(targets)} targets")
     # early stopping and the channel-share search read at most tune_users of them (-1: not read)
     sampled = user_sample(np.flatnonzero(targets >= 0), config.tune_users, seed, salt=SALT_EARLY_STOP)
-    targets = np.where(np.isin(np.arange(len(targets)), sampled), targets, -1)
+    targets = _only(targets, sampled)
     text = None
     if config.use_text:
         text = embed_items(split.items, out_dir / "text_cache", progress=progress)
@@ -256,8 +263,7 @@ def train_two_tower(
     report["early_stop_users"] = int((run.targets >= 0).sum())
     if sequences is None and early_stop_targets is None:  # on a sample of the early-stopping size
         read = user_sample(np.arange(split.n_users), config.tune_users, seed, salt=SALT_TEST_REPORT)
-        test = np.full(split.n_users, -1, dtype=np.int64)
-        test[read] = np.asarray(split.test)[read]
+        test = _only(np.asarray(split.test, dtype=np.int64), read)
         hist = [split.history(u, "test") if test[u] >= 0 else np.zeros(0, np.int64) for u in range(split.n_users)]
         report["test"] = run.evaluate(hist, test)
     report["train_s"] = round(time.perf_counter() - t0, 1)
