@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from jobs.evaluate import _checked_weights, llm_trained_users
+from jobs.evaluate import gate_halves, gate_weights, llm_trained_users
 from recsys.config import StageSpec
 
 
@@ -51,12 +51,9 @@ def _examples(target_rank: dict[str, list[int]], n_cand: int = 10) -> list:
     return out
 
 
-def _gate(examples: list) -> tuple[dict, dict]:
-    from fusion.stage import ndcg_at_k, tune_fusion_weights
-
-    grid_best = tune_fusion_weights(examples, k=10, step=0.1)
-    single = {s: float(ndcg_at_k(examples, [{s: 1.0}], 10)[0]) for s in grid_best}
-    return _checked_weights(examples, grid_best, single, seed=0)
+def _gate(examples: list, method: str = "linear") -> tuple[dict, dict]:
+    gate = gate_weights(examples, step=0.1, method=method, seed=0)  # type: ignore[arg-type]
+    return gate["weights"], gate["mixture_check"]
 
 
 def test_the_gate_keeps_coarse_against_a_stage_better_only_by_noise() -> None:
@@ -76,3 +73,39 @@ def test_the_gate_serves_a_stage_or_mixture_that_beats_coarse_beyond_the_ci() ->
     # recall alone does better than coarse for every user: it is served
     weights, check = _gate(_examples({"recall": [0] * 200, "coarse": [3] * 200}))
     assert weights.get("recall", 0) > 0 and check["ci95"][0] > 0
+
+
+def test_the_gate_tests_its_challenger_on_users_that_did_not_choose_it() -> None:
+    # recall ranks the target first for every user of the half that picks the challenger and one
+    # place below coarse for every user of the other half: over all users it is ahead beyond any CI
+    # (the winner's curse a same-users test would serve), on the held half it is worse
+    choose, confirm = gate_halves(200, seed=0)
+    recall = np.full(200, 3)
+    recall[choose] = 0
+    weights, check = _gate(_examples({"recall": recall.tolist(), "coarse": [2] * 200}))
+    assert weights == {"coarse": 1.0}
+    assert check["challenger"] == "recall" and check["ci95"][1] < 0
+    assert check["chosen_on_users"] == 100 and check["tested_on_users"] == 100
+    assert set(choose.tolist()).isdisjoint(confirm.tolist()) and len(choose) + len(confirm) == 200
+
+
+def test_the_gate_keeps_the_incumbent_below_its_minimum_sample_and_with_one_stage() -> None:
+    weights, check = _gate(_examples({"recall": [0] * 30, "coarse": [3] * 30}))
+    assert weights == {"coarse": 1.0} and "too few" in check["kept"]
+    weights, check = _gate(_examples({"recall": [0] * 200}))
+    assert weights == {"recall": 1.0} and "only stage" in check["kept"]
+
+
+def test_the_gate_ranks_as_the_served_fusion_normalises() -> None:
+    # on these users the grid's best mixture differs between linear and top-heavy rrf ranks: the
+    # gate's grid search (on its choosing half) must use the normalisation fusion will serve with
+    from fusion.stage import tune_fusion_weights
+
+    rng = np.random.default_rng(0)
+    data = _examples({"recall": rng.integers(0, 10, 200).tolist(), "coarse": rng.integers(0, 10, 200).tolist()})
+    choose = [data[i] for i in gate_halves(200, seed=0)[0]]
+    linear = gate_weights(data, method="linear", seed=0)["grid_best"]
+    rrf = gate_weights(data, method="rrf", rrf_k=1.0, seed=0)["grid_best"]
+    assert linear != rrf
+    assert linear == tune_fusion_weights(choose, method="linear")
+    assert rrf == tune_fusion_weights(choose, method="rrf", rrf_k=1.0)
