@@ -18,10 +18,10 @@ current order is kept.
 Weights come from ``artifact_dir/fusion/<key>/weights.json`` written by ``save_weights`` after
 ``tune_fusion_weights`` (grid search maximising NDCG@10 on the valid split; the gate,
 ``jobs.evaluate.fit_gate``, serves coarse's order unless the best mixture or another stage
-alone, chosen on one half of the valid users, beats it on the other half with a CI above zero), where ``<key>`` is ``weights_key_for`` (computed from the settings
-by ``cascade.registry.weights_key``): the scored stages plus a digest of the depths and rule sets
-they were tuned under. Without weights tuned for this
-exact pipeline, ``FusionConfig.weights`` when set, else the most refined scored stage's order
+alone, chosen on one half of the valid users, beats it on the other half with a CI above
+zero), where ``<key>`` is ``weights_key_for`` (computed from the settings by
+``cascade.registry.weights_key``): the scored stages plus a digest of the depths and rule
+sets they were tuned under. Without weights tuned for this exact pipeline, ``FusionConfig.weights`` when set, else the most refined scored stage's order
 alone (no signal, no mixture).
 
 Deliberately left out: collecting the per-user valid candidates (the evaluator does it with
