@@ -4,12 +4,16 @@ Each check parses one column for the whole file at once (pandas), and only when 
 wrong looks up the first offending row to name it: ``"ratings.dat line 3: rating 'x' is not a
 number"``. Nothing is dropped or coerced silently: a loader either returns every row or raises.
 
+Ranges are those the canonical schema can hold exactly: integers below 2**53 in magnitude
+(parsed through float64), ratings within float32, timestamps within pandas' nanosecond
+datetimes (``TIMESTAMP_MIN``..``TIMESTAMP_MAX`` unix seconds, 1677-09-21..2262-04-11 UTC).
+
 Deliberately left out: reading files (``offline.loaders.reading``) and domain meaning.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 import numpy as np
 import pandas as pd
@@ -17,15 +21,44 @@ import pandas as pd
 from offline.loaders.reading import Table
 from offline.schema import DataError
 
+MAX_EXACT_INT = 2**53  # float64 holds every integer below this exactly
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+TIMESTAMP_MAX = (2**63 - 1) // 10**9  # 2262-04-11 23:47:16 UTC: the last second pandas' datetimes hold
+TIMESTAMP_MIN = -TIMESTAMP_MAX  # 1677-09-21 00:12:44 UTC
+_TIMESTAMP_RANGE = f"the supported range 1677-09-21..2262-04-11 UTC (unix seconds {TIMESTAMP_MIN}..{TIMESTAMP_MAX})"
+_CONTROL = r"[\x00-\x1f\x7f-\x9f]"  # C0, DEL and C1 control characters
+
 
 def text(table: Table, column: str) -> pd.Series:
     """The column as str with surrounding whitespace removed (missing values -> "")."""
     col = table.rows[column]
-    return col.where(col.notna(), "").astype(str).str.strip()
+    try:
+        return col.where(col.notna(), "").astype(str).str.strip()
+    except UnicodeDecodeError:  # a binary Parquet column: bytes pandas cannot read as UTF-8
+        table.fail_first(np.array([_undecodable(v) for v in col]), lambda pos: f"{column} is bytes, not UTF-8 text")
+        raise
+
+
+def _undecodable(value: object) -> bool:
+    if not isinstance(value, bytes):
+        return False
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False
 
 
 def ids(table: Table, column: str, what: str) -> pd.Series:
-    """Non-empty id strings; ``what`` names the id in messages (e.g. "user id")."""
+    """Non-empty id strings without control characters; ``what`` names the id (e.g. "user id")."""
+    out = nonempty(table, column, what)
+    control = out.str.contains(_CONTROL, regex=True).to_numpy(dtype=bool)
+    table.fail_first(control, lambda pos: f"{what} {out.iat[pos]!r} contains a control character")
+    return out
+
+
+def nonempty(table: Table, column: str, what: str) -> pd.Series:
+    """Non-empty strings (e.g. titles, which may hold any character)."""
     out = text(table, column)
     table.fail_first((out == "").to_numpy(), lambda pos: f"empty {what}")
     return out
@@ -43,6 +76,7 @@ def numbers(
 ) -> pd.Series:
     """Parse a numeric column: float64, or Int64 when ``integer``; empty -> <NA> if ``allow_empty``.
 
+    An integer must be below ``MAX_EXACT_INT`` in magnitude (larger ones lose digits in float64).
     Example: ratings "4", "x" -> DataError("ratings.dat line 2: rating 'x' is not a number").
     """
     raw = text(table, column)
@@ -55,6 +89,8 @@ def numbers(
     finite = values.to_numpy(dtype=np.float64, na_value=np.nan)
     table.fail_first(np.isinf(finite), lambda pos: f"{what} {raw.iat[pos]!r} is not finite")
     if integer:
+        too_large = ~empty & (np.abs(finite) >= MAX_EXACT_INT)
+        table.fail_first(too_large, lambda pos: f"{what} {raw.iat[pos]!r} is too large (an integer must be below 2**53)")
         table.fail_first(~empty & (finite != np.round(finite)), lambda pos: f"{what} {raw.iat[pos]!r} is not an integer")
     if low is not None or high is not None:
         lo = -np.inf if low is None else low
@@ -64,27 +100,64 @@ def numbers(
     return values.round().astype("Int64") if integer else values
 
 
+def float32s(table: Table, column: str, what: str) -> np.ndarray:
+    """``numbers`` stored as float32: a value float32 cannot hold is refused, never turned into inf."""
+    values = numbers(table, column, what).to_numpy(dtype=np.float64)
+    table.fail_first(np.abs(values) > FLOAT32_MAX,
+                     lambda pos: f"{what} {text(table, column).iat[pos]!r} is too large (float32 holds at most 3.4e38)")
+    return values.astype(np.float32)
+
+
 def timestamps(table: Table, column: str) -> np.ndarray:
-    """Unix seconds (int64) from integers/floats, or from ISO-8601 date-times when not numeric."""
+    """Unix seconds (int64) from whole numbers, or from ISO-8601 date-times when not numeric.
+
+    A fractional number of seconds is refused (the schema keeps whole seconds and the README
+    says unix seconds: round them before loading if that is meant); an ISO-8601 date-time's
+    fraction of a second is floored. Outside ``TIMESTAMP_MIN``..``TIMESTAMP_MAX`` is refused,
+    as is a column mixing unix seconds and ISO-8601.
+    """
     col = table.rows[column]
     if pd.api.types.is_datetime64_any_dtype(col):  # a typed Parquet column
         table.fail_first(col.isna().to_numpy(), lambda pos: "empty timestamp")
-        return _unix_seconds(pd.to_datetime(col, utc=True))
+        seconds = _unix_seconds(pd.to_datetime(col, utc=True))
+        _in_range(table, seconds, lambda pos: str(col.iat[pos]), numeric=False)
+        return seconds
     raw = text(table, column)
     table.fail_first((raw == "").to_numpy(), lambda pos: "empty timestamp")
     numeric = pd.to_numeric(raw, errors="coerce")
     if numeric.notna().all():
-        return numbers(table, column, "timestamp").to_numpy(dtype=np.float64).astype(np.int64)
+        values = numbers(table, column, "timestamp").to_numpy(dtype=np.float64)
+        _in_range(table, values, lambda pos: raw.iat[pos], numeric=True)
+        table.fail_first(values != np.floor(values),
+                         lambda pos: f"timestamp {raw.iat[pos]!r} is not a whole number of seconds")
+        return values.astype(np.int64)
+    if numeric.notna().any():  # "20210101" reads as seconds alone, as a date among dates: refuse to guess
+        first_date = int(np.flatnonzero(numeric.isna().to_numpy())[0])
+        table.fail_first(numeric.notna().to_numpy(), lambda pos: (
+            f"timestamp {raw.iat[pos]!r} is a number (unix seconds) but {table.where(first_date)} holds "
+            f"{raw.iat[first_date]!r}; use one form (unix seconds or ISO-8601) throughout"))
     parsed = pd.to_datetime(raw, errors="coerce", utc=True, format="ISO8601")
     table.fail_first(
         parsed.isna().to_numpy(),
         lambda pos: f"timestamp {raw.iat[pos]!r} is neither a number (unix seconds) nor an ISO-8601 date-time",
     )
-    return _unix_seconds(parsed)
+    seconds = _unix_seconds(parsed)
+    _in_range(table, seconds, lambda pos: raw.iat[pos], numeric=False)
+    return seconds
+
+
+def _in_range(table: Table, seconds: np.ndarray, shown: Callable[[int], str], *, numeric: bool) -> None:
+    def message(pos: int) -> str:
+        hint = " (milliseconds? divide by 1000)" if numeric and abs(seconds[pos]) <= TIMESTAMP_MAX * 1000 else ""
+        return f"timestamp {shown(pos)!r} is outside {_TIMESTAMP_RANGE}{hint}"
+
+    table.fail_first((seconds < TIMESTAMP_MIN) | (seconds > TIMESTAMP_MAX), message)
 
 
 def _unix_seconds(moments: pd.Series) -> np.ndarray:
-    return ((moments - pd.Timestamp(0, tz="UTC")) // pd.Timedelta(seconds=1)).to_numpy(dtype=np.int64)
+    """Seconds since 1970 (floored) in the moments' own resolution, which may span years 1..9999."""
+    naive = moments.dt.tz_convert("UTC").dt.tz_localize(None).to_numpy()
+    return naive.astype("datetime64[s]").astype(np.int64)
 
 
 def unique(table: Table, values: pd.Series, what: str) -> None:

@@ -1,9 +1,9 @@
 """Pieces every loader shares: the validated interactions table, item text, title years.
 
 ``interactions`` turns a raw ``Table`` of (user, item, rating, timestamp) strings into the
-canonical interactions DataFrame, refusing unknown ids, non-numeric or non-finite ratings
-and bad timestamps with the file and line. ``describe`` builds the short item text the LLM
-re-ranker reads when a dataset has no plot summaries (MovieLens has none).
+canonical interactions DataFrame, refusing unknown ids, non-numeric ratings or ones float32
+cannot hold, and bad timestamps with the file and line. ``describe`` builds the short item
+text the LLM re-ranker reads when a dataset has no plot summaries (MovieLens has none).
 
 Deliberately left out: file layouts (one module per format).
 """
@@ -61,7 +61,7 @@ def interactions(
     if users is not None:
         checks.known(table, user, pd.Index(users), "user id", users_file)
     if table.has("rating"):
-        rating = checks.numbers(table, "rating", "rating").to_numpy(np.float32)
+        rating = checks.float32s(table, "rating", "rating")
     else:
         rating = np.full(len(table), IMPLICIT_RATING, dtype=np.float32)
     return pd.DataFrame(

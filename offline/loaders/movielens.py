@@ -141,7 +141,7 @@ def _ml1m_movies(path: Path) -> pd.DataFrame:
     checks.require_file_rows(table)
     item_id = checks.ids(table, "item_id", "movie id")
     checks.unique(table, item_id, "movie id")
-    return movie_items(item_id, checks.ids(table, "title", "title"), checks.text(table, "genres"))
+    return movie_items(item_id, checks.nonempty(table, "title", "title"), checks.text(table, "genres"))
 
 
 def _ml1m_users(path: Path) -> pd.DataFrame:

@@ -33,7 +33,7 @@ def load_ml_csv(directory: Path) -> Dataset:
     checks.unique(movies, item_id, "movie id")
     tags_path = directory / "tags.csv"
     tags = _top_tags(tags_path, item_id) if tags_path.exists() else {}
-    items = movie_items(item_id, checks.ids(movies, "title", "title"), checks.text(movies, "genres"), tags)
+    items = movie_items(item_id, checks.nonempty(movies, "title", "title"), checks.text(movies, "genres"), tags)
 
     ratings = read_csv(directory / "ratings.csv", ("userId", "movieId", "rating", "timestamp"))
     ratings.rows.rename(columns={"userId": "user_id", "movieId": "item_id"}, inplace=True)

@@ -6,12 +6,18 @@ up front (a bad byte is reported by line, not as a codec traceback), then split:
 
 - ``read_delimited``: headerless, unquoted files (MovieLens ``u.*`` and ``*.dat``); the
   field count of every line is checked.
-- ``read_csv``: CSV with a header row, parsed by pandas for speed; a row with a missing
-  field is located afterwards by re-reading just that raw line.
+- ``read_csv``: CSV with a header row. A file without quotes and with LF or CRLF line ends
+  (every MovieLens ratings file) is parsed by pandas for speed, one record per line, and a
+  row pandas padded is located by re-counting that raw line's commas; any other file (quoted
+  fields, which may hold commas and line breaks, or CR-only line ends) is parsed record by
+  record with the ``csv`` module (strict quoting, no field size limit). Both give the same
+  values; every record has exactly the header's field count, and a row is reported by the
+  line its record starts on. Duplicate column names are refused.
 - ``read_parquet``: typed tables; positions are reported as ``row N`` (1-based).
 
-Deliberately left out: what the columns mean and their value checks (``offline.loaders.checks``).
-Line numbers assume no quoted field spans several lines (true of every MovieLens release).
+Line ends are LF, CRLF or CR (as pandas and the ``csv`` module read them), never other
+Unicode line separators. Deliberately left out: what the columns mean and their value
+checks (``offline.loaders.checks``).
 """
 
 from __future__ import annotations
@@ -25,12 +31,17 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 
 from offline.schema import DataError
 
 LINE = "_line"  # column holding each row's line (or row) number in its file
 
 SEPARATOR_NAMES = {"\t": "tab", "|": "'|'", "::": "'::'", ",": "comma"}
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+_LINE_BREAK_BYTES = re.compile(rb"\r\n|\r|\n")
+_BARE_CR = re.compile(r"\r(?!\n)")
+_MAX_FIELD = 2**31 - 1  # the csv module's field limit is a C long; no real field comes near
 
 
 @dataclass(frozen=True)
@@ -67,15 +78,16 @@ def decode(path: Path, encoding: str) -> str:
     try:
         return raw.decode(encoding)
     except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
+        line = len(_LINE_BREAK_BYTES.findall(raw, 0, exc.start)) + 1
         raise DataError(f"{path.name} line {line}: not valid {encoding} ({exc.reason})") from exc
 
 
 def _lines(text: str) -> list[str]:
-    # split("\n"), not splitlines(): latin-1 byte 0x85 decodes to U+0085, which splitlines
-    # treats as a line break and would shift every later line number.
-    lines = text.split("\n")
-    return [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
+    # Only \n, \r\n and \r end a line, not splitlines()'s set: latin-1 byte 0x85 decodes to
+    # U+0085, which splitlines treats as a line break and would shift every later line number.
+    if "\r" not in text:
+        return text.split("\n")
+    return _LINE_BREAK.split(text)
 
 
 def read_delimited(path: Path, sep: str, columns: Sequence[str], encoding: str = "utf-8") -> Table:
@@ -102,49 +114,136 @@ _PANDAS_FIELDS = re.compile(r"Expected (\d+) fields in line (\d+), saw (\d+)")
 
 
 def read_csv(path: Path, required: Sequence[str], encoding: str = "utf-8") -> Table:
-    """A CSV file with a header row holding at least the ``required`` columns (values as str)."""
-    text = decode(path, encoding)
+    """A CSV file with a header row holding at least the ``required`` columns (values as str).
+
+    Blank lines, and rows whose fields are all empty, are skipped (their lines still count).
+    """
+    text = decode(path, encoding).removeprefix("\ufeff")  # a byte-order mark is not part of the header
+    plain = '"' not in text and _BARE_CR.search(text) is None
+    header_line, header, rows, numbers = (_parse_plain if plain else _parse_quoted)(path.name, text, required)
+    columns = _column_names(path.name, header_line, header, required)
+    rows.columns = pd.Index(columns)
+    rows[LINE] = numbers
+    return Table(path.name, rows)
+
+
+def _empty_file(file: str, required: Sequence[str]) -> DataError:
+    return DataError(f"{file}: empty file (expected a header row with {list(required)})")
+
+
+def _field_count(file: str, line: int, want: int, got: int) -> DataError:
+    return DataError(f"{file} line {line}: expected {want} comma-separated fields, got {got}")
+
+
+def _parse_plain(
+    file: str, text: str, required: Sequence[str]
+) -> tuple[int, list[str], pd.DataFrame, np.ndarray]:
+    """pandas on a file with no quote and no bare CR: each line is one record."""
+    start, skipped = 0, 0  # leading blank lines (pandas would take the first as the header)
+    while True:
+        end = text.find("\n", start)
+        first = text[start: len(text) if end < 0 else end].removesuffix("\r")
+        if first:
+            break
+        if end < 0:
+            raise _empty_file(file, required)
+        start, skipped = end + 1, skipped + 1
+    header = first.split(",")
     try:
-        rows = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, skip_blank_lines=False)
-    except pd.errors.EmptyDataError as exc:
-        raise DataError(f"{path.name}: empty file (expected a header row with {list(required)})") from exc
+        # header=None: the header line itself sets the field count, so a longer row is an
+        # error (with a header, pandas would silently take a longer first row's extra field
+        # as an index); a shorter row is padded with "" and checked below.
+        frame = pd.read_csv(io.StringIO(text[start:] if start else text), header=None, dtype=str,
+                            keep_default_na=False, skip_blank_lines=False)
     except pd.errors.ParserError as exc:
         m = _PANDAS_FIELDS.search(str(exc))
         if m:
-            raise DataError(
-                f"{path.name} line {m.group(2)}: expected {m.group(1)} comma-separated fields, got {m.group(3)}"
-            ) from exc
-        raise DataError(f"{path.name}: not valid CSV ({exc})") from exc
-    missing = [c for c in required if c not in rows.columns]
-    if missing:
-        raise DataError(f"{path.name} line 1: header lacks column(s) {missing}; found {list(rows.columns)}")
-    rows[LINE] = np.arange(2, len(rows) + 2, dtype=np.int64)  # line 1 is the header
-    data_cols = [c for c in rows.columns if c != LINE]
-    blank = (rows[data_cols] == "").all(axis=1).to_numpy()
-    rows = rows.loc[~blank].reset_index(drop=True)
-    table = Table(path.name, rows)
-    _check_short_rows(table, _lines(text), len(data_cols))
-    return table
-
-
-def _check_short_rows(table: Table, lines: list[str], want: int) -> None:
+            raise _field_count(file, int(m.group(2)) + skipped, int(m.group(1)), int(m.group(3))) from exc
+        raise DataError(f"{file}: not valid CSV ({exc})") from exc
+    if frame.shape[1] != len(header):  # cannot happen without quotes; never trust a guess
+        raise DataError(f"{file} line {skipped + 1}: header has {len(header)} fields, pandas read {frame.shape[1]}")
+    rows = frame.iloc[1:].reset_index(drop=True)
+    rows.columns = pd.RangeIndex(len(header))
+    numbers = np.arange(skipped + 2, skipped + 2 + len(rows), dtype=np.int64)
+    blank = (rows == "").all(axis=1).to_numpy()
+    rows, numbers = rows.loc[~blank].reset_index(drop=True), numbers[~blank]
     # pandas pads a short row with "" instead of failing; only rows whose last field is empty
-    # can be short, so only those raw lines are re-parsed.
-    last = table.rows.columns[-2]  # the column before _line
-    for pos in np.flatnonzero((table.rows[last] == "").to_numpy()):
-        line_no = int(table.rows[LINE].iat[pos])
-        got = len(next(csv.reader([lines[line_no - 1]]), []))
-        if got != want:
-            raise DataError(f"{table.file} line {line_no}: expected {want} comma-separated fields, got {got}")
+    # can be short, so only those raw lines are re-counted (no quotes: fields = commas + 1).
+    padded = np.flatnonzero((rows[len(header) - 1] == "").to_numpy())
+    if len(padded):
+        lines = _lines(text)
+        for pos in padded:
+            got = lines[numbers[pos] - 1].count(",") + 1
+            if got != len(header):
+                raise _field_count(file, int(numbers[pos]), len(header), got)
+    return skipped + 1, header, rows, numbers
+
+
+def _parse_quoted(
+    file: str, text: str, required: Sequence[str]
+) -> tuple[int, list[str], pd.DataFrame, np.ndarray]:
+    """The ``csv`` module, record by record: quoted commas and line breaks, CR line ends."""
+    old_limit = csv.field_size_limit()
+    csv.field_size_limit(max(old_limit, min(len(text) + 1, _MAX_FIELD)))  # pandas has no limit either
+    try:
+        reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+        header: list[str] | None = None
+        header_line, line = 0, 1  # line: where the record being read starts
+        records: list[list[str]] = []
+        numbers: list[int] = []
+        try:
+            for fields in reader:
+                if header is None:
+                    if fields:  # [] is an empty line
+                        header, header_line = fields, line
+                elif len(fields) > len(header) or (len(fields) < len(header) and any(fields)):
+                    raise _field_count(file, line, len(header), len(fields))
+                elif any(fields):
+                    records.append(fields)
+                    numbers.append(line)
+                line = reader.line_num + 1
+        except csv.Error as exc:
+            why = "a quoted field is never closed" if "unexpected end of data" in str(exc) else str(exc)
+            raise DataError(f"{file} line {line}: not valid CSV ({why})") from exc
+    finally:
+        csv.field_size_limit(old_limit)
+    if header is None:
+        raise _empty_file(file, required)
+    rows = pd.DataFrame(records, columns=pd.RangeIndex(len(header)), dtype=str)
+    return header_line, header, rows, np.asarray(numbers, dtype=np.int64)
+
+
+def _column_names(file: str, header_line: int, header: list[str], required: Sequence[str]) -> list[str]:
+    """Header fields as column names (an empty one becomes "Unnamed: i", as pandas names it)."""
+    names = [name or f"Unnamed: {i}" for i, name in enumerate(header)]
+    where = f"{file} line {header_line}"
+    duplicated = sorted({n for n in names if names.count(n) > 1})
+    if duplicated:
+        raise DataError(f"{where}: duplicate column name(s) {duplicated}; each column must be named once")
+    if LINE in names:
+        raise DataError(f"{where}: column name {LINE!r} is reserved; rename that column")
+    missing = [c for c in required if c not in names]
+    if missing:
+        raise DataError(f"{where}: header lacks column(s) {missing}; found {names}")
+    return names
 
 
 def read_parquet(path: Path, required: Sequence[str]) -> Table:
     if not path.is_file():
         raise DataError(f"{path}: file not found")
+    try:  # pyarrow raises several unrelated types for a corrupt file
+        names = pq.read_schema(path).names
+    except Exception as exc:
+        raise DataError(f"{path.name}: not a readable Parquet file ({exc})") from exc
+    duplicated = sorted({n for n in names if names.count(n) > 1})
+    if duplicated:  # pyarrow could not read them by name either
+        raise DataError(f"{path.name}: duplicate column name(s) {duplicated}; each column must be named once")
     try:
         rows = pd.read_parquet(path)
-    except Exception as exc:  # pyarrow raises several unrelated types for a corrupt file
+    except Exception as exc:
         raise DataError(f"{path.name}: not a readable Parquet file ({exc})") from exc
+    if LINE in rows.columns:
+        raise DataError(f"{path.name}: column name {LINE!r} is reserved; rename that column")
     missing = [c for c in required if c not in rows.columns]
     if missing:
         raise DataError(f"{path.name}: missing column(s) {missing}; found {list(rows.columns)}")

@@ -6,9 +6,12 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from offline.loaders import detect_format, load_dataset
+from offline.loaders.reading import read_csv
 from offline.schema import DataError
 
 MOVIES = (
@@ -86,7 +89,7 @@ GENERIC_ITEMS = (
 def write_generic(root: Path, **files: str) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     defaults = {"items.csv": GENERIC_ITEMS,
-                "interactions.csv": "user_id,item_id,timestamp\nx,a,2021-01-01T00:00:00Z\nx,b,100\n"}
+                "interactions.csv": "user_id,item_id,timestamp\nx,a,2021-01-01T00:00:00Z\nx,b,2021-01-01T00:01:00Z\n"}
     for name, text in (defaults | files).items():
         (root / name).write_text(text)
     return root
@@ -146,6 +149,9 @@ def test_generic_parquet_errors_name_the_row(tmp_path: Path) -> None:
         ({"users.csv": "user_id,age\ny,30\n"}, "interactions.csv line 2: unknown user id 'x' (not in users.csv)"),
         ({"interactions.csv": "user_id,item_id,timestamp\nx,a,yesterday\n"},
          "interactions.csv line 2: timestamp 'yesterday' is neither a number"),
+        ({"interactions.csv": "user_id,item_id,timestamp\nx,a,2021-01-01T00:00:00Z\nx,b,100\n"},
+         "interactions.csv line 3: timestamp '100' is a number (unix seconds) but interactions.csv line 2 holds "
+         "'2021-01-01T00:00:00Z'; use one form"),
     ],
 )
 def test_generic_malformed(tmp_path: Path, files: dict[str, str], message: str) -> None:
@@ -192,3 +198,160 @@ def test_load_dataset_dispatch_and_argument_checks(tmp_path: Path) -> None:
         load_dataset(root, fmt="ml-2m")
     with pytest.raises(DataError, match=r"ml/u\.genre: file not found"):
         load_dataset(root, fmt="ml-100k")  # an explicit format is trusted, then its files are required
+
+
+# --- hostile input: every bad file is one DataError naming file and line, never a traceback
+
+
+BIG = "x" * 200_000  # over the csv module's default 128 KiB field limit
+
+
+@pytest.mark.parametrize(
+    ("files", "check"),
+    [
+        ({"items.csv": f"item_id,title,price\na,{BIG},\nb,Beta,\n"}, lambda ds: ds.items["title"].iloc[0] == BIG),
+        ({"items.csv": f'item_id,title,price\na,"{BIG}, quoted",\nb,Beta,\n'},
+         lambda ds: ds.items["title"].iloc[0] == BIG + ", quoted"),
+    ],
+)
+def test_generic_field_over_128k_loads(tmp_path: Path, files: dict[str, str], check) -> None:  # type: ignore[no-untyped-def]
+    assert check(load_dataset(write_generic(tmp_path / "g", **files)))
+
+
+def test_ml_csv_field_over_128k_loads(tmp_path: Path) -> None:
+    movies = MOVIES.replace("Some Doc (2001),(no genres listed)", f'"{BIG} (2001)",')
+    ratings = "userId,movieId,rating,timestamp,note\n1,1,4.0,964982703,\n2,3,0.5,964982224," + BIG + "\n"
+    ds = load_dataset(write_ml_csv(tmp_path / "ml", **{"movies.csv": movies, "ratings.csv": ratings}))
+    assert ds.items["title"].iloc[2] == f"{BIG} (2001)" and ds.items["categories"].iloc[2] == []
+    assert ds.interactions["item_id"].tolist() == ["1", "3"]
+
+
+@pytest.mark.parametrize("newline", ["\r", "\r\n", "\n"])
+def test_csv_line_ends_cr_crlf_lf_load_alike_and_count_lines(tmp_path: Path, newline: str) -> None:
+    items = "item_id,title,price\na,Alpha,\nb,Beta,\n"
+    events = "user_id,item_id,timestamp\nx,a,1\n\nx,b,2\n"
+    root = write_generic(tmp_path / "g")
+    (root / "items.csv").write_bytes(items.replace("\n", newline).encode())
+    (root / "interactions.csv").write_bytes(events.replace("\n", newline).encode())
+    ds = load_dataset(root)
+    assert ds.items["title"].tolist() == ["Alpha", "Beta"]
+    assert ds.interactions["item_id"].tolist() == ["a", "b"]
+    (root / "interactions.csv").write_bytes((events + "y,zz,3\n").replace("\n", newline).encode())
+    with pytest.raises(DataError, match=r"interactions.csv line 5: unknown item id 'zz'"):
+        load_dataset(root)
+
+
+def test_bad_byte_line_counts_cr_line_ends(tmp_path: Path) -> None:
+    ratings = RATINGS.replace("\n", "\r").encode() + b"2,1,4.0,\xff\r"
+    with pytest.raises(DataError, match="ratings.csv line 5: not valid utf-8"):
+        load_dataset(write_ml_csv(tmp_path / "ml", **{"ratings.csv": ratings}))
+
+
+def test_csv_quoted_line_breaks_load_and_later_lines_keep_their_numbers(tmp_path: Path) -> None:
+    items = 'item_id,title,text\na,"Multi\nline\r\ntitle",\nb,Beta,"two\nlines"\nc,Gamma,\n'
+    root = write_generic(tmp_path / "g")
+    (root / "items.csv").write_bytes(items.encode())
+    ds = load_dataset(root)
+    assert ds.items["title"].tolist() == ["Multi\nline\r\ntitle", "Beta", "Gamma"]
+    assert ds.items["text"].tolist()[1] == "two\nlines"
+    (root / "items.csv").write_bytes((items + "a,Again,\n").encode())
+    with pytest.raises(DataError, match=r"items.csv line 8: duplicate item id 'a' \(first defined at items.csv line 2\)"):
+        load_dataset(root)
+    (root / "items.csv").write_bytes((items + "d\n").encode())  # a record is reported by its first line
+    with pytest.raises(DataError, match="items.csv line 8: expected 3 comma-separated fields, got 1"):
+        load_dataset(root)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('item_id,title\na,"open\nb,Beta\n', 'items.csv line 2: not valid CSV (a quoted field is never closed)'),
+        ('item_id,title\na,"Alpha"x\n', "items.csv line 2: not valid CSV"),
+        ("item_id,title\na,Alpha,extra\nb,Beta\n", "items.csv line 2: expected 2 comma-separated fields, got 3"),
+    ],
+)
+def test_csv_bad_quoting_and_long_first_row_are_refused(tmp_path: Path, content: str, message: str) -> None:
+    # a first data row one field longer than the header used to become pandas' index silently
+    with pytest.raises(DataError) as err:
+        load_dataset(write_generic(tmp_path / "g", **{"items.csv": content}))
+    assert message in str(err.value)
+
+
+def test_csv_quoted_and_unquoted_files_give_the_same_table(tmp_path: Path) -> None:
+    # the unquoted file takes pandas' fast path, the quoted one the csv module: same rows, same lines
+    plain = "\r\n\r\nuser_id,item_id,,timestamp\r\nx,a,,1\r\n,,,\r\n,\r\n\r\ny, b ,q,2\r\nz,a,,3\r\n"
+    quoted = plain.replace("y, b ,q,2", '"y"," b ","q",2')
+    tables = []
+    for name, content in (("plain", plain), ("quoted", quoted)):
+        path = tmp_path / name / "interactions.csv"
+        path.parent.mkdir()
+        path.write_bytes(content.encode())
+        tables.append(read_csv(path, ("user_id", "item_id")).rows)
+    pd.testing.assert_frame_equal(tables[0], tables[1])
+    assert tables[0].to_dict("list") == {"user_id": ["x", "y", "z"], "item_id": ["a", " b ", "a"],
+                                         "Unnamed: 2": ["", "q", ""], "timestamp": ["1", "2", "3"],
+                                         "_line": [4, 8, 9]}
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({"items.csv": GENERIC_ITEMS.replace(",2020,", ",99999999999999999999,")},
+         "items.csv line 2: year '99999999999999999999' is too large"),
+        ({"interactions.csv": "user_id,item_id,timestamp\nx,a,1\nx,b,1e30\n"},
+         "interactions.csv line 3: timestamp '1e30' is outside the supported range 1677-09-21..2262-04-11"),
+        ({"interactions.csv": "user_id,item_id,timestamp\nx,a,99999999999999999999\n"},
+         "interactions.csv line 2: timestamp '99999999999999999999' is outside the supported range"),
+        ({"interactions.csv": "user_id,item_id,timestamp\nx,a,1609459200000\n"},
+         "timestamp '1609459200000' is outside the supported range 1677-09-21..2262-04-11 UTC "
+         "(unix seconds -9223372036..9223372036) (milliseconds? divide by 1000)"),
+        ({"interactions.csv": "user_id,item_id,timestamp\nx,a,1\nx,b,1500.7\n"},
+         "interactions.csv line 3: timestamp '1500.7' is not a whole number of seconds"),
+        ({"interactions.csv": "user_id,item_id,rating,timestamp\nx,a,4,1\nx,b,1e300,2\n"},
+         "interactions.csv line 3: rating '1e300' is too large (float32 holds at most 3.4e38)"),
+        ({"interactions.csv": "user_id,item_id,timestamp\nx,a,2021-01-01T00:00:00Z\nx,b,9999-01-01T00:00:00\n"},
+         "interactions.csv line 3: timestamp '9999-01-01T00:00:00' is outside the supported range"),
+        ({"interactions.csv": "user_id,item_id,timestamp\nx,a,0001-01-01\n"},
+         "interactions.csv line 2: timestamp '0001-01-01' is outside the supported range"),
+        ({"interactions.csv": "user_id,item_id,timestamp,timestamp\nx,a,1,2\n"},
+         "interactions.csv line 1: duplicate column name(s) ['timestamp']"),
+        ({"items.csv": "item_id,title,title,year,year\na,A,B,1,2\nb,,,,\n"},
+         "items.csv line 1: duplicate column name(s) ['title', 'year']"),
+        ({"items.csv": "item_id,_line\na,1\nb,2\n"}, "items.csv line 1: column name '_line' is reserved"),
+        ({"interactions.csv": "user_id,item_id,timestamp\nx,a,1\nx\x00y,b,2\n"},
+         r"interactions.csv line 3: user id 'x\x00y' contains a control character"),
+        ({"items.csv": GENERIC_ITEMS.replace("b,Beta", '"b\x1b",Beta')}, r"items.csv line 3: item id 'b\x1b' contains a control"),
+    ],
+)
+def test_generic_hostile_values_name_file_and_line(tmp_path: Path, files: dict[str, str], message: str) -> None:
+    with pytest.raises(DataError) as err:
+        load_dataset(write_generic(tmp_path / "g", **files))
+    assert message in str(err.value)
+
+
+def test_timestamps_keep_range_edges_and_floor_iso_fractions(tmp_path: Path) -> None:
+    events = ("user_id,item_id,timestamp\nx,a,-9223372036\nx,b,9223372036\n"
+              "y,a,1677-09-21T00:12:44Z\ny,b,2021-01-01T00:00:00.7Z\ny,a,1969-12-31T23:59:59.5Z\n")
+    root = write_generic(tmp_path / "g", **{"interactions.csv": events.split("y,a,1677")[0]})
+    assert load_dataset(root).interactions["timestamp"].tolist() == [-9223372036, 9223372036]
+    root = write_generic(tmp_path / "h", **{"interactions.csv": "user_id,item_id,timestamp\n" + events.split("\n", 3)[3]})
+    assert load_dataset(root).interactions["timestamp"].tolist() == [-9223372036, 1609459200, -1]
+
+
+def test_generic_parquet_duplicate_columns_bytes_and_far_dates_are_refused(tmp_path: Path) -> None:
+    root = tmp_path / "pq"
+    root.mkdir()
+    pd.DataFrame({"user_id": ["1"], "item_id": ["a"], "timestamp": [10]}).to_parquet(root / "interactions.parquet")
+    pd.DataFrame({"item_id": ["a"], "title": [b"\xff\xfe"]}).to_parquet(root / "items.parquet")
+    with pytest.raises(DataError, match="items.parquet row 1: title is bytes, not UTF-8 text"):
+        load_dataset(root)
+    pd.DataFrame({"item_id": ["a"]}).to_parquet(root / "items.parquet")
+    far = pd.Series(pd.to_datetime(["2020-01-01", "9999-01-01"]).as_unit("s"))
+    pd.DataFrame({"user_id": ["1", "1"], "item_id": ["a", "a"], "timestamp": far}).to_parquet(root / "interactions.parquet")
+    with pytest.raises(DataError, match="interactions.parquet row 2: timestamp '9999-01-01 00:00:00' is outside"):
+        load_dataset(root)
+    pq.write_table(pa.Table.from_arrays([pa.array(["1"]), pa.array(["a"]), pa.array([1]), pa.array([2])],
+                                        names=["user_id", "item_id", "timestamp", "timestamp"]),
+                   root / "interactions.parquet")
+    with pytest.raises(DataError, match=r"interactions.parquet: duplicate column name\(s\) \['timestamp'\]"):
+        load_dataset(root)

@@ -154,3 +154,37 @@ def test_real_ml100k(ml100k_dir: Path) -> None:
     assert toy["year"] == 1995
     assert ds.items.set_index("item_id").loc["543", "title"] == "Misérables, Les (1995)"
     assert ds.interactions["rating"].between(1, 5).all()
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"u.genre": "unknown|0\nAction|99999999999999999999\n"},
+         "u.genre line 2: genre index '99999999999999999999' is too large (an integer must be below 2**53)"),
+        ({"u.user": "1|99999999999999999999|M|technician|85711\n"}, "u.user line 1: age '99999999999999999999' is too large"),
+        ({"u.data": "1\t1\t5\t1\n1\t2\t5\t1e30\n"}, "u.data line 2: timestamp '1e30' is outside the supported range"),
+        ({"u.data": "1\t1\t1e300\t1\n"}, "u.data line 1: rating '1e300' is too large"),
+        ({"u.data": "1\t1\x00\t5\t1\n"}, r"u.data line 1: item id '1\x00' contains a control character"),
+        ({"u.item": ITEMS.replace("3|unknown|", "3\x853|unknown|")}, r"u.item line 3: item id '3\x853' contains a control"),
+        ({"u.data": "1\t1\t5\t1\r1\t2\t3\t2\r7\t1\t5\t2\r"}, "u.data line 3: unknown user id '7'"),  # CR-only lines
+    ],
+)
+def test_ml100k_hostile_values_name_file_and_line(tmp_path: Path, override: dict[str, str], message: str) -> None:
+    with pytest.raises(DataError) as err:
+        load_dataset(write_ml100k(tmp_path / "ml", **override))
+    assert message in str(err.value)
+
+
+def test_ml100k_cr_only_line_ends_load(tmp_path: Path) -> None:
+    cr = {name: text.replace("\n", "\r") for name, text in
+          {"u.genre": GENRES, "u.item": ITEMS, "u.user": USERS, "u.data": DATA}.items()}
+    ds = load_dataset(write_ml100k(tmp_path / "ml", **cr))
+    assert ds.interactions["timestamp"].tolist() == [881250949, 881250950, 881250000]
+    assert ds.items["item_id"].tolist() == ["1", "2", "3"]
+
+
+def test_ml1m_huge_age_code_names_the_line(tmp_path: Path) -> None:
+    root = write_ml1m(tmp_path / "one")
+    (root / "users.dat").write_bytes(b"1::F::1::10::48067\n2::M::99999999999999999999::16::70072\n")
+    with pytest.raises(DataError, match=r"users.dat line 2: age code '99999999999999999999' is too large"):
+        load_dataset(root)
