@@ -5,13 +5,20 @@ log (Redis stream or Parquet) and tests CTR / conversion per variant with an SRM
 ``replay-dir`` builds the serving directory the simulator needs (test items hidden) and
 ``simulate`` drives a loopback server with held-out users. Each writes a JSON report to
 ``--out``; ``--report-dir`` adds Markdown plus PNG plots.
+
+Reports are strict JSON: a number a run leaves undefined (NaN, an infinity) is written as
+``null``. Bad input is one ``error:`` line and exit 2 (``cli.common.fail``): shares given to
+``--expected`` that are not finite, negative or all zero, a Redis that cannot be reached or
+read, a simulation server that does not answer.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
+import numpy as np
 import typer
 from pydantic import ValidationError
 
@@ -20,6 +27,31 @@ from recsys.experiments import ExperimentsConfig
 
 ab_app = typer.Typer(no_args_is_help=True, help="A/B evaluation: offline comparison, online analysis, replay.")
 ReportDirOpt = Annotated[Path | None, typer.Option("--report-dir", help="Write Markdown + PNG plots here.")]
+REDIS_CONNECT_TIMEOUT_S = 10.0  # an unroutable --redis-url fails in this long instead of hanging
+
+
+def strict_json(value: Any) -> Any:
+    """``value`` with every non-finite float (NaN, +-inf) replaced by None and numpy scalars/arrays
+    made plain Python, so that ``json.dumps(..., allow_nan=False)`` accepts it.
+
+    >>> strict_json({"a": float("nan"), "b": [1.5, np.float64("inf")], "c": np.int64(3)})
+    {'a': None, 'b': [1.5, None], 'c': 3}
+    """
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict_json(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return strict_json(value.tolist())
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _write_report(report: dict[str, Any], out: Path | None) -> None:
+    c.write_report(strict_json(report), out)
 
 
 def _split_of(art: Path) -> Any:
@@ -51,22 +83,43 @@ def offline(
     report = compare_offline(settings_a, settings_b, art, split, names=pair, n_boot=n_boot,  # type: ignore[arg-type]
                              progress=True)
     latencies = report.pop("latencies_ms")
+    report = strict_json(report)  # the Markdown and the JSON show the same (NaN -> None)
     for name, path in zip(pair, (a, b), strict=True):
         report["variants"][name]["config"] = str(path)
     if report_dir is not None:
         from jobs.ab.report import write_offline_report  # lazy: keeps `recsys --help` fast
 
         typer.echo(f"report written to {write_offline_report(report, report_dir, latencies)}", err=True)
-    c.write_report(report, out)
+    _write_report(report, out)
+
+
+def _parse_expected(expected: str) -> dict[str, float]:
+    """``--expected name=share,...``: distinct names, shares finite and >= 0 with a positive sum."""
+    from jobs.ab.stats import check_shares  # lazy: keeps `recsys --help` fast
+
+    shares: dict[str, float] = {}
+    for kv in (kv for kv in expected.split(",") if kv.strip()):
+        name, sep, share = kv.partition("=")
+        name = name.strip()
+        try:
+            value = float(share)
+        except ValueError:
+            value = None
+        if not sep or not name or value is None:
+            return c.fail(f"--expected takes name=share pairs, comma-separated; got {expected!r}")
+        if name in shares:
+            return c.fail(f"--expected names {name!r} twice in {expected!r}")
+        shares[name] = value
+    try:
+        check_shares(shares, "--expected")
+    except ValueError as exc:
+        return c.fail(str(exc))
+    return shares
 
 
 def _expected(config: Path | None, expected: str | None) -> dict[str, float] | None:
     if expected:
-        try:
-            pairs = [kv.split("=") for kv in expected.split(",") if kv.strip()]
-            return {k.strip(): float(v) for k, v in pairs}
-        except ValueError:
-            c.fail(f"--expected takes name=share pairs, comma-separated; got {expected!r}")
+        return _parse_expected(expected)
     if config is None:
         return None
     from cascade.settings import ConfigError, read_yaml_mapping  # lazy: keeps `recsys --help` fast
@@ -102,22 +155,18 @@ def analyze(
 ) -> None:
     """CTR and conversion per variant with Wilson CIs, z-tests, lift and the sample-ratio check."""
     from jobs.ab.analyze import analyze_events  # lazy: keeps `recsys --help` fast
-    from jobs.ab.events import export_parquet, load_parquet, read_stream  # lazy: keeps `recsys --help` fast
+    from jobs.ab.events import export_parquet, load_parquet  # lazy: keeps `recsys --help` fast
 
     if (redis_url is None) == (events is None):
         c.fail("give exactly one of --redis-url (with --namespace) or --events FILE.parquet")
-    if events is not None:
-        log = load_parquet(events)
-    else:
-        import redis  # lazy: keeps `recsys --help` fast
-
-        if not namespace:
-            c.fail("--redis-url needs --namespace (the serving namespace, e.g. the dataset name)")
-        log = read_stream(redis.Redis.from_url(str(redis_url)), str(namespace))
+    if redis_url is not None and not namespace:
+        c.fail("--redis-url needs --namespace (the serving namespace, e.g. the dataset name)")
+    shares = _expected(config, expected)  # refused before anything is read or written
+    log = load_parquet(events) if events is not None else _read_redis(str(redis_url), str(namespace))
     if export is not None:
         typer.echo(f"events exported to {export_parquet(log, export)}", err=True)
     try:
-        report = analyze_events(log, _expected(config, expected), control)
+        report = strict_json(analyze_events(log, shares, control))
     except ValueError as exc:
         c.fail(str(exc))
     for warning in report["warnings"]:
@@ -126,7 +175,46 @@ def analyze(
         from jobs.ab.report import write_online_report  # lazy: keeps `recsys --help` fast
 
         typer.echo(f"report written to {write_online_report(report, report_dir)}", err=True)
-    c.write_report(report, out)
+    _write_report(report, out)
+
+
+def _redacted(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``, for error messages."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        host = parts.netloc.rpartition("@")[2]
+        return parts._replace(netloc=f"{parts.username or ''}:***@{host}").geturl()
+    except ValueError:
+        return "<unparsable URL>"
+
+
+def _read_redis(url: str, namespace: str) -> Any:
+    """The events stream of ``namespace`` at ``url``; one ``error:`` line and exit 2 when Redis cannot be
+    reached or read."""
+    import redis  # lazy: keeps `recsys --help` fast
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import RedisError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    from jobs.ab.events import read_stream  # lazy: keeps `recsys --help` fast
+
+    shown = _redacted(url)
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S)
+    except ValueError as exc:
+        return c.fail(f"--redis-url {shown}: {' '.join(str(exc).split())}")
+    try:
+        return read_stream(client, namespace)
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        return c.fail(f"cannot reach Redis at {shown}: {' '.join(str(exc).split())}")
+    except RedisError as exc:  # e.g. the key holds something other than a stream
+        return c.fail(f"Redis at {shown}: cannot read {namespace}:events: {' '.join(str(exc).split())}")
+    finally:
+        client.close()
 
 
 @ab_app.command("replay-dir")
@@ -153,6 +241,8 @@ def simulate(
     out: c.OutOpt = None,
 ) -> None:
     """Replay held-out users: recommend, click the true next item when shown, log through /v1/events."""
+    import httpx  # lazy: keeps `recsys --help` fast
+
     from jobs.ab.simulate import simulate as run  # lazy: keeps `recsys --help` fast
 
     art = c.artifact_dir(c.load_settings(config), data, artifacts)
@@ -160,4 +250,6 @@ def simulate(
         report = run(url, _split_of(art), users=users, seconds=seconds, k=k, seed=seed)
     except ValueError as exc:
         c.fail(str(exc))
-    c.write_report(report, out)
+    except httpx.TransportError as exc:  # nothing listening, a timeout, a dropped connection
+        c.fail(f"cannot reach the server at {url}: {type(exc).__name__}: {' '.join(str(exc).split())}")
+    _write_report(report, out)

@@ -18,6 +18,8 @@ from typing import Any
 
 import pandas as pd
 
+from recsys.atomic import atomic_write
+
 COLUMNS = ("stream_id", "ts", "type", "user_id", "item_id", "experiment", "variant", "request_id", "rank", "value")
 _PAGE = 10_000
 
@@ -50,10 +52,10 @@ def read_stream(client: Any, namespace: str, max_entries: int = 5_000_000) -> pd
 
 
 def export_parquet(events: pd.DataFrame, path: Path) -> Path:
+    """Write ``events`` to ``path`` atomically: a failed write leaves no half-written file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    events.to_parquet(path, index=False)
-    return path
+    return atomic_write(path, lambda fh: events.to_parquet(fh, index=False))
 
 
 def load_parquet(path: Path) -> pd.DataFrame:

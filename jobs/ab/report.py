@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from jobs.ab.plots import plot_differences, plot_latency_cdf, plot_rates
+from recsys.atomic import atomic_write_text
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
@@ -61,8 +62,7 @@ def write_offline_report(report: dict[str, Any], out_dir: Path,
         plot_latency_cdf(latencies_ms, out_dir / "offline_latency_cdf.png")
         lines += ["", "![latency CDF](offline_latency_cdf.png)"]
     path = out_dir / "README.md"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return atomic_write_text(path, "\n".join(lines) + "\n")
 
 
 def write_online_report(report: dict[str, Any], out_dir: Path) -> Path:
@@ -93,5 +93,4 @@ def write_online_report(report: dict[str, Any], out_dir: Path) -> Path:
     plot_rates(report["arms"], out_dir / "online_rates.png")
     lines += ["", "![rates](online_rates.png)"]
     path = out_dir / "online.md"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return atomic_write_text(path, "\n".join(lines) + "\n")

@@ -96,24 +96,37 @@ def relative_lift(p_a: float, p_b: float) -> float | None:
     return None if p_a == 0 else (p_b - p_a) / p_a
 
 
+def check_shares(shares: Mapping[str, float], what: str) -> None:
+    """Refuse shares the SRM check cannot use: any NaN, infinite or negative share, or none positive.
+
+    A NaN share would turn every expected count into NaN and the test into a silent pass.
+    """
+    bad = {arm: s for arm, s in shares.items() if not math.isfinite(s) or s < 0}
+    if bad:
+        raise ValueError(f"{what}: shares must be finite and >= 0, got {bad} in {dict(shares)}")
+    total = sum(shares.values())
+    if not shares or not 0 < total < math.inf:
+        raise ValueError(f"{what}: shares need a positive, finite sum, got {dict(shares)}")
+
+
 def srm_check(observed: Mapping[str, int], expected_shares: Mapping[str, float],
               alpha: float = SRM_ALPHA) -> dict[str, object]:
     """Chi-square goodness of fit of users per arm against the configured shares.
 
     Arms observed but not configured count as mismatch (their expected count is 0); shares
-    are renormalised to sum 1. Returns ``{"chi2", "df", "p_value", "mismatch", "observed",
-    "expected"}``; ``mismatch`` is True when p < ``alpha``.
+    are renormalised to sum 1 and must be finite and >= 0 (``check_shares``, else ValueError).
+    Returns ``{"chi2", "df", "p_value", "mismatch", "observed", "expected"}``; ``mismatch`` is
+    True when p < ``alpha``.
     """
     unknown = sorted(set(observed) - set(expected_shares))
+    check_shares(expected_shares, "srm_check")
     total_share = sum(expected_shares.values())
-    if total_share <= 0 or any(s < 0 for s in expected_shares.values()):
-        raise ValueError(f"srm_check: shares must be >= 0 with a positive sum, got {dict(expected_shares)}")
     n = sum(observed.values())
     if n == 0:
         raise ValueError("srm_check: no users observed")
     from scipy.stats import chisquare  # lazy: heavy (scipy), see the module doc
 
-    expected = {arm: n * s / total_share for arm, s in expected_shares.items()}
+    expected = {arm: n * (s / total_share) for arm, s in expected_shares.items()}
     arms = [arm for arm, e in expected.items() if e > 0]
     if len(arms) > 1:
         test = chisquare([observed.get(arm, 0) for arm in arms], [expected[arm] for arm in arms],

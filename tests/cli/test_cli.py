@@ -183,3 +183,57 @@ def test_bench_lists_counts_complete_and_short_lists_per_k(
                                                                                         "3": (2, 1, 0)}
     bad = runner.invoke(app, ["bench", "lists", "--k", "0,3", "--config", str(cfg), "--artifacts", str(toy_artifacts)])
     _one_line_error(bad, "--k values must be in 1..6")
+
+
+def _ab_events(tmp_path: Path) -> Path:
+    from jobs.ab.events import export_parquet
+    from tests.jobs.ab.test_analyze import hand_log
+
+    return export_parquet(hand_log(), tmp_path / "events.parquet")
+
+
+def test_ab_analyze_with_an_unreachable_redis_is_one_line() -> None:
+    res = runner.invoke(app, ["ab", "analyze", "--redis-url", "redis://:s3cret@127.0.0.1:1", "--namespace", "x"])
+    line = _one_line_error(res, "cannot reach Redis at redis://:***@127.0.0.1:1")
+    assert "s3cret" not in line  # the password stays out of the message
+    _one_line_error(runner.invoke(app, ["ab", "analyze", "--redis-url", "nope", "--namespace", "x"]),
+                    "--redis-url nope")
+
+
+@pytest.mark.parametrize(("expected", "fragment"), [
+    ("control=nan,treatment=0.5", "finite"), ("control=inf,treatment=1", "finite"),
+    ("control=-0.5,treatment=1.5", "finite and >= 0"), ("control=0,treatment=0", "positive"),
+    ("control=1e308,treatment=1e308", "finite sum"), ("control=0.5,control=0.5", "twice"),
+    ("=0.5", "name=share"), ("control", "name=share"),
+])
+def test_ab_analyze_refuses_bad_expected_shares_writing_nothing(tmp_path: Path, expected: str, fragment: str) -> None:
+    out, export = tmp_path / "report.json", tmp_path / "export.parquet"
+    res = runner.invoke(app, ["ab", "analyze", "--events", str(_ab_events(tmp_path)), "--expected", expected,
+                              "--out", str(out), "--export", str(export)])
+    _one_line_error(res, "--expected", fragment)
+    assert not out.exists() and not export.exists()
+
+
+def test_ab_analyze_writes_strict_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import jobs.ab.analyze
+
+    real = jobs.ab.analyze.analyze_events
+
+    def with_undefined(*args, **kwargs):  # a number the analysis leaves undefined
+        report = real(*args, **kwargs)
+        report["arms"]["control"]["ctr"]["rate"] = float("nan")
+        report["srm"]["chi2"] = float("inf")
+        return report
+
+    monkeypatch.setattr(jobs.ab.analyze, "analyze_events", with_undefined)
+    out = tmp_path / "report.json"
+    res = runner.invoke(app, ["ab", "analyze", "--events", str(_ab_events(tmp_path)),
+                              "--expected", "control=0.5,treatment=0.5", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"report holds {constant}: not strict JSON")
+
+    report = json.loads(out.read_text(), parse_constant=refuse)
+    assert report["arms"]["control"]["ctr"]["rate"] is None and report["srm"]["chi2"] is None
+    assert report["srm"]["expected"] == {"control": 2.5, "treatment": 2.5}

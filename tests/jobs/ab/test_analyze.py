@@ -98,3 +98,39 @@ def test_cli_analyze_from_parquet(tmp_path: Path) -> None:
     assert (tmp_path / "md" / "online.md").exists()
     bad = CliRunner().invoke(app, ["ab", "analyze", "--out", str(out)])
     assert bad.exit_code == 2 and "exactly one of --redis-url" in bad.output
+
+
+def test_nan_expected_shares_are_refused_not_a_silent_pass() -> None:
+    with pytest.raises(ValueError, match="finite"):
+        analyze_events(hand_log(), {"control": float("nan"), "treatment": 0.5})
+
+
+def test_strict_json_replaces_undefined_numbers() -> None:
+    import json
+
+    import numpy as np
+
+    from cli.ab import strict_json
+
+    raw = {"a": float("nan"), "b": (1.5, np.float64("-inf")), "c": np.arange(2), "d": {"e": np.float32("nan")},
+           "f": None, "g": "nan"}
+    clean = strict_json(raw)
+    assert clean == {"a": None, "b": [1.5, None], "c": [0, 1], "d": {"e": None}, "f": None, "g": "nan"}
+    json.dumps(clean, allow_nan=False)  # would raise on any NaN or infinity left
+
+
+def test_export_is_atomic(tmp_path: Path) -> None:
+    path = export_parquet(hand_log(), tmp_path / "events.parquet")
+    before = path.read_bytes()
+
+    class Broken(pd.DataFrame):
+        def to_parquet(self, target, *args, **kwargs):  # type: ignore[override]
+            if hasattr(target, "write"):
+                target.write(b"PAR1 half")
+            else:
+                Path(target).write_bytes(b"PAR1 half")
+            raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        export_parquet(Broken(hand_log()), path)
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["events.parquet"]

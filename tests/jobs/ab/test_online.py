@@ -105,3 +105,18 @@ def test_simulator_refuses_non_loopback() -> None:
     assert check_loopback("http://127.0.0.1:8000/") == "http://127.0.0.1:8000"
     with pytest.raises(ValueError, match="not a loopback"):
         check_loopback("http://example.com:8000")
+
+
+def test_cli_simulate_with_no_server_listening_is_one_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    save_toy_split(tmp_path)
+    out = tmp_path / "sim.json"
+    res = CliRunner().invoke(app, ["ab", "simulate", "--url", "http://127.0.0.1:1", "--artifacts", str(tmp_path),
+                                   "--users", "2", "--seconds", "5", "--out", str(out)])
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit), res.output
+    [line] = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert line.startswith("error: cannot reach the server at http://127.0.0.1:1: ConnectError"), line
+    assert not out.exists()

@@ -71,3 +71,22 @@ def test_srm_fires_on_a_skewed_split_and_not_on_a_fair_one() -> None:
     assert three["chi2"] == 0.0 and three["df"] == 2 and not three["mismatch"]
     stray = srm_check({"a": 10, "b": 10, "x": 1}, {"a": 0.5, "b": 0.5})
     assert stray["mismatch"] and stray["unexpected_arms"] == ["x"]
+
+
+@pytest.mark.parametrize(("shares", "match"), [
+    ({"control": math.nan, "treatment": 0.5}, "finite and >= 0"),  # was: expected all NaN, p = 1, no mismatch
+    ({"control": math.inf, "treatment": 1.0}, "finite and >= 0"),
+    ({"control": -0.5, "treatment": 1.5}, "finite and >= 0"),
+    ({"control": 0.0, "treatment": 0.0}, "positive, finite sum"),
+    ({"control": 1e308, "treatment": 1e308}, "positive, finite sum"),  # the sum overflows to inf
+    ({}, "positive, finite sum"),
+])
+def test_srm_refuses_shares_it_cannot_test(shares: dict[str, float], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        srm_check({"control": 50, "treatment": 50}, shares)
+
+
+def test_srm_expected_counts_do_not_overflow_on_large_shares() -> None:
+    big = srm_check({"control": 6, "treatment": 4}, {"control": 1e308, "treatment": 1e308 / 2})  # n * share: inf
+    assert big["expected"] == pytest.approx({"control": 20 / 3, "treatment": 10 / 3})
+    assert math.isfinite(big["chi2"]) and not big["mismatch"]  # type: ignore[arg-type]
