@@ -16,6 +16,9 @@ from recsys.redis_state import DEFAULT_SOCKET_TIMEOUT_S
 EVENT_TYPES = ("impression", "click", "rating", "purchase", "add_to_cart")
 
 
+MIN_ADMIN_KEY_CHARS = 12  # an empty or guessable key opens /admin as much as none
+
+
 class ServingConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -62,8 +65,23 @@ class ServingConfig(BaseModel):
     event_dedup_ttl_s: int = Field(86_400, ge=1, description="How long an event_id is remembered to drop duplicates.")
     versions_poll_s: float = Field(0.5, gt=0, le=60, description="How often a worker checks the active rules/prompt versions.")
     admin_api_key: SecretStr | None = Field(
-        None, description="X-API-Key of the /admin routes; None disables them (503)."
+        None, description=f"X-API-Key of the /admin routes, at least {MIN_ADMIN_KEY_CHARS} characters without "
+        "surrounding spaces; None disables them (503)."
     )
+
+    @field_validator("admin_api_key")
+    @classmethod
+    def _usable_admin_key(cls, value: SecretStr | None) -> SecretStr | None:
+        # an empty key (e.g. RECSYS_SERVING__ADMIN_API_KEY="$KEY" after the command making KEY failed)
+        # would match a request without any X-API-Key and open the admin routes to everyone
+        if value is None:
+            return None
+        key = value.get_secret_value()
+        if key != key.strip() or len(key) < MIN_ADMIN_KEY_CHARS:
+            raise ValueError(f"is {'empty' if not key else 'too short or padded with spaces'}: an admin key needs "
+                             f"at least {MIN_ADMIN_KEY_CHARS} characters (e.g. `openssl rand -hex 24`); leave it unset "
+                             "to turn the /admin routes off")
+        return value
 
     @field_validator("history_event_types")
     @classmethod

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import contextvars
 import os
+import re
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
@@ -33,10 +33,12 @@ from fusion.stage import FusionConfig
 from llm_rerank.config import LLMConfig
 from recall.config import RecallConfig
 from recsys.config import PipelineConfig
+from recsys.documents import DocumentError, read_document
 from recsys.experiments import ExperimentsConfig
 from rules.config import RulesConfig
 
 ENV_PREFIX = "RECSYS_"
+ENV_NESTED = "__"
 ENV_REDIS_URL = "REDIS_URL"  # the plain name container platforms set, read when no redis_url is configured
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "pipeline.yaml"
 
@@ -47,7 +49,7 @@ class ConfigError(ValueError):
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", validate_default=True
+        env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTED, extra="forbid", validate_default=True
     )
 
     artifacts_dir: Path = Field(Path("artifacts"), description="Root of trained artifacts, one subdir per dataset.")
@@ -63,6 +65,15 @@ class Settings(BaseSettings):
     serving: ServingConfig = Field(default_factory=ServingConfig)
     fusion: FusionConfig = Field(default_factory=FusionConfig)
     experiments: ExperimentsConfig = Field(default_factory=ExperimentsConfig)
+
+    @model_validator(mode="after")
+    def _rules_stages_resolve(self) -> Settings:
+        # a missing or invalid rule set file (rules.ruleset or a stage's params.ruleset) or a bad
+        # params.apply is refused with the config, not when fusion first builds the pipeline
+        for spec in self.pipeline.stages:
+            if spec.kind == "rules" and spec.enabled:
+                self.rules.check_stage_params(spec.name, dict(spec.params))
+        return self
 
     def resolve_redis_url(self) -> str | None:
         """``redis_url``, else ``$REDIS_URL`` (read now, not when the settings were built), else None:
@@ -110,7 +121,10 @@ class Settings(BaseSettings):
         except ValidationError as exc:
             raise ConfigError(format_validation_error(exc, source)) from exc
         except SettingsError as exc:  # a RECSYS_* value that does not parse (e.g. broken JSON)
-            raise ConfigError(f"environment: {exc}") from exc
+            field = re.search(r'field "(\w+)"', str(exc))
+            names = sorted(k for k in os.environ if field and k.upper().startswith(f"{ENV_PREFIX}{field[1]}".upper()))
+            raise ConfigError(f"environment variable {' or '.join(names) or ENV_PREFIX + '*'}: "
+                              f"{' '.join(str(exc).split())}") from exc
         finally:
             _FILE_LAYER.reset(token)
 
@@ -121,21 +135,32 @@ _FILE_LAYER: contextvars.ContextVar[dict[str, Any] | None] = contextvars.Context
 
 def read_yaml_mapping(path: Path) -> dict[str, Any]:
     """The top-level mapping of a YAML config file; ``ConfigError`` naming the file if it is missing,
-    not YAML or not a mapping (an empty file is an empty mapping)."""
-    if not path.exists():
-        raise ConfigError(f"{path}: config file not found")
+    not UTF-8, not YAML, not a mapping, or beyond the document bounds every hand-written file
+    shares (duplicate keys, alias expansion, size, .nan/.inf: ``recsys.documents``). An empty
+    file is an empty mapping."""
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from exc
-    if not isinstance(data, dict | None):
-        raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(data).__name__}")
-    return data or {}
+        return read_document(path, "config file", allow_empty=True)
+    except DocumentError as exc:
+        raise ConfigError(str(exc).replace(": must be a non-empty mapping, got",
+                                           ": top level must be a mapping of sections, got")) from None
 
 
 def format_validation_error(exc: ValidationError, source: str) -> str:
+    """One line per problem; a value set by a ``RECSYS_*`` environment variable is blamed on it,
+    not on the file."""
     lines = [f"{source}: invalid configuration"]
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "(root)"
-        lines.append(f"  {loc}: {err['msg']}")
+        env = _env_variable(err["loc"])
+        lines.append(f"  {loc}: {err['msg']}" + (f" (from environment variable {env})" if env else ""))
     return "\n".join(lines)
+
+
+def _env_variable(loc: tuple[Any, ...]) -> str | None:
+    """The ``RECSYS_*`` variable that set the value at ``loc`` (or a section holding it), if any."""
+    upper = {key.upper(): key for key in os.environ}
+    for i in range(len(loc), 0, -1):
+        name = ENV_PREFIX + ENV_NESTED.join(str(p) for p in loc[:i]).upper()
+        if name in upper:
+            return upper[name]
+    return None

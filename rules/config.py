@@ -13,11 +13,15 @@ Deliberately left out: rule semantics (``rules.engine``).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from rules.schema import load_ruleset
 
 RULESETS_DIR = Path(__file__).resolve().parent / "rulesets"
 DEFAULT_RULESET = RULESETS_DIR / "default.yaml"
+APPLY = ("all", "filters", "caps")  # what a rules stage's params.apply may say (rules.stage)
 
 
 class RulesConfig(BaseModel):
@@ -28,6 +32,21 @@ class RulesConfig(BaseModel):
         description="Rule set YAML; None = the packaged rules/rulesets/default.yaml, whose rules apply where the "
         "catalog carries the attributes they read. Packaged alternatives: rules/rulesets/*.yaml.",
     )
+
+    @field_validator("ruleset")
+    @classmethod
+    def _loads(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            load_ruleset(value)  # missing, a directory, not YAML, beyond the bounds, or invalid: refused now
+        return value
+
+    def check_stage_params(self, stage: str, params: dict[str, Any]) -> None:
+        """Refuse a rules stage's ``params`` now (a bad ``apply``, or a rule set file that is missing
+        or invalid) rather than when the pipeline is first built, minutes into training."""
+        if params.get("apply", "all") not in APPLY:
+            raise ValueError(f"stage {stage!r}: params.apply must be all, filters or caps, got {params['apply']!r}")
+        if params.get("ruleset"):
+            load_ruleset(params["ruleset"])
 
     def ruleset_path(self, explicit: str | Path | None = None) -> Path:
         """The rule set file in force: ``explicit`` (a stage's ``params.ruleset``), the configured one,

@@ -31,10 +31,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from offline.schema import RISK_LEVELS
+from recsys.documents import DocumentError, InvalidVersion, check_version, read_document
 
 
 class RulesError(ValueError):
@@ -168,6 +168,13 @@ def parse_ruleset(data: Any, source: str = "rule set") -> RuleSet:
     if not isinstance(version, str):
         raise RulesError(f"{source}: 'version' must be a string, got {type(version).__name__} {version!r}: "
                          "YAML reads an unquoted 1.10 as the number 1.1; quote it (version: \"1.10\")")
+    try:
+        check_version("rules", version)
+    except InvalidVersion as exc:
+        raise RulesError(f"{source}: {exc}") from None
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise RulesError(f"{source}: 'description' must be a string, got {type(description).__name__}")
     allow_empty = data.get("allow_empty", False)
     if not isinstance(allow_empty, bool):
         raise RulesError(f"{source}: 'allow_empty' must be true or false, got {allow_empty!r}")
@@ -186,18 +193,18 @@ def parse_ruleset(data: Any, source: str = "rule set") -> RuleSet:
         if rule.id in seen:
             raise RulesError(f"{source}: rule {rule.id!r} (rules[{i}]): duplicate id")
         seen.add(rule.id)
-    return RuleSet(version=version, description=str(data.get("description", "")), rules=tuple(rules),
+    return RuleSet(version=version, description=description, rules=tuple(rules),
                    allow_empty=allow_empty)
 
 
 def load_ruleset(path: Path | str) -> RuleSet:
-    path = Path(path)
-    if not path.exists():
-        raise RulesError(f"{path}: rule set file not found")
+    """The rule set in a YAML/JSON file, read as ``PUT /admin/rules`` reads a document (duplicate
+    keys, alias expansion and size bounded: ``recsys.documents``), so a file that serving would
+    refuse is refused wherever it is given."""
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise RulesError(f"{path}: not valid YAML: {exc}") from exc
+        data = read_document(path, "rule set file")
+    except DocumentError as exc:
+        raise RulesError(str(exc)) from None
     return parse_ruleset(data, source=str(path))
 
 

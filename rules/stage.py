@@ -24,7 +24,7 @@ from offline.split import Split
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request
 from rules.catalog import CatalogAttributes, Resolution, resolve
-from rules.config import RulesConfig
+from rules.config import APPLY, RulesConfig
 from rules.engine import apply_rules
 from rules.items import ItemAttributes
 from rules.schema import RuleSet, load_ruleset
@@ -48,7 +48,7 @@ class RulesStage:
         self.carried = CatalogAttributes.everything()
         self.skipped: dict[str, str] = {}  # rule id -> why it is off on this catalog (rules.catalog)
         self.apply = spec.params.get("apply", "all")
-        if self.apply not in ("all", "filters", "caps"):
+        if self.apply not in APPLY:
             raise ValueError(f"stage {spec.name!r}: params.apply must be all, filters or caps, got {self.apply!r}")
 
     def load(self, artifact_dir: Any) -> None:

@@ -88,7 +88,7 @@ async def admin_key(settings: SettingsDep,
                     x_api_key: Annotated[str | None, Security(ADMIN_KEY_HEADER)] = None) -> None:
     """Pass only with the configured admin key (503 when none is configured, 401 otherwise)."""
     key = settings.serving.admin_api_key
-    if key is None:
+    if key is None or not key.get_secret_value():  # the config refuses an empty key; never compare with ""
         raise HTTPException(status_code=503, detail="admin API disabled: set serving.admin_api_key")
     given = (x_api_key or "").encode()
     if not hmac.compare_digest(given, key.get_secret_value().encode()):

@@ -19,121 +19,25 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import threading
 from typing import Any
 
-import yaml
-
 from llm_rerank.template import parse_prompt_document
+from recsys.documents import (  # noqa: F401 (re-exported: the admin routes and tests read them here)
+    MAX_ALIASES,
+    MAX_DOCUMENT_CHARS,
+    MAX_DOCUMENT_VALUES,
+    DocumentError,
+    check_version,
+    parse_document,
+    yaml_problem,
+)
 from recsys.pipeline import Pipeline
 from recsys.redis_state import RedisUnavailable
 from rules.schema import parse_ruleset
-from serving.versioned import VersionStore, check_version
+from serving.versioned import VersionStore
 
 log = logging.getLogger(__name__)
-
-
-class DocumentError(ValueError):
-    """A rules/prompt document is not valid; the message says why."""
-
-
-# Bounds of an admin document once parsed, counted as expanded: a YAML alias counts its target
-# again each time it is used, so a 376-byte "billion laughs" (anchors nested 7 levels deep)
-# is refused after ~MAX_DOCUMENT_VALUES steps instead of growing into a 69 MB document.
-MAX_DOCUMENT_VALUES = 10_000  # mappings, lists, keys and scalars
-MAX_DOCUMENT_CHARS = 256 * 1024  # summed length of the keys and string values
-MAX_ALIASES = 100  # uses of ``*name`` in one document
-
-
-class _AdminLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses duplicate keys and more than ``MAX_ALIASES`` aliases.
-
-    PyYAML keeps the last of two equal keys silently; a rule set edited by hand that says
-    ``version`` twice would publish whichever came last, so a repeat is an error naming it.
-    """
-
-    def __init__(self, stream: Any):
-        super().__init__(stream)
-        self.aliases = 0
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            self.aliases += 1
-            if self.aliases > MAX_ALIASES:
-                raise yaml.composer.ComposerError(
-                    None, None, f"more than {MAX_ALIASES} aliases (*name) in one document",
-                    self.peek_event().start_mark)
-        return super().compose_node(parent, index)
-
-    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-        if isinstance(node, yaml.MappingNode):
-            seen: set[Any] = set()
-            for key_node, _ in node.value:
-                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
-                    continue  # "<<" merges may be overridden by explicit keys; complex keys fail below
-                key = self.construct_object(key_node, deep=True)
-                if key in seen:
-                    raise yaml.constructor.ConstructorError(
-                        "while constructing a mapping", node.start_mark, f"found duplicate key {key!r}",
-                        key_node.start_mark)
-                seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-def parse_document(text: str | bytes, source: str) -> dict[str, Any]:
-    """A YAML or JSON mapping (JSON is YAML) within the bounds above; ``DocumentError`` otherwise.
-
-    >>> parse_document("version: a\\nrules: [{id: x}]", "doc")
-    {'version': 'a', 'rules': [{'id': 'x'}]}
-    >>> yaml_problem(yaml.YAMLError("oops"))
-    'oops'
-    """
-    try:
-        data = yaml.load(text, Loader=_AdminLoader)  # noqa: S506 (a SafeLoader subclass)
-    except yaml.YAMLError as exc:
-        raise DocumentError(f"{source}: not valid YAML/JSON: {yaml_problem(exc)}") from exc
-    except RecursionError:
-        raise DocumentError(f"{source}: nested too deeply") from None
-    if not isinstance(data, dict) or not data:
-        raise DocumentError(f"{source}: must be a non-empty mapping, got {type(data).__name__}")
-    _check_bounds(data, source)
-    return data
-
-
-def yaml_problem(exc: yaml.YAMLError) -> str:
-    """One line for a YAML error: the problem and where (PyYAML's own text spans several lines)."""
-    if not isinstance(exc, yaml.MarkedYAMLError) or exc.problem is None:
-        return " ".join(str(exc).split())
-    mark = exc.problem_mark
-    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    context = f" ({exc.context})" if exc.context else ""
-    return f"{exc.problem}{where}{context}"
-
-
-def _check_bounds(data: Any, source: str) -> None:
-    """Walk ``data`` as expanded (iteratively) and stop at the first bound it breaks.
-
-    Children are counted before they are pushed, so the walk itself never does more than
-    ``MAX_DOCUMENT_VALUES`` steps however much the aliases would expand.
-    """
-    values, chars, stack = 1, 0, [data]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict | list):
-            children = [*node.keys(), *node.values()] if isinstance(node, dict) else node
-            values += len(children)
-            if values > MAX_DOCUMENT_VALUES:
-                raise DocumentError(f"{source}: document expands to more than {MAX_DOCUMENT_VALUES} values "
-                                    "(an alias counts its target each time it is used)")
-            stack.extend(children)
-        elif isinstance(node, str):
-            chars += len(node)
-            if chars > MAX_DOCUMENT_CHARS:
-                raise DocumentError(f"{source}: document expands to more than {MAX_DOCUMENT_CHARS} characters "
-                                    "of text (an alias counts its target each time it is used)")
-        elif isinstance(node, float) and not math.isfinite(node):
-            raise DocumentError(f"{source}: non-finite number {node!r} (.nan/.inf) is not allowed")
 
 
 def canonical(data: dict[str, Any]) -> str:

@@ -22,20 +22,21 @@ the owners' parsers before publishing) and deleting versions (the log is an audi
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
+from recsys.documents import (  # noqa: F401 (re-exported: serving reads them here)
+    MAX_VERSION_CHARS,
+    VERSION_PATTERN,
+    InvalidVersion,
+    check_version,
+)
 from recsys.redis_state import RedisGuard
 
 KINDS = ("rules", "prompts")
-MAX_VERSION_CHARS = 128
-# no C0/C1 control characters (NUL, newline, escape...): a version goes into logs, headers and answers
-VERSION_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]+$"
-_VERSION = re.compile(VERSION_PATTERN)
 
 # KEYS: docs, log, created, active. ARGV: version, document, now, only_if_no_active ('1'/'0')
 _PUBLISH = """
@@ -61,24 +62,6 @@ return 1
 
 class VersionConflict(ValueError):
     """A version already exists with a different document."""
-
-
-class InvalidVersion(ValueError):
-    """A version name outside the bounds every version shares (length, no control characters)."""
-
-
-def check_version(kind: str, version: str) -> str:
-    """``version`` when it is a valid version name, else ``InvalidVersion`` saying why.
-
-    >>> check_version("rules", "movielens-2")
-    'movielens-2'
-    """
-    if not 1 <= len(version) <= MAX_VERSION_CHARS:
-        raise InvalidVersion(f"{kind} version is {len(version)} characters long; 1 to {MAX_VERSION_CHARS} allowed")
-    if not _VERSION.fullmatch(version):
-        at = next(i for i, ch in enumerate(version) if not _VERSION.fullmatch(ch))
-        raise InvalidVersion(f"{kind} version {version!r} holds a control character ({version[at]!r} at {at})")
-    return version
 
 
 class UnknownVersion(KeyError):

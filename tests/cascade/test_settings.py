@@ -63,5 +63,44 @@ def test_a_misspelt_section_in_the_environment_is_refused_by_name(monkeypatch):
 
 def test_an_unparsable_environment_value_is_a_config_error(monkeypatch):
     monkeypatch.setenv("RECSYS_PIPELINE__STAGES", "[{")
-    with pytest.raises(ConfigError, match="environment: error parsing value for field \"pipeline\""):
+    with pytest.raises(ConfigError, match="environment variable RECSYS_PIPELINE__STAGES: error parsing value "
+                                          "for field \"pipeline\""):
         Settings.build({})
+
+
+def test_a_bad_value_from_the_environment_is_blamed_on_the_variable(monkeypatch):
+    monkeypatch.setenv("RECSYS_PIPELINE__MAX_K", "abc")
+    with pytest.raises(ConfigError, match=r"pipeline.max_k: .* \(from environment variable RECSYS_PIPELINE__MAX_K\)"):
+        Settings.build({})
+
+
+@pytest.mark.parametrize("key", ["", " ", "short", " padded-admin-key-long-enough "])
+def test_an_empty_or_guessable_admin_key_is_refused(monkeypatch, key):
+    # an empty key matched a request without X-API-Key: PUT /admin/rules could switch compliance off
+    monkeypatch.setenv("RECSYS_SERVING__ADMIN_API_KEY", key)
+    with pytest.raises(ConfigError, match="serving.admin_api_key: .*at least 12 characters"):
+        Settings.build({})
+    monkeypatch.setenv("RECSYS_SERVING__ADMIN_API_KEY", "a-long-enough-key")
+    assert Settings.build({}).serving.admin_api_key is not None
+
+
+def test_config_files_are_bounded_like_admin_documents(tmp_path):
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+                    "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\n"
+                    "pipeline: {stages: [{name: recall, kind: recall, params: {x: [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c, *c]}}]}\n")
+    with pytest.raises(ConfigError, match="bomb.yaml: document expands to more than"):
+        Settings.from_yaml(bomb)
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("seed: 1\nseed: 2\n")
+    with pytest.raises(ConfigError, match="dup.yaml: not valid YAML/JSON: found duplicate key 'seed'"):
+        Settings.from_yaml(dup)
+    (tmp_path / "empty.yaml").write_text("# nothing set\n")
+    assert Settings.from_yaml(tmp_path / "empty.yaml").seed == Settings.build({}).seed
+
+
+def test_a_rules_stage_with_a_bad_apply_is_refused_with_the_config():
+    stages = [{"name": "recall", "kind": "recall", "depth": 50, "on_error": "fail"},
+              {"name": "rules", "kind": "rules", "params": {"apply": "bogus"}}]
+    with pytest.raises(ConfigError, match="params.apply must be all, filters or caps"):
+        Settings.build({"pipeline": {"stages": stages}})

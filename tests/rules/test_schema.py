@@ -123,6 +123,7 @@ def test_packaged_rule_sets_load_and_default_rules_skip_where_the_catalog_lacks_
 
 def test_config_takes_the_explicit_rule_set_else_the_packaged_default(tmp_path):
     assert RulesConfig().ruleset_path() == RULESETS_DIR / "default.yaml"
+    (tmp_path / "mine.yaml").write_text((RULESETS_DIR / "movielens.yaml").read_text())
     assert RulesConfig(ruleset=tmp_path / "mine.yaml").ruleset_path() == tmp_path / "mine.yaml"
     assert RulesConfig(ruleset=tmp_path / "mine.yaml").ruleset_path(tmp_path / "stage.yaml") == tmp_path / "stage.yaml"
     with pytest.raises(ValueError, match="packaged_for_dataset"):
@@ -140,3 +141,24 @@ def test_rule_numbers_are_strict_so_a_loose_value_never_opens_a_gate(min_age):
                                                   "items": {"item_ids": ["1"]}}]})
     with pytest.raises(RulesError, match="max_items: Input should be less than or equal to 100000"):
         parse_ruleset({"version": "1", "rules": [{"id": "c", "kind": "category_cap", "max_items": 10**23}]})
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    (None, "rule set file not found"),
+    ("version: a\nrules: [{id: b, kind: blocklist, items: [x]}]\nrules: []\nallow_empty: true\n",
+     "found duplicate key 'rules'"),  # the blocklist would silently vanish
+    ("version: a\ndescription: &a [x, x, x, x, x, x, x, x, x, x]\nd2: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+     "d3: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd4: [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n",
+     "expands to more than"),
+    ("version: \"a\\nb\"\nrules: [{id: b, kind: blocklist, items: [x]}]\n", "holds a control character"),
+    ("version: a\ndescription: [1, 2]\nrules: [{id: b, kind: blocklist, items: [x]}]\n", "'description' must be a string"),
+])
+def test_a_rule_set_file_is_read_as_the_admin_api_reads_a_document(tmp_path, text, problem):
+    # start-up files and PUT /admin/rules share one reader: what serving refuses is refused everywhere
+    path = tmp_path / "r.yaml"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(RulesError, match=problem):
+        load_ruleset(path)
+    with pytest.raises(ValueError, match=problem):  # and with the config, not minutes into training
+        RulesConfig(ruleset=path)
