@@ -14,11 +14,9 @@ read, a simulation server that does not answer.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Annotated, Any
 
-import numpy as np
 import typer
 from pydantic import ValidationError
 
@@ -30,28 +28,8 @@ ReportDirOpt = Annotated[Path | None, typer.Option("--report-dir", help="Write M
 REDIS_CONNECT_TIMEOUT_S = 10.0  # an unroutable --redis-url fails in this long instead of hanging
 
 
-def strict_json(value: Any) -> Any:
-    """``value`` with every non-finite float (NaN, +-inf) replaced by None and numpy scalars/arrays
-    made plain Python, so that ``json.dumps(..., allow_nan=False)`` accepts it.
-
-    >>> strict_json({"a": float("nan"), "b": [1.5, np.float64("inf")], "c": np.int64(3)})
-    {'a': None, 'b': [1.5, None], 'c': 3}
-    """
-    if isinstance(value, dict):
-        return {k: strict_json(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [strict_json(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return strict_json(value.tolist())
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 def _write_report(report: dict[str, Any], out: Path | None) -> None:
-    c.write_report(strict_json(report), out)
+    c.write_report(report, out)
 
 
 def _split_of(art: Path) -> Any:
@@ -83,7 +61,7 @@ def offline(
     report = compare_offline(settings_a, settings_b, art, split, names=pair, n_boot=n_boot,  # type: ignore[arg-type]
                              progress=True)
     latencies = report.pop("latencies_ms")
-    report = strict_json(report)  # the Markdown and the JSON show the same (NaN -> None)
+    report = c.strict_json(report)  # the Markdown and the JSON show the same (NaN -> None)
     for name, path in zip(pair, (a, b), strict=True):
         report["variants"][name]["config"] = str(path)
     if report_dir is not None:
@@ -166,7 +144,7 @@ def analyze(
     if export is not None:
         typer.echo(f"events exported to {export_parquet(log, export)}", err=True)
     try:
-        report = strict_json(analyze_events(log, shares, control))
+        report = c.strict_json(analyze_events(log, shares, control))
     except ValueError as exc:
         c.fail(str(exc))
     for warning in report["warnings"]:

@@ -17,6 +17,7 @@ anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -84,9 +85,30 @@ def synthetic_kwargs(data: Path | None, users: int, items: int, seed: int) -> di
     return {} if data is not None else {"n_users": users, "n_items": items, "seed": seed}
 
 
+def strict_json(value: Any) -> Any:
+    """``value`` with every non-finite float (NaN, +-inf) replaced by None and numpy scalars/arrays
+    made plain Python, so that ``json.dumps(..., allow_nan=False)`` accepts it.
+
+    >>> strict_json({"a": float("nan"), "b": [1.5, np.float64("inf")], "c": np.int64(3)})
+    {'a': None, 'b': [1.5, None], 'c': 3}
+    """
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict_json(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return strict_json(value.tolist())
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
 def write_report(report: dict[str, Any], out: Path | None) -> None:
-    """Print the report and, with ``--out``, write it atomically (tmp file + rename)."""
-    text = json.dumps(report, indent=2, default=_default)
+    """Print the report and, with ``--out``, write it atomically (tmp file + rename); strict JSON:
+    an undefined number (NaN, +-inf) is written as null, never as the non-JSON ``NaN``."""
+    text = json.dumps(strict_json(report), indent=2, default=_default, allow_nan=False)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out, text + "\n")

@@ -28,6 +28,9 @@ from cascade.settings import Settings
 from serving.policy import RouteReason
 from serving.versioned import MAX_VERSION_CHARS, VERSION_PATTERN
 
+# ids as the loaders accept them (offline.loaders.checks.ids): no C0/C1 control characters
+ID_PATTERN = VERSION_PATTERN
+
 # "cache": a cached answer; "llm": the LLM re-ranker ran; "fallback": a stage fell back; "light": no LLM
 AnswerPath = Literal["cache", "light", "llm", "fallback"]
 # Event times past this (2100-01-01T00:00:00Z) are refused: ts=1e300 is a typo or an attack, not a time.
@@ -40,7 +43,8 @@ class RecommendRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    user_id: str = Field(min_length=1, max_length=128, description="External user id; unknown ids get cold start.")
+    user_id: str = Field(min_length=1, max_length=128, pattern=ID_PATTERN,
+                         description="External user id (no control characters); unknown ids get cold start.")
     # no static upper bound: within_limits names the configured pipeline.max_k for any k above it
     k: int = Field(10, ge=1, description="Items to return, 1..pipeline.max_k.")
     context: dict[str, Any] | None = Field(
@@ -172,8 +176,9 @@ class EventRequest(BaseModel):
 
     event_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$",
                           description="Client-chosen unique id; a repeat is ignored and reported as duplicate.")
-    user_id: str = Field(min_length=1, max_length=128)
-    item_id: str = Field(min_length=1, max_length=128, description="External item id; must be in the catalog.")
+    user_id: str = Field(min_length=1, max_length=128, pattern=ID_PATTERN, description="External user id.")
+    item_id: str = Field(min_length=1, max_length=128, pattern=ID_PATTERN,
+                         description="External item id; must be in the catalog.")
     type: EventType = Field(description="impression, click, rating, purchase or add_to_cart.")
     value: float | None = Field(None, ge=-MAX_EVENT_VALUE, le=MAX_EVENT_VALUE,
                                 description="Rating value, price, dwell seconds... depending on type.")

@@ -82,6 +82,7 @@ def test_default_k_is_capped_by_catalog_and_request_id_header_is_echoed(client: 
         ({"user_id": "u1", "context": {f"k{i}": i for i in range(40)}}, ["body", "context"]),
         ({"user_id": "u1", "context": {"note": "x" * 5000}}, ["body", "context"]),
         ({"user_id": "u1", "colour": "red"}, ["body", "colour"]),
+        ({"user_id": "u\u0000\n1"}, ["body", "user_id"]),  # control characters: the loaders refuse such ids too
     ],
 )
 def test_invalid_input_is_422_naming_the_field(client: TestClient, body: dict, loc: list[str]) -> None:
@@ -129,6 +130,14 @@ def test_event_model_refuses_non_finite_numbers(field: str) -> None:
             EventRequest.model_validate({"event_id": "e", "user_id": "u1", "item_id": "m1", "type": "click",
                                          field: bad})
         assert [(e["type"], e["loc"]) for e in err.value.errors()] == [("finite_number", (field,))]
+
+
+@pytest.mark.parametrize("field", ["user_id", "item_id"])
+def test_event_model_refuses_ids_with_control_characters(field: str) -> None:
+    event = {"event_id": "e", "user_id": "u1", "item_id": "m1", "type": "click", field: "u\n1"}
+    with pytest.raises(ValidationError) as err:
+        EventRequest.model_validate(event)
+    assert [(e["type"], e["loc"]) for e in err.value.errors()] == [("string_pattern_mismatch", (field,))]
 
 
 def test_oversized_body_is_413(client: TestClient) -> None:

@@ -110,7 +110,7 @@ def test_strict_json_replaces_undefined_numbers() -> None:
 
     import numpy as np
 
-    from cli.ab import strict_json
+    from cli.common import strict_json
 
     raw = {"a": float("nan"), "b": (1.5, np.float64("-inf")), "c": np.arange(2), "d": {"e": np.float32("nan")},
            "f": None, "g": "nan"}
