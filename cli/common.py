@@ -51,7 +51,7 @@ ArtifactsOpt = Annotated[
     Path | None,
     typer.Option("--artifacts", help="This dataset's artifact directory (default <artifacts_dir>/<dataset name>)."),
 ]
-OutOpt = Annotated[Path | None, typer.Option("--out", help="Write the JSON report here.")]
+OutOpt = Annotated[Path | None, typer.Option("--out", help="Write the JSON report here.", dir_okay=False)]
 KCoreOpt = Annotated[int, typer.Option("--k-core", min=1, help="Iterative k-core filter.")]
 SynthUsersOpt = Annotated[int, typer.Option("--synthetic-users", min=10, help="Synthetic default: users.")]
 SynthItemsOpt = Annotated[int, typer.Option("--synthetic-items", min=20, help="Synthetic default: items.")]

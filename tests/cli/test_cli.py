@@ -56,6 +56,13 @@ def test_bad_config_is_refused_naming_the_key(tmp_path: Path):
     assert "pipeline.stages.0.depth" in res.output
 
 
+def test_an_out_path_that_is_a_directory_is_refused_before_any_work(tmp_path: Path):
+    # it used to be found only when the report was written, after the whole split was
+    res = runner.invoke(app, ["prepare", "--artifacts", str(tmp_path / "a"), "--out", str(tmp_path)])
+    assert res.exit_code == 2 and "is a directory" in res.output
+    assert not (tmp_path / "a").exists()
+
+
 def test_unknown_stage_and_phase_are_refused(tmp_path: Path):
     res = runner.invoke(app, ["train", "recall,rerank", "--artifacts", str(tmp_path)])
     assert res.exit_code == 2 and "unknown stage(s) ['rerank']" in res.output
