@@ -113,13 +113,14 @@ def srm_check(observed: Mapping[str, int], expected_shares: Mapping[str, float],
               alpha: float = SRM_ALPHA) -> dict[str, object]:
     """Chi-square goodness of fit of users per arm against the configured shares.
 
-    Arms observed but not configured count as mismatch (their expected count is 0); shares
+    Arms observed but not configured, or configured with share 0, count as mismatch (no user
+    should be there: their expected count is 0); shares
     are renormalised to sum 1 and must be finite and >= 0 (``check_shares``, else ValueError).
     Returns ``{"chi2", "df", "p_value", "mismatch", "observed", "expected"}``; ``mismatch`` is
     True when p < ``alpha``.
     """
-    unknown = sorted(set(observed) - set(expected_shares))
     check_shares(expected_shares, "srm_check")
+    unknown = sorted(arm for arm, users in observed.items() if users > 0 and expected_shares.get(arm, 0) == 0)
     total_share = sum(expected_shares.values())
     n = sum(observed.values())
     if n == 0:

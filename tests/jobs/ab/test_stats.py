@@ -90,3 +90,11 @@ def test_srm_expected_counts_do_not_overflow_on_large_shares() -> None:
     big = srm_check({"control": 6, "treatment": 4}, {"control": 1e308, "treatment": 1e308 / 2})  # n * share: inf
     assert big["expected"] == pytest.approx({"control": 20 / 3, "treatment": 10 / 3})
     assert math.isfinite(big["chi2"]) and not big["mismatch"]  # type: ignore[arg-type]
+
+
+def test_srm_flags_users_in_an_arm_configured_with_share_zero() -> None:
+    # a switched-off arm that still receives users is a broken assignment, not a fair split
+    out = srm_check({"control": 500, "treatment": 498, "off": 3}, {"control": 0.5, "treatment": 0.5, "off": 0.0})
+    assert out["mismatch"] and out["unexpected_arms"] == ["off"]
+    quiet = srm_check({"control": 500, "treatment": 498, "off": 0}, {"control": 0.5, "treatment": 0.5, "off": 0.0})
+    assert not quiet["mismatch"]
