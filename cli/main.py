@@ -68,7 +68,12 @@ def train(
     out: c.OutOpt = None,
 ) -> None:
     """Train the cascade's stages in order (artifacts reused unless --force)."""
-    from jobs.train import DEFAULT_STAGES, STAGE_ORDER, train_stages  # lazy: keeps `recsys --help` fast
+    from jobs.train import (  # lazy: keeps `recsys --help` fast
+        DEFAULT_STAGES,
+        STAGE_ORDER,
+        train_stages,
+        training_warnings,
+    )
 
     settings = c.load_settings(config)
     names = DEFAULT_STAGES if stages == "all" else tuple(s.strip() for s in stages.split(","))
@@ -77,7 +82,10 @@ def train(
         c.fail(f"unknown stage(s) {bad}; choose from {list(STAGE_ORDER)}")
     art = c.artifact_dir(settings, data, artifacts)
     split = _prepare(data, fmt, art, k_core, synthetic_users, synthetic_items, settings)
-    c.write_report(train_stages(settings, art, split, stages=names, force=force), out)
+    report = train_stages(settings, art, split, stages=names, force=force)
+    c.write_report(report, out)
+    for warning in training_warnings(settings, report):
+        typer.echo(f"warning: {warning}", err=True)
 
 
 @app.command("eval")
@@ -97,7 +105,7 @@ def evaluate(
 ) -> None:
     """Train (or reuse) every stage, then measure each stage and the fused result."""
     from jobs.evaluate import evaluate_pipeline  # lazy: keeps `recsys --help` fast
-    from jobs.train import DEFAULT_STAGES, train_stages  # lazy: keeps `recsys --help` fast
+    from jobs.train import DEFAULT_STAGES, train_stages, training_warnings  # lazy: keeps `recsys --help` fast
 
     settings = c.load_settings(config)
     art = c.artifact_dir(settings, data, artifacts)
@@ -112,11 +120,14 @@ def evaluate(
     train_report = train_stages(settings, art, split, stages=wanted, force=retrain)
     report = evaluate_pipeline(settings, art, split, phase=phase)
     report["timings"]["train_s"] = {k: v.get("seconds") for k, v in train_report.items()}
+    report["warnings"] = training_warnings(settings, train_report)
     if cold_items:
         from jobs.cold_items import cold_item_report  # lazy: keeps `recsys --help` fast
 
         report["cold_items"] = cold_item_report(settings, art, split, share=cold_share, phase=phase)
     c.write_report(report, out)
+    for warning in report["warnings"]:
+        typer.echo(f"warning: {warning}", err=True)
     lists = report["lists"]
     if lists["empty_share"] > EMPTY_LIST_LIMIT:
         typer.echo(f"error: {lists['empty']} of {lists['users']} users ({lists['empty_share']:.1%}) got an empty "

@@ -6,7 +6,7 @@ import pytest
 
 from cascade.settings import Settings
 from jobs.evaluate import evaluate_pipeline
-from jobs.train import DEFAULT_STAGES, holdout_sequences, prepare, train_stages
+from jobs.train import DEFAULT_STAGES, holdout_sequences, prepare, train_stages, training_warnings
 
 TINY = {
     "recall": {"dim": 16, "max_len": 10, "n_blocks": 1, "n_heads": 1, "max_epochs": 4, "eval_every": 2,
@@ -120,3 +120,14 @@ def test_split_fingerprint_follows_content_not_mtime_or_path(tmp_path):
     assert _fingerprint(data, None, 5, {}) == first == _fingerprint(copy, None, 5, {})
     (data / "u.data").write_text("1\t1\t4\t881250949\n")  # one changed byte, same size
     assert _fingerprint(data, None, 5, {}) != first
+
+
+def test_a_two_tower_stopped_by_the_clock_while_improving_is_a_warning() -> None:
+    settings = Settings.build({})
+    capped = {"epochs": 14, "best_epoch": 14, "out_of_time": True}
+    report = {"recall": capped, "recall_holdout": {**capped, "best_epoch": 10}, "coarse": {"seconds": 1.0}}
+    warnings = training_warnings(settings, report)
+    assert len(warnings) == 1 and warnings[0].startswith("recall: recall.max_train_s (240 s) stopped the two-tower "
+                                                         "at epoch 14 while it was still improving")
+    # early stopping ended it, or the cap hit after the best epoch had passed: nothing machine-dependent
+    assert training_warnings(settings, {"recall": {**capped, "out_of_time": False}}) == []
