@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 import typer
 from pydantic import ValidationError
@@ -158,8 +159,6 @@ def analyze(
 
 def _redacted(url: str) -> str:
     """``url`` with its password (if any) replaced by ``***``, for error messages."""
-    from urllib.parse import urlsplit
-
     try:
         parts = urlsplit(url)
         if parts.password is None:
@@ -174,9 +173,9 @@ def _read_redis(url: str, namespace: str) -> Any:
     """The events stream of ``namespace`` at ``url``; one ``error:`` line and exit 2 when Redis cannot be
     reached or read."""
     import redis  # lazy: keeps `recsys --help` fast
-    from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import RedisError
-    from redis.exceptions import TimeoutError as RedisTimeoutError
+    from redis.exceptions import ConnectionError as RedisConnectionError  # lazy: as redis
+    from redis.exceptions import RedisError  # lazy: as redis
+    from redis.exceptions import TimeoutError as RedisTimeoutError  # lazy: as redis
 
     from jobs.ab.events import read_stream  # lazy: keeps `recsys --help` fast
 
