@@ -32,7 +32,8 @@ import typer
 from cascade.registry import weights_key
 from cascade.settings import Settings
 from fusion.stage import WEIGHTS_FILE, save_weights
-from jobs.evaluate import fit_gate, requests_for
+from jobs.cascade_run import requests_for
+from jobs.fusion_gate import fit_gate
 from jobs.train import prepare, train_stages
 from recsys.pipeline import Pipeline
 from serving.bench import start_server_subprocess
@@ -121,7 +122,7 @@ def with_llm_budget(rec: Any, settings: Settings, budget_ms: float | None) -> An
 def tune_gate(rec: Any, settings: Settings, artifact_dir: Path, split: Any) -> dict[str, Any]:
     """The fusion gate for this stage set, tuned on ``GATE_USERS`` valid users unless already saved.
 
-    ``jobs.evaluate.fit_gate``, as ``tune_fusion`` does over every valid user (~6 minutes of
+    ``jobs.fusion_gate.fit_gate``, as ``tune_fusion`` does over every valid user (~6 minutes of
     SmolLM2 here), on a seeded sample; the weights land where the server's fusion stage looks.
     """
     key = weights_key(settings)

@@ -17,7 +17,7 @@ current order is kept.
 
 Weights come from ``artifact_dir/fusion/<key>/weights.json`` written by ``save_weights`` after
 ``tune_fusion_weights`` (grid search maximising NDCG@10 on the valid split; the gate,
-``jobs.evaluate.fit_gate``, serves coarse's order unless the best mixture or another stage
+``jobs.fusion_gate.fit_gate``, serves coarse's order unless the best mixture or another stage
 alone, chosen on one half of the valid users, beats it on the other half with a CI above
 zero), where ``<key>`` is ``weights_key_for`` (computed from the settings by
 ``cascade.registry.weights_key``): the scored stages plus a digest of the depths and rule

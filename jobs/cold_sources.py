@@ -17,7 +17,7 @@ slice once per source:
   ``recsys eval --config configs/pipeline_llm.yaml``) when present, else the base backbone
   zero-shot; the report says which. One LLM call per request costs seconds on CPU, so this
   variant measures every cold-item user and a seeded sample of ``rerank_users`` warm-item users,
-  and its fusion gate is fitted (``jobs.evaluate.fit_gate``, not saved) on a seeded sample of
+  and its fusion gate is fitted (``jobs.fusion_gate.fit_gate``, not saved) on a seeded sample of
   ``rerank_users`` valid users unless weights tuned on all of them exist. Its own
   ``llm_vs_coarse`` per slice answers whether the re-ranker lifts new items; ``final_vs_coarse``
   is what the gate serves, and ``llm_routing`` reads it.
@@ -52,7 +52,7 @@ from cascade.settings import Settings
 from fusion.stage import WEIGHTS_FILE
 from jobs.cascade_run import requests_for
 from jobs.cold_items import item_slices, measure_cold, prepare_cold, train_cold
-from jobs.evaluate import fit_gate, gate_pipeline
+from jobs.fusion_gate import fit_gate, gate_pipeline
 from jobs.tagging.ablation import variant_settings
 from jobs.tagging.embed import EmbedSettings
 from jobs.tagging.quality import holdout_items

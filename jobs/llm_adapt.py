@@ -13,7 +13,7 @@ negative. Where the positives come from (``AdaptConfig.positives``):
   listwise candidates keep that order (the positive at its rank; inserted at a random slot
   when the cascade missed it): the LLM learns how far to trust the coarse order and when the
   titles say otherwise. Those users are then left out of fusion tuning
-  (``jobs.evaluate.tune_fusion`` reads ``valid_users`` from ``train_meta.json``); the test
+  (``jobs.fusion_gate.tune_fusion`` reads ``valid_users`` from ``train_meta.json``); the test
   split is never read.
 - ``"train"``: the last train item, given the items before it. The cascade has seen these
   positives (recall trains on the whole train sequence, coarse uses the last items as labels),

@@ -27,7 +27,7 @@ import numpy as np
 
 from cascade.registry import build_pipeline, weights_key
 from cascade.settings import Settings
-from jobs.evaluate import tune_fusion
+from jobs.fusion_gate import tune_fusion
 from jobs.llm_adapt import train_llm
 from offline.loaders import load_dataset
 from offline.protocol import make_split

@@ -23,15 +23,7 @@ import threading
 from typing import Any
 
 from llm_rerank.template import parse_prompt_document
-from recsys.documents import (  # noqa: F401 (re-exported: the admin routes and tests read them here)
-    MAX_ALIASES,
-    MAX_DOCUMENT_CHARS,
-    MAX_DOCUMENT_VALUES,
-    DocumentError,
-    check_version,
-    parse_document,
-    yaml_problem,
-)
+from recsys.documents import DocumentError, check_version, parse_document
 from recsys.pipeline import Pipeline
 from recsys.redis_state import RedisUnavailable
 from rules.schema import parse_ruleset

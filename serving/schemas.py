@@ -25,8 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from cascade.serving_config import EVENT_TYPES
 from cascade.settings import Settings
+from recsys.documents import MAX_VERSION_CHARS, VERSION_PATTERN
 from serving.policy import RouteReason
-from serving.versioned import MAX_VERSION_CHARS, VERSION_PATTERN
 
 # ids as the loaders accept them (offline.loaders.checks.ids): no C0/C1 control characters
 ID_PATTERN = VERSION_PATTERN

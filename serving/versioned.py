@@ -28,12 +28,7 @@ from typing import Any
 
 import redis
 
-from recsys.documents import (  # noqa: F401 (re-exported: serving reads them here)
-    MAX_VERSION_CHARS,
-    VERSION_PATTERN,
-    InvalidVersion,
-    check_version,
-)
+from recsys.documents import check_version
 from recsys.redis_state import RedisGuard
 
 KINDS = ("rules", "prompts")

@@ -1,7 +1,7 @@
 """Admin API: publish, list and roll back versions of the rule set and the prompt template.
 
 ``PUT /admin/{rules|prompts}`` takes the document as YAML or JSON (bounded in size and alias
-expansion, no duplicate keys: ``serving.hot_reload.parse_document``), validates it with its
+expansion, no duplicate keys: ``recsys.documents.parse_document``), validates it with its
 owner's parser (``rules.schema.parse_ruleset`` plus each rules stage's ``check`` against its
 catalog; for prompts the prompt applier), stores it as a new version in Redis, makes it
 active and installs it in this worker at once; the other workers follow within
@@ -27,13 +27,14 @@ import anyio
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 
+from recsys.documents import InvalidVersion, parse_document
 from recsys.redis_state import RedisUnavailable
 from serving.backend import OnlineBackend
 from serving.deps import AdminDep, BackendDep, MetricsDep, RecommenderDep, SettingsDep, SlotDep
-from serving.hot_reload import canonical, parse_document
+from serving.hot_reload import canonical
 from serving.reload import ReloadRefused, load_checked, swap
 from serving.schemas import RollbackRequest, VersionEntry, VersionsResponse
-from serving.versioned import InvalidVersion, UnknownVersion, VersionConflict
+from serving.versioned import UnknownVersion, VersionConflict
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep])
 Kind = Literal["rules", "prompts"]

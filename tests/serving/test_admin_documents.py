@@ -12,9 +12,9 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
+from recsys.documents import MAX_ALIASES, MAX_DOCUMENT_CHARS, MAX_DOCUMENT_VALUES
 from rules.schema import RulesError
 from rules.stage import RulesStage
-from serving.hot_reload import MAX_ALIASES, MAX_DOCUMENT_CHARS, MAX_DOCUMENT_VALUES
 from tests.serving.conftest import ADMIN_KEY
 
 AUTH = {"X-API-Key": ADMIN_KEY}

@@ -1,4 +1,4 @@
-"""Evaluator helpers: users whose valid item trained the LLM stay out of fusion tuning."""
+"""The fusion gate: challengers chosen on one half of the valid users, tested on the other; users whose valid item trained the LLM stay out."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from jobs.evaluate import gate_halves, gate_weights, llm_trained_users
+from jobs.fusion_gate import gate_halves, gate_weights, llm_trained_users
 from recsys.config import StageSpec
 
 
