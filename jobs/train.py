@@ -128,19 +128,27 @@ def train_stages(
 
 
 def training_warnings(settings: Settings, report: dict[str, Any]) -> list[str]:
-    """What in a ``train_stages`` report makes the result depend on the machine: the two-tower
-    stopped by its wall-clock cap (``recall.max_train_s``) while its last evaluation was still
-    its best. The same seed then gives a weaker model on a slower or busier machine (measured:
-    on ML-100K without item text, 14 epochs and valid NDCG@10 0.071 on a shared box against 47
-    epochs and 0.106 on a quiet one, both at the 240 s cap).
+    """What in a ``train_stages`` report a user should know about the two-tower fits:
+
+    - the wall-clock safety cap (``recall.max_train_s``) stopped a fit: the same seed then gives
+      another model on a slower or busier machine (measured under the old 240 s cap: on ML-100K
+      without item text, 14 epochs and valid NDCG@10 0.071 on a shared box against 47 epochs and
+      0.106 on a quiet one);
+    - the logit budget (``recall.max_train_logits``) stopped a fit while its last evaluation was
+      still its best: deterministic, but not converged.
     """
     out = []
+    recall = settings.recall
     for stage in ("recall", "recall_holdout"):
         rep = report.get(stage) or {}
-        if rep.get("out_of_time") and rep.get("best_epoch") == rep.get("epochs"):
-            out.append(f"{stage}: recall.max_train_s ({settings.recall.max_train_s:g} s) stopped the two-tower at "
-                       f"epoch {rep['epochs']} while it was still improving; the result depends on this machine's "
-                       "speed and load (raise recall.max_train_s for a converged model)")
+        if rep.get("out_of_time"):
+            out.append(f"{stage}: the wall-clock cap recall.max_train_s ({recall.max_train_s:g} s) stopped the "
+                       f"two-tower at epoch {rep.get('epochs')}, before its logit budget; the result depends on this "
+                       "machine's speed and load (raise recall.max_train_s for a reproducible model)")
+        elif rep.get("out_of_budget") and rep.get("best_epoch") == rep.get("epochs"):
+            out.append(f"{stage}: the logit budget recall.max_train_logits ({recall.max_train_logits:g}) stopped the "
+                       f"two-tower at epoch {rep.get('epochs')} while it was still improving (raise it for a "
+                       "converged model)")
     return out
 
 

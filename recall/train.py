@@ -7,7 +7,10 @@ catalog when it is small (cheap and the strongest choice at ML scale), else a sa
 softmax over shared negatives drawn from the item frequency with logQ correction (Yi et
 al. 2019, "Sampling-bias-corrected neural modeling for large corpus item recommendations").
 AdamW, dropout, early stopping on full-ranking NDCG@10 of held-out targets with patience,
-and a wall-clock cap; the best evaluated weights are kept. Deterministic for a given seed.
+and a budget of softmax logits (``max_train_logits``, the dominant cost of a step) that bounds
+a fit at scale; the best evaluated weights are kept. Deterministic for a given seed, on a busy
+machine as on a quiet one, unless the wall-clock safety cap (``max_train_s``) stops a fit first
+(the report's ``out_of_time``; ``jobs.train.training_warnings`` then says so).
 
 Items no training sequence holds (new items, e.g. the cold-item protocol's) are unknown, not
 negatives: they are masked out of the full softmax and never sampled as negatives, and their
@@ -31,8 +34,8 @@ box stalls every barrier. Per step the time is in the full-softmax matmul and lo
 the catalog (~55%) and dropout's bernoulli (~9%), big enough ops for two threads to help once
 the workers sleep instead of spin (``recall/__init__`` sets ``OMP_WAIT_POLICY=PASSIVE``).
 Measured on ML-100K in one run (seed 42, box otherwise idle but for tests): 1 thread 155 s,
-2 threads 117 s, identical epochs and metrics. ``max_train_s`` still caps a fit on a busy box
-(the holdout fit hit its 240 s cap in every seed of the issue-18 runs at 1 thread).
+2 threads 117 s, identical epochs and metrics. (The holdout fit hit the old 240 s wall-clock
+cap in every seed of the issue-18 runs at 1 thread: why a logit budget now bounds a fit.)
 
 Deliberately left out: hyper-parameter search, hard-negative mining, multi-process loading.
 """
@@ -198,7 +201,9 @@ def _fit(run: _Run, config: RecallConfig, seed: int, t0: float, progress: bool) 
     gen, rng = torch.Generator().manual_seed(seed), np.random.default_rng(seed)
     best: dict[str, Any] = {"valid": {"ndcg@10": -1.0}, "best_epoch": 0, "state": None}
     history: list[dict[str, Any]] = []
-    bad_evals, epoch, out_of_time, steps = 0, 0, False, 0
+    bad_evals, epoch, out_of_time, out_of_budget, steps, logits = 0, 0, False, False, 0, 0
+    scored = len(run.item_tower.known) if run.log_q is None else 1 + config.n_negatives  # items per target position
+    budget = float("inf") if config.max_train_logits is None else config.max_train_logits
     bar = tqdm(range(1, config.max_epochs + 1), desc="two-tower", disable=not progress)
     for epoch in bar:
         run.item_tower.train()
@@ -215,10 +220,12 @@ def _fit(run: _Run, config: RecallConfig, seed: int, t0: float, progress: bool) 
             opt.step()
             losses.append(loss.item())
             steps += 1
-            if time.perf_counter() - t0 > config.max_train_s:
-                break  # within the epoch: one epoch over millions of windows can outlast the cap many times
-        out_of_time = time.perf_counter() - t0 > config.max_train_s
-        if epoch % config.eval_every and epoch != config.max_epochs and not out_of_time:
+            logits += int((y_all[rows] >= 0).sum()) * scored
+            out_of_budget = logits >= budget
+            out_of_time = time.perf_counter() - t0 > config.max_train_s
+            if out_of_budget or out_of_time:
+                break  # within the epoch: one epoch over millions of windows can outlast the budget many times
+        if epoch % config.eval_every and epoch != config.max_epochs and not (out_of_budget or out_of_time):
             continue
         metrics = run.evaluate(run.seqs, run.targets)
         history.append({"epoch": epoch, "loss": round(float(np.mean(losses)), 4), **metrics,
@@ -229,13 +236,13 @@ def _fit(run: _Run, config: RecallConfig, seed: int, t0: float, progress: bool) 
             best, bad_evals = {"valid": metrics, "best_epoch": epoch, "state": state}, 0
         else:
             bad_evals += 1
-        if bad_evals >= config.patience or out_of_time:
+        if bad_evals >= config.patience or out_of_budget or out_of_time:
             break
     bar.close()
     run.item_tower.load_state_dict(best["state"][0])
     run.user_tower.load_state_dict(best["state"][1])
     return {"epochs": epoch, "best_epoch": best["best_epoch"], "n_windows": len(x_all), "steps": steps,
-            "out_of_time": out_of_time,
+            "logits": logits, "out_of_budget": out_of_budget, "out_of_time": out_of_time and not out_of_budget,
             "loss": "full" if run.log_q is None else "sampled", "valid": best["valid"], "history": history}
 
 

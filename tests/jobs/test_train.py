@@ -122,12 +122,16 @@ def test_split_fingerprint_follows_content_not_mtime_or_path(tmp_path):
     assert _fingerprint(data, None, 5, {}) != first
 
 
-def test_a_two_tower_stopped_by_the_clock_while_improving_is_a_warning() -> None:
+def test_a_two_tower_stopped_by_the_clock_is_a_warning_and_by_the_budget_only_while_improving() -> None:
     settings = Settings.build({})
-    capped = {"epochs": 14, "best_epoch": 14, "out_of_time": True}
-    report = {"recall": capped, "recall_holdout": {**capped, "best_epoch": 10}, "coarse": {"seconds": 1.0}}
-    warnings = training_warnings(settings, report)
-    assert len(warnings) == 1 and warnings[0].startswith("recall: recall.max_train_s (240 s) stopped the two-tower "
-                                                         "at epoch 14 while it was still improving")
-    # early stopping ended it, or the cap hit after the best epoch had passed: nothing machine-dependent
-    assert training_warnings(settings, {"recall": {**capped, "out_of_time": False}}) == []
+    clocked = {"epochs": 14, "best_epoch": 10, "out_of_time": True, "out_of_budget": False}
+    warnings = training_warnings(settings, {"recall": clocked, "coarse": {"seconds": 1.0}})
+    # the clock, not the budget: machine-dependent even past the best epoch (patience might have run on)
+    assert len(warnings) == 1 and warnings[0].startswith("recall: the wall-clock cap recall.max_train_s (1800 s) "
+                                                         "stopped the two-tower at epoch 14")
+    budget = {"epochs": 6, "best_epoch": 6, "out_of_time": False, "out_of_budget": True}
+    warnings = training_warnings(settings, {"recall_holdout": budget})
+    assert len(warnings) == 1 and "recall.max_train_logits (1e+10) stopped the two-tower at epoch 6 while" in warnings[0]
+    # the budget after the best epoch had passed, or early stopping: nothing to say
+    assert training_warnings(settings, {"recall": {**budget, "best_epoch": 4}}) == []
+    assert training_warnings(settings, {"recall": {**budget, "out_of_budget": False}}) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -93,6 +94,29 @@ def test_an_item_no_sequence_holds_is_not_trained_as_a_negative(split, tmp_path:
     with torch.no_grad():
         content_only = tower.eval().all_items().numpy()
     np.testing.assert_allclose(np.load(tmp_path / VECTORS_FILE)[0], content_only[0], atol=1e-5)
+
+
+def test_the_logit_budget_stops_at_the_same_step_whatever_the_clock(split, tmp_path: Path, monkeypatch):
+    # the budget counts target positions x items scored, so a fit stops at the same step, and with the
+    # same weights, on a machine whatever its load; here every step "takes" 50 s of wall clock
+    n_items = split.n_items
+    cfg = tiny_config(max_train_logits=5 * 32 * 8 * n_items, max_epochs=50, eval_every=1, max_train_s=1e6)
+    quiet = train_two_tower(split, tmp_path / "quiet", cfg, progress=False)
+    clock = iter(range(0, 10**9, 50))
+    monkeypatch.setattr(time, "perf_counter", lambda: float(next(clock)))
+    busy = train_two_tower(split, tmp_path / "busy", cfg, progress=False)
+    for report in (quiet, busy):
+        assert report["out_of_budget"] and not report["out_of_time"]
+        assert cfg.max_train_logits <= report["logits"] < cfg.max_train_logits + 32 * 8 * n_items  # one step past
+    assert quiet["steps"] == busy["steps"] and quiet["epochs"] == busy["epochs"]
+    np.testing.assert_array_equal(np.load(tmp_path / "quiet" / VECTORS_FILE), np.load(tmp_path / "busy" / VECTORS_FILE))
+
+
+def test_the_sampled_softmax_budget_counts_the_negatives_not_the_catalog(split, tmp_path: Path):
+    cfg = tiny_config(loss="sampled", n_negatives=16, max_train_logits=1.0, max_epochs=5)
+    report = train_two_tower(split, tmp_path, cfg, progress=False)
+    positions, rest = divmod(report["logits"], 1 + 16)  # target positions of the one step's 32 windows
+    assert report["steps"] == 1 and report["out_of_budget"] and rest == 0 and 32 <= positions <= 32 * cfg.max_len
 
 
 def test_the_time_cap_cuts_an_epoch_short_and_keeps_an_evaluated_model(split, tmp_path: Path):
