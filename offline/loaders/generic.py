@@ -66,7 +66,7 @@ def _items(table: Table) -> pd.DataFrame:
     if table.has("title"):
         given = checks.text(table, "title")
         titles = given.where(given != "", item_id)  # an untitled item is shown by its id
-    categories = _categories(table.rows["categories"]) if table.has("categories") else [[] for _ in range(len(table))]
+    categories = _categories(table) if table.has("categories") else [[] for _ in range(len(table))]
     text = checks.text(table, "text") if table.has("text") else pd.Series([""] * len(table))
     text = [t or common.describe(title, cats) for t, title, cats in zip(text, titles, categories, strict=True)]
     out = pd.DataFrame({"item_id": item_id, "title": titles, "text": text, "categories": categories})
@@ -99,18 +99,32 @@ def _users(table: Table) -> pd.DataFrame:
     return out
 
 
-def _categories(values: pd.Series) -> list[list[str]]:
-    """'A|B' strings or list-likes (Parquet) -> lists of non-empty stripped names."""
+def _categories(table: Table) -> list[list[str]]:
+    """'A|B' strings or lists of names (Parquet) -> lists of non-empty stripped names; an empty
+    value (None, NaN) has none. Anything else (a struct, a number, a nested list) is a DataError
+    naming the row, not a silent ``[]`` or a category spelled like a Python dict."""
     out: list[list[str]] = []
-    for v in values:
+    for pos, v in enumerate(table.rows["categories"]):
         if isinstance(v, str):
             parts: Sequence[object] = v.split("|")
         elif isinstance(v, (list, tuple, np.ndarray)):
             parts = list(v)
+            if bad := next((p for p in parts if not isinstance(p, (str, int, np.integer)) or isinstance(p, bool)),
+                           None):
+                raise DataError(f"{table.where(pos)}: categories must be names (strings), got "
+                                f"{type(bad).__name__} {_short(bad)} in the list")
+        elif v is None or (isinstance(v, float) and np.isnan(v)):
+            parts = []
         else:
-            parts = []  # None / NaN: no categories
+            raise DataError(f"{table.where(pos)}: categories must be a '|'-joined string or a list of names, "
+                            f"got {type(v).__name__} {_short(v)}")
         out.append([str(p).strip() for p in parts if str(p).strip()])
     return out
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _attributes(table: Table, schema_columns: Sequence[str]) -> list[str]:

@@ -129,6 +129,23 @@ def test_generic_parquet_with_users_and_list_categories(tmp_path: Path) -> None:
     assert ds.users["risk_tolerance"].tolist() == [1, 3]
 
 
+@pytest.mark.parametrize(("value", "message"), [
+    ({"name": "x"}, r"categories must be a '\|'-joined string or a list of names, got dict"),
+    ([{"name": "y"}], r"categories must be names \(strings\), got dict"),
+    ([["y"]], r"categories must be names \(strings\), got ndarray"),
+    (7.5, r"categories must be a '\|'-joined string or a list of names, got float 7.5"),
+])
+def test_generic_parquet_categories_that_are_not_names_are_refused(tmp_path: Path, value: object,
+                                                                   message: str) -> None:
+    # a struct column was read as no categories at all, a list of structs as a category named "{'name': 'y'}"
+    root = tmp_path / "pq"
+    root.mkdir()
+    pd.DataFrame({"user_id": ["1"], "item_id": ["a"], "timestamp": [10]}).to_parquet(root / "interactions.parquet")
+    pd.DataFrame({"item_id": ["a", "b"], "categories": [value, value]}).to_parquet(root / "items.parquet")
+    with pytest.raises(DataError, match="items.parquet row 1: " + message):
+        load_dataset(root)
+
+
 def test_generic_parquet_errors_name_the_row(tmp_path: Path) -> None:
     root = tmp_path / "pq"
     root.mkdir()
