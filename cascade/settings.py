@@ -15,10 +15,11 @@ from __future__ import annotations
 import contextvars
 import os
 import re
+import types
 from pathlib import Path
-from typing import Any
+from typing import Any, Union, get_args, get_origin
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
@@ -115,6 +116,10 @@ class Settings(BaseSettings):
         if unknown:  # pydantic-settings reads known names only: a misspelt section would pass unseen
             raise ConfigError(f"environment variable {unknown[0]}: no settings section "
                               f"{unknown[0][len(ENV_PREFIX):].split('__')[0].lower()!r}; known: {sorted(cls.model_fields)}")
+        for layer, where in ((data, source), (overrides, "overrides")):
+            if key := numbers_given_as_booleans(layer, cls):
+                raise ConfigError(f"{where}: invalid configuration\n  {key}: a number, got true/false (YAML reads "
+                                  "yes/no/on/off as booleans too)")
         token = _FILE_LAYER.set(data)
         try:
             return cls(**overrides)
@@ -163,4 +168,51 @@ def _env_variable(loc: tuple[Any, ...]) -> str | None:
         name = ENV_PREFIX + ENV_NESTED.join(str(p) for p in loc[:i]).upper()
         if name in upper:
             return upper[name]
+    return None
+
+
+def numbers_given_as_booleans(data: Any, model: type[BaseModel], path: str = "") -> str | None:
+    """The dotted key of the first boolean given for a number field of ``model`` in the YAML-shaped
+    ``data``, else None. Pydantic's lax mode reads ``seed: true`` (or YAML's ``seed: yes``) as 1;
+    environment strings never parse as booleans for a number, so only file and keyword layers are
+    walked. A stage's ``params`` are walked against the section of its kind (``recall``, ...).
+
+    >>> numbers_given_as_booleans({"recall": {"max_len": True}}, Settings)
+    'recall.max_len'
+    """
+    if not isinstance(data, dict):
+        return None
+    for key, value in data.items():
+        field = model.model_fields.get(key) if isinstance(key, str) else None
+        if field is None:
+            continue
+        where, ann = f"{path}{key}", field.annotation
+        if isinstance(value, bool) and _is_number(ann):
+            return where
+        sub = _model_in(ann)
+        items = value if isinstance(value, list) else [value] if isinstance(value, dict) else []
+        for i, item in enumerate(items):
+            prefix = f"{where}.{i}." if isinstance(value, list) else f"{where}."
+            if sub is not None and (found := numbers_given_as_booleans(item, sub, prefix)):
+                return found
+            kind = item.get("kind") if isinstance(item, dict) else None
+            section = Settings.model_fields.get(kind) if isinstance(kind, str) and key == "stages" else None
+            section_model = _model_in(section.annotation) if section is not None else None
+            if section_model is not None and (
+                    found := numbers_given_as_booleans(item.get("params"), section_model, f"{prefix}params.")):
+                return found
+    return None
+
+
+def _is_number(ann: Any) -> bool:
+    args = get_args(ann) if get_origin(ann) in (Union, types.UnionType) else (ann,)
+    return bool(args) and bool not in args and any(a in (int, float) for a in args)
+
+
+def _model_in(ann: Any) -> type[BaseModel] | None:
+    """The pydantic model in ``ann`` (``M``, ``M | None``, ``list[M]``), if there is one."""
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return ann
+    if get_origin(ann) in (list, Union, types.UnionType):
+        return next((m for a in get_args(ann) if (m := _model_in(a)) is not None), None)
     return None

@@ -104,3 +104,28 @@ def test_a_rules_stage_with_a_bad_apply_is_refused_with_the_config():
               {"name": "rules", "kind": "rules", "params": {"apply": "bogus"}}]
     with pytest.raises(ConfigError, match="params.apply must be all, filters or caps"):
         Settings.build({"pipeline": {"stages": stages}})
+
+
+@pytest.mark.parametrize(("text", "key"), [
+    ("seed: true\n", "seed"),
+    ("recall:\n  max_len: yes\n", "recall.max_len"),  # YAML 1.1: yes is a boolean
+    ("recall:\n  max_train_logits: off\n", "recall.max_train_logits"),
+    ("pipeline:\n  stages:\n    - {name: recall, kind: recall, depth: true}\n", "pipeline.stages.0.depth"),
+    ("pipeline:\n  stages:\n    - {name: recall, kind: recall, params: {dim: false}}\n",
+     "pipeline.stages.0.params.dim"),
+])
+def test_a_boolean_for_a_number_is_refused_by_key(tmp_path: Path, text: str, key: str):
+    # pydantic's lax mode read them as 1 or 0: `seed: true` trained with seed 1, `max_len: yes` read one item
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=rf"c.yaml: invalid configuration\n  {key}: a number, got true/false"):
+        Settings.from_yaml(path)
+
+
+def test_booleans_stay_booleans_and_numbers_numbers(monkeypatch):
+    settings = Settings.build({"recall": {"use_text": False, "max_len": 7}, "seed": 3})
+    assert settings.recall.use_text is False and settings.recall.max_len == 7 and settings.seed == 3
+    monkeypatch.setenv("RECSYS_SEED", "5")  # the environment's strings are parsed, never booleans
+    assert Settings.build({}).seed == 5
+    with pytest.raises(ConfigError, match="overrides: invalid configuration\n  seed: a number"):
+        Settings.build({}, seed=True)
