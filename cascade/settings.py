@@ -173,9 +173,10 @@ def _env_variable(loc: tuple[Any, ...]) -> str | None:
 
 def numbers_given_as_booleans(data: Any, model: type[BaseModel], path: str = "") -> str | None:
     """The dotted key of the first boolean given for a number field of ``model`` in the YAML-shaped
-    ``data``, else None. Pydantic's lax mode reads ``seed: true`` (or YAML's ``seed: yes``) as 1;
-    environment strings never parse as booleans for a number, so only file and keyword layers are
-    walked. A stage's ``params`` are walked against the section of its kind (``recall``, ...).
+    ``data`` (nested sections, lists of models, ``dict[str, float]`` values), else None. Pydantic's
+    lax mode reads ``seed: true`` (or YAML's ``seed: yes``) as 1; environment strings never parse
+    as booleans for a number, so only file and keyword layers are walked. A stage's ``params``
+    are walked against the section of its kind (``recall``, ...).
 
     >>> numbers_given_as_booleans({"recall": {"max_len": True}}, Settings)
     'recall.max_len'
@@ -184,35 +185,33 @@ def numbers_given_as_booleans(data: Any, model: type[BaseModel], path: str = "")
         return None
     for key, value in data.items():
         field = model.model_fields.get(key) if isinstance(key, str) else None
-        if field is None:
-            continue
-        where, ann = f"{path}{key}", field.annotation
-        if isinstance(value, bool) and _is_number(ann):
-            return where
-        sub = _model_in(ann)
-        items = value if isinstance(value, list) else [value] if isinstance(value, dict) else []
-        for i, item in enumerate(items):
-            prefix = f"{where}.{i}." if isinstance(value, list) else f"{where}."
-            if sub is not None and (found := numbers_given_as_booleans(item, sub, prefix)):
-                return found
-            kind = item.get("kind") if isinstance(item, dict) else None
-            section = Settings.model_fields.get(kind) if isinstance(kind, str) and key == "stages" else None
-            section_model = _model_in(section.annotation) if section is not None else None
-            if section_model is not None and (
-                    found := numbers_given_as_booleans(item.get("params"), section_model, f"{prefix}params.")):
-                return found
+        if field is not None and (found := _boolean_for_number(value, field.annotation, f"{path}{key}")):
+            return found
+        if key == "stages" and isinstance(value, list):  # pipeline.stages[i].params: the kind's section
+            for i, spec in enumerate(value):
+                kind = spec.get("kind") if isinstance(spec, dict) else None
+                section = Settings.model_fields.get(kind) if isinstance(kind, str) else None
+                if section is not None and (found := _boolean_for_number(
+                        spec.get("params"), section.annotation, f"{path}{key}.{i}.params")):
+                    return found
+    return None
+
+
+def _boolean_for_number(value: Any, ann: Any, where: str) -> str | None:
+    if isinstance(value, bool):
+        return where if _is_number(ann) else None
+    for a in (ann, *(get_args(ann) if get_origin(ann) in (Union, types.UnionType) else ())):
+        if isinstance(a, type) and issubclass(a, BaseModel) and isinstance(value, dict):
+            return numbers_given_as_booleans(value, a, f"{where}.")
+        args = get_args(a)
+        if get_origin(a) is dict and len(args) == 2 and isinstance(value, dict):
+            return next((f for k, v in value.items() if (f := _boolean_for_number(v, args[1], f"{where}.{k}"))), None)
+        if get_origin(a) is list and args and isinstance(value, list):
+            return next((f for i, v in enumerate(value) if (f := _boolean_for_number(v, args[0], f"{where}.{i}"))),
+                        None)
     return None
 
 
 def _is_number(ann: Any) -> bool:
     args = get_args(ann) if get_origin(ann) in (Union, types.UnionType) else (ann,)
     return bool(args) and bool not in args and any(a in (int, float) for a in args)
-
-
-def _model_in(ann: Any) -> type[BaseModel] | None:
-    """The pydantic model in ``ann`` (``M``, ``M | None``, ``list[M]``), if there is one."""
-    if isinstance(ann, type) and issubclass(ann, BaseModel):
-        return ann
-    if get_origin(ann) in (list, Union, types.UnionType):
-        return next((m for a in get_args(ann) if (m := _model_in(a)) is not None), None)
-    return None

@@ -113,6 +113,7 @@ def test_a_rules_stage_with_a_bad_apply_is_refused_with_the_config():
     ("pipeline:\n  stages:\n    - {name: recall, kind: recall, depth: true}\n", "pipeline.stages.0.depth"),
     ("pipeline:\n  stages:\n    - {name: recall, kind: recall, params: {dim: false}}\n",
      "pipeline.stages.0.params.dim"),
+    ("fusion:\n  weights: {coarse: 1.0, recall: true}\n", "fusion.weights.recall"),
 ])
 def test_a_boolean_for_a_number_is_refused_by_key(tmp_path: Path, text: str, key: str):
     # pydantic's lax mode read them as 1 or 0: `seed: true` trained with seed 1, `max_len: yes` read one item
