@@ -30,7 +30,7 @@ from fusion.stage import (
 from jobs.cascade_run import SCORED, K, requests_for_user
 from llm_rerank.meta import read_train_meta
 from offline.bootstrap import paired_bootstrap
-from offline.protocol import SALT_FUSION, user_sample
+from offline.protocol import GATE_MIN_USERS, SALT_FUSION, SALT_FUSION_GATE, gate_halves, user_sample
 from offline.split import Split
 from recsys.contract import Candidates
 
@@ -91,18 +91,6 @@ def fit_gate(pipeline: Any, split: Split, requests: list[Any], settings: Setting
             "captured": captured}
 
 
-def gate_halves(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """The gate's two halves of ``n`` users (positions): the challenger is chosen on the first and
-    tested on the second.
-
-    >>> [len(h) for h in gate_halves(5, 0)]
-    [2, 3]
-    """
-    order = np.random.default_rng([seed, 0x6A7E]).permutation(n)
-    return np.sort(order[: n // 2]), np.sort(order[n // 2:])
-
-
-GATE_MIN_USERS = 20  # per half: below this the gate keeps the incumbent rather than test a challenger
 
 
 def gate_weights(examples: list[FusionExample], *, step: float = 0.1, method: Normalisation = "linear",
@@ -133,7 +121,7 @@ def gate_weights(examples: list[FusionExample], *, step: float = 0.1, method: No
     light = [s for s in SCORED if s in single and s != "llm"]
     incumbent = light[-1] if light else max(reversed(list(single)), key=lambda s: single[s])
     alone = {incumbent: 1.0}
-    chosen_on, tested_on = gate_halves(len(examples), seed)
+    chosen_on, tested_on = gate_halves(len(examples), seed, salt=SALT_FUSION_GATE)
     choose, confirm = [examples[i] for i in chosen_on], [examples[i] for i in tested_on]
     if len(single) == 1:
         return {"weights": alone, "single_stage_valid_ndcg": single, "grid_best": alone,

@@ -160,6 +160,20 @@ def _encoded_users(ds: Dataset, kept: pd.DataFrame) -> pd.DataFrame:
 
 # one random stream per purpose, so e.g. fusion is not tuned on exactly the users recall early-stopped on
 SALT_EARLY_STOP, SALT_TEST_REPORT, SALT_COARSE_TRAIN, SALT_COARSE_VALID, SALT_FUSION, SALT_SCALING_EVAL = range(1, 7)
+SALT_FUSION_GATE, SALT_CHANNEL_GATE = 0x6A7E, 0x6A7F  # the gates' halves (fusion's value predates the names)
+GATE_MIN_USERS = 20  # per half: below this a gate keeps its incumbent rather than test a challenger
+
+
+def gate_halves(n: int, seed: int, *, salt: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two seeded halves of ``n`` positions for a gate: a challenger is chosen on the first and
+    tested against the incumbent on the second, never on the users that chose it (the fusion
+    gate, ``jobs.fusion_gate``; the recall channel shares, ``recall.extra_channels``).
+
+    >>> [len(h) for h in gate_halves(5, 0, salt=SALT_FUSION_GATE)]
+    [2, 3]
+    """
+    order = np.random.default_rng([seed, salt]).permutation(n)
+    return np.sort(order[: n // 2]), np.sort(order[n // 2:])
 
 
 def user_sample(users: np.ndarray, cap: int | None, seed: int, *, salt: int) -> np.ndarray:

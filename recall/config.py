@@ -110,7 +110,7 @@ class RecallConfig(BaseModel):
         200, ge=1, le=10_000, description="Entries kept per item row of the co-visitation and item-model matrices."
     )
     channel_shares: dict[str, float] | None = Field(
-        None, description="Share of the depth per extra channel, e.g. {covisit: 0.2}; None = the shares tuned "
+        None, description="Share of the depth per extra channel, e.g. {covisit: 0.2}; None = the shares gated "
         "on valid at training time (saved in recall/channels.json)."
     )
 

@@ -6,7 +6,7 @@ history at all, still gets a vector); the faiss index returns the nearest items;
 channels (``recall.item_models.NeighbourChannel``: co-visitation and EASE/item-kNN, on by
 default, ``RecallConfig.extra_channels``) score items from the recent history; excluded
 items are dropped; ``recall.channels.merge_channels`` merges the lists, each extra channel
-getting its share of the depth (tuned on valid at training time, ``recall.extra_channels``)
+getting its share of the depth (gated on valid at training time, ``recall.extra_channels``)
 and the popularity channel ``popularity_share`` (``cold_popularity_share`` for an empty
 history, where the two-tower vector rests on the attributes alone). By default
 (``merge_order: priority``) the two-tower order stays on top, the extra channels' quotas

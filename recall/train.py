@@ -277,7 +277,8 @@ def train_two_tower(
     save_artifacts(out_dir, run.item_tower, run.user_tower, run.item_vectors(), run.vocab, config, report)
     if config.extra_channels:
         t1 = time.perf_counter()
-        report["channels"] = train_channels(split, out_dir.parent, out_dir.name, run.seqs, run.targets, config, depth)
+        report["channels"] = train_channels(split, out_dir.parent, out_dir.name, run.seqs, run.targets, config, depth,
+                                             seed)
         report["channels"]["seconds"] = round(time.perf_counter() - t1, 1)
         (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2))
     return report

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from jobs.fusion_gate import gate_halves, gate_weights, llm_trained_users
+from jobs.fusion_gate import gate_weights, llm_trained_users
+from offline.protocol import SALT_FUSION_GATE, gate_halves
 from recsys.config import StageSpec
 
 
@@ -79,7 +80,7 @@ def test_the_gate_tests_its_challenger_on_users_that_did_not_choose_it() -> None
     # recall ranks the target first for every user of the half that picks the challenger and one
     # place below coarse for every user of the other half: over all users it is ahead beyond any CI
     # (the winner's curse a same-users test would serve), on the held half it is worse
-    choose, confirm = gate_halves(200, seed=0)
+    choose, confirm = gate_halves(200, seed=0, salt=SALT_FUSION_GATE)
     recall = np.full(200, 3)
     recall[choose] = 0
     weights, check = _gate(_examples({"recall": recall.tolist(), "coarse": [2] * 200}))
@@ -103,7 +104,7 @@ def test_the_gate_ranks_as_the_served_fusion_normalises() -> None:
 
     rng = np.random.default_rng(0)
     data = _examples({"recall": rng.integers(0, 10, 200).tolist(), "coarse": rng.integers(0, 10, 200).tolist()})
-    choose = [data[i] for i in gate_halves(200, seed=0)[0]]
+    choose = [data[i] for i in gate_halves(200, seed=0, salt=SALT_FUSION_GATE)[0]]
     linear = gate_weights(data, method="linear", seed=0)["grid_best"]
     rrf = gate_weights(data, method="rrf", rrf_k=1.0, seed=0)["grid_best"]
     assert linear != rrf

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from offline.protocol import SALT_CHANNEL_GATE, gate_halves
 from recall.channels import clean_channel, merge_channels
 from recall.config import RecallConfig
 from recall.extra_channels import (
@@ -16,6 +17,7 @@ from recall.extra_channels import (
     SHARE_GRID,
     channel_candidate_recall,
     priority_items,
+    tune_shares,
 )
 from recall.stage import RecallStage
 from recall.train import train_two_tower
@@ -74,11 +76,13 @@ def test_training_saves_channels_and_tunes_shares_on_valid(trained) -> None:
     room = 1.0 - RecallConfig().popularity_share - MIN_TWO_TOWER_SHARE
     assert all(sum(g["shares"].values()) <= room + 1e-9 for g in meta["grid"])
     assert len(meta["grid"]) == sum(a + b <= room + 1e-9 for a in SHARE_GRID for b in SHARE_GRID)
-    best = max(g["recall"] for g in meta["grid"])
-    assert meta["valid_recall"] == best
-    chosen = next(g for g in meta["grid"] if g["shares"] == meta["shares"])
-    assert chosen["recall"] == best  # and no grid point with the same recall has a smaller total share
-    assert min(sum(g["shares"].values()) for g in meta["grid"] if g["recall"] == best) == sum(meta["shares"].values())
+    best = max(g["recall"] for g in meta["grid"])  # on the choosing half
+    challenger = next(g for g in meta["grid"] if g["shares"] == meta["gate"]["challenger"])
+    assert challenger["recall"] == best  # and no grid point with the same recall has a smaller total share
+    assert min(sum(g["shares"].values()) for g in meta["grid"] if g["recall"] == best) == sum(
+        challenger["shares"].values())
+    served = meta["gate"]["challenger"] if meta["gate"]["served"] == "challenger" else {"covisit": 0.0, "item_model": 0.0}
+    assert meta["shares"] == served
     assert set(meta["own_recall"]) == {f"{c}@{DEPTH}" for c in ("two_tower", "covisit", "item_model", "popularity")}
     assert report["channels"]["shares"] == meta["shares"]
 
@@ -143,3 +147,41 @@ def test_own_recall_counts_a_channel_after_its_excluded_items() -> None:
     # user 0: excluded 5, target 2 -> a's top 2 is [1, 2] (hit), b's [2, 7] (hit); user 1: target 6
     got = own_recall(lists, [np.array([5]), np.array([9])], np.array([2, 6]), 2)
     assert got == {"a@2": 0.5, "b@2": 1.0}
+
+
+def _gate_case(n_users: int, channel_wins: np.ndarray) -> dict:
+    """``tune_shares`` on made-up lists at depth 10 (one popularity slot): the target is the
+    co-visitation channel's first item where ``channel_wins``, else the two-tower's 9th item,
+    which any co-visitation quota pushes out of the priority merge."""
+    stage = RecallStage(StageSpec(name="recall", kind="recall", depth=10), RecallConfig(item_model="off"))
+    lists, targets = [], []
+    for u in range(n_users):
+        tower = np.arange(100, 150)
+        covisit = np.arange(1000 + 10 * u, 1010 + 10 * u)
+        lists.append([("two_tower", tower, -np.arange(50.0)), ("covisit", covisit, -np.arange(10.0)),
+                      ("popularity", np.arange(900, 960), -np.arange(60.0))])
+        targets.append(covisit[0] if channel_wins[u] else tower[8])
+    return tune_shares(stage, lists, [np.zeros(0, np.int64)] * n_users, np.asarray(targets), seed=0)
+
+
+def test_shares_better_on_every_user_are_served() -> None:
+    meta = _gate_case(200, np.ones(200, bool))
+    assert meta["gate"]["served"] == "challenger" and meta["shares"]["covisit"] > 0 and meta["gate"]["ci95"][0] > 0
+    assert meta["valid_recall"] == 1.0
+
+
+def test_shares_that_won_only_on_the_users_that_chose_them_are_not_served() -> None:
+    # the old rule (best on every valid user) served covisit here: it wins on the choosing half
+    # (100 users) and loses on the tested half, 100 + 0 hits against 0 + 100 for the incumbent
+    choose, _ = gate_halves(200, 0, salt=SALT_CHANNEL_GATE)
+    wins = np.zeros(200, bool)
+    wins[choose] = True
+    meta = _gate_case(200, wins)
+    assert meta["gate"]["challenger"]["covisit"] > 0 and meta["gate"]["ci95"][1] < 0
+    assert meta["gate"]["served"] == "incumbent" and meta["shares"] == {"covisit": 0.0}
+    assert meta["valid_recall"] == 0.5
+
+
+def test_too_few_users_keep_the_incumbent() -> None:
+    meta = _gate_case(30, np.ones(30, bool))
+    assert meta["shares"] == {"covisit": 0.0} and "the gate needs 40" in meta["gate"]["why"]
