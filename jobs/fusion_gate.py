@@ -29,8 +29,14 @@ from fusion.stage import (
 )
 from jobs.cascade_run import SCORED, K, requests_for_user
 from llm_rerank.meta import read_train_meta
-from offline.bootstrap import paired_bootstrap
-from offline.protocol import GATE_MIN_USERS, SALT_FUSION, SALT_FUSION_GATE, gate_halves, user_sample
+from offline.protocol import (
+    GATE_MIN_USERS,
+    SALT_FUSION,
+    SALT_FUSION_GATE,
+    gate_halves,
+    gate_verdict,
+    user_sample,
+)
 from offline.split import Split
 from recsys.contract import Candidates
 
@@ -138,11 +144,11 @@ def gate_weights(examples: list[FusionExample], *, step: float = 0.1, method: No
     best = challengers[int(np.argmax(picked))]
     a = np.array([ndcg_at_k([ex], [alone], K, method, rrf_k)[0] for ex in confirm])
     b = np.array([ndcg_at_k([ex], [best], K, method, rrf_k)[0] for ex in confirm])
-    boot = paired_bootstrap(a, b, n_boot=2000, seed=seed)
+    boot = gate_verdict(a, b, seed)
     name = next(iter(best)) if len(best) == 1 else "mixture"
     check = {"vs": incumbent, "challenger": name, "chosen_on_users": len(choose), "tested_on_users": len(confirm),
              "mean": round(boot["mean"], 5), "ci95": [round(x, 5) for x in boot["ci95"]]}
-    if boot["ci95"][0] > 0:
+    if boot["wins"]:
         check["kept"] = name if name == "mixture" else f"{name} alone"
         return {"weights": best, "single_stage_valid_ndcg": single, "grid_best": grid_best, "mixture_check": check}
     check["kept"] = f"{incumbent} alone ({name} not significantly better on the held half)"

@@ -22,9 +22,12 @@ reading files (``offline.loaders``).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
+from offline.bootstrap import paired_bootstrap
 from offline.schema import DataError, Dataset, Vocab, normalise_users
 from offline.split import Split
 
@@ -174,6 +177,17 @@ def gate_halves(n: int, seed: int, *, salt: int) -> tuple[np.ndarray, np.ndarray
     """
     order = np.random.default_rng([seed, salt]).permutation(n)
     return np.sort(order[: n // 2]), np.sort(order[n // 2:])
+
+
+def gate_verdict(incumbent: np.ndarray, challenger: np.ndarray, seed: int) -> dict[str, Any]:
+    """The gates' rule on the held half: ``offline.bootstrap.paired_bootstrap`` of challenger minus
+    incumbent per user (2000 draws) and ``wins``, true when its 95% CI lies above zero.
+
+    >>> gate_verdict(np.zeros(4), np.ones(4), 0)["wins"], gate_verdict(np.ones(4), np.ones(4), 0)["wins"]
+    (True, False)
+    """
+    boot = paired_bootstrap(incumbent, challenger, n_boot=2000, seed=seed)
+    return {**boot, "wins": boot["ci95"][0] > 0}
 
 
 def user_sample(users: np.ndarray, cap: int | None, seed: int, *, salt: int) -> np.ndarray:

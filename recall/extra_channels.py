@@ -36,8 +36,7 @@ from typing import Any
 import numpy as np
 from scipy import sparse
 
-from offline.bootstrap import paired_bootstrap
-from offline.protocol import GATE_MIN_USERS, SALT_CHANNEL_GATE, gate_halves
+from offline.protocol import GATE_MIN_USERS, SALT_CHANNEL_GATE, gate_halves, gate_verdict
 from recall.channels import clean_channel
 from recall.config import RecallConfig
 from recall.item_models import NeighbourChannel, covisitation, item_model
@@ -147,9 +146,9 @@ def tune_shares(stage: Any, lists: list[list[Any]], excludes: list[np.ndarray], 
         gate["why"] = f"{len(targets)} users: the gate needs {2 * GATE_MIN_USERS}"
     elif grid[best] != incumbent:
         base = per_user[grid.index(incumbent)]
-        check = paired_bootstrap(base[test], per_user[best][test], seed=seed)
+        check = gate_verdict(base[test], per_user[best][test], seed)
         gate.update({k: check[k] for k in ("mean", "ci95", "p_value", "n_users")})
-        if check["ci95"][0] > 0:
+        if check["wins"]:
             served, gate["served"] = grid[best], "challenger"
     valid_recall = float(per_user[grid.index(served)].mean()) if len(targets) else 0.0
     return {"shares": served, "valid_recall": round(valid_recall, 5), "gate": gate, "grid": results}

@@ -203,6 +203,7 @@ def _fit(run: _Run, config: RecallConfig, seed: int, t0: float, progress: bool) 
     history: list[dict[str, Any]] = []
     bad_evals, epoch, out_of_time, out_of_budget, steps, logits = 0, 0, False, False, 0, 0
     scored = len(run.item_tower.known) if run.log_q is None else 1 + config.n_negatives  # items per target position
+    positions = (y_all >= 0).sum(axis=1)  # target positions per window
     budget = float("inf") if config.max_train_logits is None else config.max_train_logits
     bar = tqdm(range(1, config.max_epochs + 1), desc="two-tower", disable=not progress)
     for epoch in bar:
@@ -220,7 +221,7 @@ def _fit(run: _Run, config: RecallConfig, seed: int, t0: float, progress: bool) 
             opt.step()
             losses.append(loss.item())
             steps += 1
-            logits += int((y_all[rows] >= 0).sum()) * scored
+            logits += int(positions[rows].sum()) * scored
             out_of_budget = logits >= budget
             out_of_time = time.perf_counter() - t0 > config.max_train_s
             if out_of_budget or out_of_time:
