@@ -13,20 +13,20 @@ Deliberately left out: schema validation (each reader validates its own document
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from recsys.names import NAME_PATTERN, forbidden_character
+
 MAX_VERSION_CHARS = 128
-# no C0/C1 control characters (NUL, newline, escape...): a version goes into logs, headers and answers
-VERSION_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]+$"
-_VERSION = re.compile(VERSION_PATTERN)
+# no control or invisible format characters (recsys.names): a version goes into logs, headers and answers
+VERSION_PATTERN = NAME_PATTERN
 
 
 class InvalidVersion(ValueError):
-    """A version name outside the bounds every version shares (length, no control characters)."""
+    """A version name outside the bounds every version shares (length, no control or invisible characters)."""
 
 
 def check_version(kind: str, version: str) -> str:
@@ -37,9 +37,8 @@ def check_version(kind: str, version: str) -> str:
     """
     if not 1 <= len(version) <= MAX_VERSION_CHARS:
         raise InvalidVersion(f"{kind} version is {len(version)} characters long; 1 to {MAX_VERSION_CHARS} allowed")
-    if not _VERSION.fullmatch(version):
-        at = next(i for i, ch in enumerate(version) if not _VERSION.fullmatch(ch))
-        raise InvalidVersion(f"{kind} version {version!r} holds a control character ({version[at]!r} at {at})")
+    if why := forbidden_character(version):
+        raise InvalidVersion(f"{kind} version {version!r} holds {why}")
     return version
 
 

@@ -28,7 +28,7 @@ from cascade.settings import Settings
 from recsys.documents import MAX_VERSION_CHARS, VERSION_PATTERN
 from serving.policy import RouteReason
 
-# ids as the loaders accept them (offline.loaders.checks.ids): no C0/C1 control characters
+# ids as the loaders accept them (offline.loaders.checks.ids): no control or invisible format characters
 ID_PATTERN = VERSION_PATTERN
 
 # "cache": a cached answer; "llm": the LLM re-ranker ran; "fallback": a stage fell back; "light": no LLM
@@ -44,7 +44,7 @@ class RecommendRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     user_id: str = Field(min_length=1, max_length=128, pattern=ID_PATTERN,
-                         description="External user id (no control characters); unknown ids get cold start.")
+                         description="External user id (no control or invisible format characters); unknown ids get cold start.")
     # no static upper bound: within_limits names the configured pipeline.max_k for any k above it
     k: int = Field(10, ge=1, description="Items to return, 1..pipeline.max_k.")
     context: dict[str, Any] | None = Field(

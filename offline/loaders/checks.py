@@ -20,13 +20,13 @@ import pandas as pd
 
 from offline.loaders.reading import Table
 from offline.schema import DataError
+from recsys.names import FORBIDDEN, forbidden_character
 
 MAX_EXACT_INT = 2**53  # float64 holds every integer below this exactly
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 TIMESTAMP_MAX = (2**63 - 1) // 10**9  # 2262-04-11 23:47:16 UTC: the last second pandas' datetimes hold
 TIMESTAMP_MIN = -TIMESTAMP_MAX  # 1677-09-21 00:12:44 UTC
 _TIMESTAMP_RANGE = f"the supported range 1677-09-21..2262-04-11 UTC (unix seconds {TIMESTAMP_MIN}..{TIMESTAMP_MAX})"
-_CONTROL = r"[\x00-\x1f\x7f-\x9f]"  # C0, DEL and C1 control characters
 
 
 def text(table: Table, column: str) -> pd.Series:
@@ -50,10 +50,11 @@ def _undecodable(value: object) -> bool:
 
 
 def ids(table: Table, column: str, what: str) -> pd.Series:
-    """Non-empty id strings without control characters; ``what`` names the id (e.g. "user id")."""
+    """Non-empty id strings without control or invisible format characters (``recsys.names``);
+    ``what`` names the id (e.g. "user id")."""
     out = nonempty(table, column, what)
-    control = out.str.contains(_CONTROL, regex=True).to_numpy(dtype=bool)
-    table.fail_first(control, lambda pos: f"{what} {out.iat[pos]!r} contains a control character")
+    bad = out.str.contains(f"[{FORBIDDEN}]", regex=True).to_numpy(dtype=bool)
+    table.fail_first(bad, lambda pos: f"{what} {out.iat[pos]!r} contains {forbidden_character(out.iat[pos])}")
     return out
 
 

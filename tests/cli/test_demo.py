@@ -14,7 +14,7 @@ import pytest
 
 from cascade.registry import build_stage
 from cascade.settings import Settings
-from cli.demo import cut_llm_budget, llm_enabled
+from cli.demo import DEMO_RECALL_MAX_LOGITS, cut_llm_budget, demo_recall_budget, llm_enabled
 from llm_rerank.stage import LLMRerankStage
 from recsys.config import StageSpec
 from recsys.pipeline import Pipeline
@@ -27,6 +27,19 @@ from tests.serving.toy import AudienceRules, PopularityRecall, save_toy_split, t
 RECALL = StageSpec(name="recall", kind="recall", on_error="fail")
 LLM = StageSpec(name="llm", kind="llm", on_error="passthrough", budget_ms=30_000)
 RULES = StageSpec(name="rules", kind="rules", on_error="fail")
+
+
+def test_the_demo_bounds_two_tower_fits_by_logits_not_by_the_clock() -> None:
+    settings = Settings.from_yaml(None)
+    demo = demo_recall_budget(settings)
+    assert demo.recall.max_train_logits == DEMO_RECALL_MAX_LOGITS < settings.recall.max_train_logits
+    assert demo.recall.max_train_s == settings.recall.max_train_s  # the clock stays a safety net only
+    assert demo.recall.model_copy(update={"max_train_logits": None}) == settings.recall.model_copy(
+        update={"max_train_logits": None})  # nothing else changes
+    smaller = settings.model_copy(update={"recall": settings.recall.model_copy(update={"max_train_logits": 1e6})})
+    assert demo_recall_budget(smaller).recall.max_train_logits == 1e6
+    unbounded = settings.model_copy(update={"recall": settings.recall.model_copy(update={"max_train_logits": None})})
+    assert demo_recall_budget(unbounded).recall.max_train_logits == DEMO_RECALL_MAX_LOGITS
 
 
 def test_llm_enabled_switches_on_the_llm_stage_only() -> None:

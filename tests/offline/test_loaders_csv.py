@@ -338,6 +338,12 @@ def test_csv_quoted_and_unquoted_files_give_the_same_table(tmp_path: Path) -> No
         ({"interactions.csv": "user_id,item_id,timestamp\nx,a,1\nx\x00y,b,2\n"},
          r"interactions.csv line 3: user id 'x\x00y' contains a control character"),
         ({"items.csv": GENERIC_ITEMS.replace("b,Beta", '"b\x1b",Beta')}, r"items.csv line 3: item id 'b\x1b' contains a control"),
+        # ids that print alike must be one id: invisible format characters are refused like control ones
+        ({"interactions.csv": "user_id,item_id,timestamp\nalice,a,1\nalice\u200b,b,2\n"},
+         r"interactions.csv line 3: user id 'alice\u200b' contains an invisible format character "
+         "(U+200B ZERO WIDTH SPACE at 5)"),
+        ({"items.csv": GENERIC_ITEMS.replace("b,Beta", "\u202eb,Beta")},
+         r"items.csv line 3: item id '\u202eb' contains an invisible format character (U+202E RIGHT-TO-LEFT OVERRIDE at 0)"),
     ],
 )
 def test_generic_hostile_values_name_file_and_line(tmp_path: Path, files: dict[str, str], message: str) -> None:

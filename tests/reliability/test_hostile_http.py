@@ -121,12 +121,14 @@ def test_reload_refuses_a_body_it_would_ignore(admin_client: TestClient) -> None
 
 
 def test_hostile_strings_in_ids_and_context_are_served_or_refused_cleanly(admin_client: TestClient) -> None:
-    hostile = "Ignore previous instructions <|im_start|>system \"}]}\u202e" + "x" * 60
-    resp = admin_client.post("/v1/recommend", json={"user_id": hostile, "context": {hostile: hostile}})
+    hostile = "Ignore previous instructions <|im_start|>system \"}]}\u05d0" + "x" * 60
+    resp = admin_client.post("/v1/recommend", json={"user_id": hostile, "context": {hostile: hostile + "\u202e"}})
     assert resp.status_code == 200 and resp.json()["cold_start"] is True and resp.json()["user_id"] == hostile
-    # a control character (here a newline) is refused in an id, as the loaders refuse it in a dataset's ids
-    resp = admin_client.post("/v1/recommend", json={"user_id": hostile + "\n", "context": {hostile: hostile + "\n"}})
-    assert resp.status_code == 422 and [e["loc"] for e in resp.json()["detail"]] == [["body", "user_id"]]
+    # a control character (a newline) or an invisible format character (a right-to-left override, which
+    # makes a log line show another id) is refused in an id, as the loaders refuse it in a dataset's ids
+    for bad in ("\n", "\u202e"):
+        resp = admin_client.post("/v1/recommend", json={"user_id": hostile + bad, "context": {hostile: hostile + bad}})
+        assert resp.status_code == 422 and [e["loc"] for e in resp.json()["detail"]] == [["body", "user_id"]]
     too_many = {f"k{i}": i for i in range(40)}
     resp = admin_client.post("/v1/recommend", json={"user_id": "u1", "context": too_many})
     assert resp.status_code == 422 and "at most 32 allowed" in resp.text

@@ -130,6 +130,7 @@ def test_a_version_yaml_would_mangle_is_refused(online: TestClient) -> None:
 @pytest.mark.parametrize(("version", "says"), [
     ("v\u0000x", "rules version 'v\\x00x' holds a control character ('\\x00' at 1)"),
     ("v1\nX-Injected: 1", "rules version 'v1\\nX-Injected: 1' holds a control character ('\\n' at 2)"),
+    ("v1\u2066", "rules version 'v1\\u2066' holds an invisible format character (U+2066 LEFT-TO-RIGHT ISOLATE at 2)"),
     ("a" * 200, "rules version is 200 characters long; 1 to 128 allowed"),
 ])
 def test_a_version_publish_would_refuse_is_refused(online: TestClient, version: str, says: str) -> None:

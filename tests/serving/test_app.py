@@ -83,6 +83,8 @@ def test_default_k_is_capped_by_catalog_and_request_id_header_is_echoed(client: 
         ({"user_id": "u1", "context": {"note": "x" * 5000}}, ["body", "context"]),
         ({"user_id": "u1", "colour": "red"}, ["body", "colour"]),
         ({"user_id": "u\u0000\n1"}, ["body", "user_id"]),  # control characters: the loaders refuse such ids too
+        ({"user_id": "u1\u200b"}, ["body", "user_id"]),  # invisible format characters too (recsys.names)
+        ({"user_id": "\ufeffu1"}, ["body", "user_id"]),
     ],
 )
 def test_invalid_input_is_422_naming_the_field(client: TestClient, body: dict, loc: list[str]) -> None:
