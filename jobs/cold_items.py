@@ -39,6 +39,7 @@ from jobs.train import DEFAULT_STAGES, split_id, train_stages
 from offline.metrics import candidate_recall as share_found
 from offline.metrics import candidates_found, per_user_metrics
 from offline.split import Split
+from recsys.atomic import atomic_write_json
 
 COLD_DIR = "cold-items"
 
@@ -84,8 +85,9 @@ def prepare_cold(artifact_dir: Path, split: Split, share: float = 0.1) -> tuple[
     if fp.exists() and json.loads(fp.read_text()) == source and (cold_dir / "split" / "split.json").exists():
         return cold_dir, Split.load(cold_dir / "split")
     cold = cold_split(split, share)
+    fp.unlink(missing_ok=True)  # as jobs.train.prepare: an interrupted rebuild leaves no split, never a mixed one
     cold.save(cold_dir / "split")
-    fp.write_text(json.dumps(source, indent=2))
+    atomic_write_json(fp, source)
     return cold_dir, cold
 
 

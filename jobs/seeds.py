@@ -16,17 +16,17 @@ the data per seed (the spread measured is the training's, not the split's).
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from cascade.settings import Settings
+from cascade.settings import MAX_SEED, Settings
 from jobs.evaluate import evaluate_pipeline
 from jobs.train import train_stages
 from offline.split import Split
+from recsys.atomic import atomic_write_json
 
 SUMMARISED = ("stages", "deltas", "candidate_recall", "channel_recall", "policy_costs", "train_s")
 
@@ -35,6 +35,8 @@ def seed_dirs(artifact_dir: Path, first: int, n: int) -> list[tuple[int, Path]]:
     """``[(seed, artifact_dir/seed-<seed>)]`` for ``n`` consecutive seeds from ``first``."""
     if n < 1:
         raise ValueError(f"--seeds must be >= 1, got {n}")
+    if first + n - 1 > MAX_SEED:
+        raise ValueError(f"--seeds {n} from seed {first} reaches seed {first + n - 1}, past the largest seed {MAX_SEED}")
     return [(s, Path(artifact_dir) / f"seed-{s}") for s in range(first, first + n)]
 
 
@@ -64,7 +66,7 @@ def evaluate_seeds(
                                   for k in ("recall", "recall_holdout") if k in trained}
         coarse = trained.get("coarse", {})
         report["coarse_importance"] = coarse.get("feature_importance_gain", coarse.get("feature_importance_top10"))
-        (directory / f"eval_{phase}.json").write_text(json.dumps(report, indent=2, default=str))
+        atomic_write_json(directory / f"eval_{phase}.json", report, default=str)
         per_seed[seed] = report
     return {"dataset": split.name, "phase": phase, "seeds": list(per_seed), "artifacts": str(artifact_dir),
             "summary": summarize(per_seed), "per_seed": {s: _compact(r) for s, r in per_seed.items()}}

@@ -74,8 +74,11 @@ def prepare(
         return Split.load(split_dir)
     ds = load_dataset(data, fmt, **synthetic)
     split = make_split(ds, k_core=k_core)
+    # the old fingerprint goes before the split is rewritten: an interrupted prepare leaves no
+    # split (the next one starts over), never a fingerprint vouching for half-new files
+    fp_path.unlink(missing_ok=True)
     split.save(split_dir)
-    fp_path.write_text(json.dumps(fp, indent=2))
+    atomic_write_json(fp_path, fp)
     return split
 
 

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
 import numpy as np
 import pandas as pd
 
 from offline.schema import Vocab, user_attributes
-from recsys.atomic import atomic_write_json
+from recsys.atomic import atomic_write, atomic_write_json
 from recsys.contract import Request
 
 Phase = Literal["train", "valid", "test"]
@@ -119,16 +120,22 @@ class Split:
 
     # -- persistence -------------------------------------------------------------------
     def save(self, directory: Path) -> None:
+        """Write the split; ``split.json``, written last, marks it complete.
+
+        Over an existing split the old marker goes first: a save killed half-way leaves no
+        split (``load`` refuses it), never new tables beside old ones that still look complete.
+        Each table goes through a temporary file renamed into place.
+        """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self.items.to_parquet(directory / "items.parquet", index=False)
-        self.users.to_parquet(directory / "users.parquet", index=False)
-        self.train.to_parquet(directory / "train.parquet", index=False)
-        pd.DataFrame(
+        (directory / "split.json").unlink(missing_ok=True)
+        holdout = pd.DataFrame(
             {"user_id": self.vocab.user_ids.astype(str), "valid": self.valid, "test": self.test,
              "valid_ts": self.valid_ts, "test_ts": self.test_ts}
-        ).to_parquet(directory / "holdout.parquet", index=False)
-        # written last: its presence marks a complete split
+        )
+        for name, frame in (("items", self.items), ("users", self.users), ("train", self.train),
+                            ("holdout", holdout)):
+            atomic_write(directory / f"{name}.parquet", partial(_write_parquet, frame))
         atomic_write_json(directory / "split.json", {"name": self.name, "protocol": self.protocol})
 
     @classmethod
@@ -148,3 +155,7 @@ class Split:
             valid_ts=hold["valid_ts"].to_numpy(np.int64), test_ts=hold["test_ts"].to_numpy(np.int64),
             protocol=meta["protocol"],
         )
+
+
+def _write_parquet(frame: pd.DataFrame, fh: IO[bytes]) -> None:
+    frame.to_parquet(fh, index=False)

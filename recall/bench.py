@@ -27,6 +27,7 @@ import numpy as np
 from tqdm import tqdm
 
 from recall.index import ItemIndex, overlap_at_k
+from recsys.atomic import atomic_write_text
 
 
 def clustered_vectors(n: int, dim: int, seed: int, n_clusters: int | None = None) -> tuple[np.ndarray, Any]:
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     text = json.dumps(report, indent=2)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+        atomic_write_text(args.out, text + "\n")
     print(text)
 
 

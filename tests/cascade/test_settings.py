@@ -1,8 +1,9 @@
+import re
 from pathlib import Path
 
 import pytest
 
-from cascade.settings import ConfigError, Settings
+from cascade.settings import MAX_SEED, ConfigError, Settings
 
 
 def test_default_yaml_validates_with_default_depths():
@@ -121,6 +122,45 @@ def test_a_boolean_for_a_number_is_refused_by_key(tmp_path: Path, text: str, key
     path.write_text(text)
     with pytest.raises(ConfigError, match=rf"c.yaml: invalid configuration\n  {key}: a number, got true/false"):
         Settings.from_yaml(path)
+
+
+@pytest.mark.parametrize(("text", "key"), [
+    ("1: 2\n", "1: a section name must be a string, got int"),
+    ("null: x\n", "None: a section name must be a string, got NoneType"),
+    ("yes: x\n", "True: a section name must be a string, got bool"),
+    ("seed: 3\n2020-01-01: x\n", "datetime.date(2020, 1, 1): a section name must be a string, got date"),
+])
+def test_a_section_name_that_is_not_a_string_is_refused_naming_it(tmp_path: Path, text: str, key: str):
+    path = tmp_path / "c.yaml"  # pydantic-settings used to crash on it (AttributeError: no .lower())
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(f"c.yaml: invalid configuration\n  {key}; known: [")):
+        Settings.from_yaml(path)
+
+
+@pytest.mark.parametrize("seed", [-1, 2**31, 10**30])
+def test_a_seed_outside_what_every_library_takes_is_refused_naming_seed(seed: int, monkeypatch):
+    with pytest.raises(ConfigError, match="seed: Input should be (greater|less) than or equal to"):
+        Settings.build({"seed": seed})
+    monkeypatch.setenv("RECSYS_SEED", str(seed))
+    with pytest.raises(ConfigError, match="seed: .*from environment variable RECSYS_SEED"):
+        Settings.build({})
+
+
+def test_the_largest_seed_trains_everywhere_and_seed_runs_may_not_pass_it(tmp_path: Path):
+    import lightgbm as lgb
+    import numpy as np
+    import torch
+
+    from jobs.seeds import seed_dirs
+
+    top = Settings.build({"seed": MAX_SEED}).seed
+    np.random.default_rng(top)
+    torch.manual_seed(top)
+    lgb.LGBMRanker(random_state=top, n_estimators=1, verbose=-1).fit(
+        np.arange(8.0).reshape(4, 2), [0, 1, 0, 1], group=[2, 2])
+    assert [s for s, _ in seed_dirs(tmp_path, top - 1, 2)] == [top - 1, top]
+    with pytest.raises(ValueError, match=f"--seeds 3 from seed {top - 1} reaches seed {top + 1}, past the largest"):
+        seed_dirs(tmp_path, top - 1, 3)
 
 
 def test_booleans_stay_booleans_and_numbers_numbers(monkeypatch):

@@ -1,6 +1,7 @@
 """The ``recsys`` console script: help texts, reports, and clear errors for bad input."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,22 @@ def test_an_out_path_that_is_a_directory_is_refused_before_any_work(tmp_path: Pa
     # it used to be found only when the report was written, after the whole split was
     res = runner.invoke(app, ["prepare", "--artifacts", str(tmp_path / "a"), "--out", str(tmp_path)])
     assert res.exit_code == 2 and "is a directory" in res.output
+    assert not (tmp_path / "a").exists()
+
+
+def test_an_out_path_under_a_file_or_a_locked_folder_is_refused_before_any_work(tmp_path: Path):
+    (tmp_path / "afile").write_text("x")
+    res = runner.invoke(app, ["prepare", "--artifacts", str(tmp_path / "a"), "--out", str(tmp_path / "afile" / "r.json")])
+    assert res.exit_code == 2 and f"{tmp_path / 'afile'} is a file, not a directory" in res.output
+    assert not (tmp_path / "a").exists()
+    deep = tmp_path / "afile" / "more" / "r.json"  # the nearest existing folder above is what counts
+    res = runner.invoke(app, ["prepare", "--artifacts", str(tmp_path / "a"), "--out", str(deep)])
+    assert res.exit_code == 2 and "is a file, not a directory" in res.output
+    if os.geteuid() != 0:  # root writes anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        res = runner.invoke(app, ["prepare", "--artifacts", str(tmp_path / "a"), "--out", str(locked / "r.json")])
+        assert res.exit_code == 2 and "is not writable" in res.output
     assert not (tmp_path / "a").exists()
 
 

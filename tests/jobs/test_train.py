@@ -135,3 +135,35 @@ def test_a_two_tower_stopped_by_the_clock_is_a_warning_and_by_the_budget_only_wh
     # the budget after the best epoch had passed, or early stopping: nothing to say
     assert training_warnings(settings, {"recall": {**budget, "best_epoch": 4}}) == []
     assert training_warnings(settings, {"recall": {**budget, "out_of_budget": False}}) == []
+
+
+def test_an_interrupted_prepare_leaves_no_split_rather_than_a_mixed_one(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import pandas as pd
+
+    from offline.split import Split
+
+    art = tmp_path / "synthetic"
+    old = prepare(None, art, n_users=30, n_items=40, seed=3)
+    real = pd.DataFrame.to_parquet
+    written: list[int] = []
+
+    def killed_at_the_train_table(frame: pd.DataFrame, *args: object, **kwargs: object) -> None:
+        if "user_idx" in frame.columns:  # the train table: items and users are already new
+            raise KeyboardInterrupt  # stands in for a kill
+        written.append(len(frame))
+        real(frame, *args, **kwargs)
+
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", killed_at_the_train_table)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(None, art, n_users=30, n_items=40, seed=4)
+    monkeypatch.undo()
+    assert len(written) == 2  # the new items and users tables replaced the old ones ...
+    with pytest.raises(FileNotFoundError, match="no saved split here"):  # ... but nothing vouches for them
+        Split.load(art / "split")
+    assert not (art / "split" / "source.json").exists()
+    assert not [p.name for p in (art / "split").iterdir() if p.name.startswith(".")]  # no temporary file left
+    again = prepare(None, art, n_users=30, n_items=40, seed=4)  # the next prepare starts over
+    assert Split.load(art / "split").vocab.item_ids.tolist() == again.vocab.item_ids.tolist()
+    assert prepare(None, art, n_users=30, n_items=40, seed=4).train.equals(again.train)  # and is reused
+    assert not again.items.equals(old.items)
