@@ -214,6 +214,8 @@ def _parse_rule(raw: Any, index: int, source: str) -> Rule:
     rule_id = raw.get("id")
     where = f"{source}: rule {rule_id!r} (rules[{index}])" if rule_id else f"{source}: rules[{index}]"
     kind = raw.get("kind")
+    if not isinstance(kind, str):  # a list or mapping is not even hashable for the lookup below
+        raise RulesError(f"{where}: kind must be one of {sorted(RULE_KINDS)}, got {type(kind).__name__} {kind!r}")
     if kind not in RULE_KINDS:
         raise RulesError(f"{where}: unknown kind {kind!r}; known kinds: {sorted(RULE_KINDS)}")
     try:

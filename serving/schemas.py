@@ -19,17 +19,19 @@ Deliberately left out: anything FastAPI-specific (routes, dependencies).
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from cascade.serving_config import EVENT_TYPES
 from cascade.settings import Settings
 from recsys.documents import MAX_VERSION_CHARS, VERSION_PATTERN
 from serving.policy import RouteReason
 
-# ids as the loaders accept them (offline.loaders.checks.ids): no control or invisible format characters
+# ids as the loaders read them (offline.loaders.checks.ids): surrounding whitespace stripped, no
+# control or invisible format characters (recsys.names), so " u01" is the dataset's "u01"
 ID_PATTERN = VERSION_PATTERN
+ExternalId = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=128, pattern=ID_PATTERN)]
 
 # "cache": a cached answer; "llm": the LLM re-ranker ran; "fallback": a stage fell back; "light": no LLM
 AnswerPath = Literal["cache", "light", "llm", "fallback"]
@@ -43,8 +45,8 @@ class RecommendRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    user_id: str = Field(min_length=1, max_length=128, pattern=ID_PATTERN,
-                         description="External user id (no control or invisible format characters); unknown ids get cold start.")
+    user_id: ExternalId = Field(description="External user id (no control or invisible format characters; surrounding "
+                                "whitespace is stripped, as the loaders strip it); unknown ids get cold start.")
     # no static upper bound: within_limits names the configured pipeline.max_k for any k above it
     k: int = Field(10, ge=1, description="Items to return, 1..pipeline.max_k.")
     context: dict[str, Any] | None = Field(
@@ -176,15 +178,15 @@ class EventRequest(BaseModel):
 
     event_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$",
                           description="Client-chosen unique id; a repeat is ignored and reported as duplicate.")
-    user_id: str = Field(min_length=1, max_length=128, pattern=ID_PATTERN, description="External user id.")
-    item_id: str = Field(min_length=1, max_length=128, pattern=ID_PATTERN,
-                         description="External item id; must be in the catalog.")
+    user_id: ExternalId = Field(description="External user id.")
+    item_id: ExternalId = Field(description="External item id; must be in the catalog.")
     type: EventType = Field(description="impression, click, rating, purchase or add_to_cart.")
     value: float | None = Field(None, ge=-MAX_EVENT_VALUE, le=MAX_EVENT_VALUE,
                                 description="Rating value, price, dwell seconds... depending on type.")
     ts: float | None = Field(None, ge=0, le=MAX_EVENT_TS,
                              description="Client unix time (before 2100); the server's time when omitted.")
-    variant: str | None = Field(None, max_length=64, description="A/B variant that served the item.")
+    variant: str | None = Field(None, min_length=1, max_length=64, pattern=ID_PATTERN,
+                                description="A/B variant that served the item (no control or invisible characters).")
 
 
 class EventResponse(BaseModel):

@@ -127,8 +127,14 @@ def test_hostile_strings_in_ids_and_context_are_served_or_refused_cleanly(admin_
     # a control character (a newline) or an invisible format character (a right-to-left override, which
     # makes a log line show another id) is refused in an id, as the loaders refuse it in a dataset's ids
     for bad in ("\n", "\u202e"):
-        resp = admin_client.post("/v1/recommend", json={"user_id": hostile + bad, "context": {hostile: hostile + bad}})
+        resp = admin_client.post("/v1/recommend", json={"user_id": bad.join(hostile.split(" ", 1)),
+                                                        "context": {hostile: hostile + bad}})
         assert resp.status_code == 422 and [e["loc"] for e in resp.json()["detail"]] == [["body", "user_id"]]
+    # surrounding whitespace is stripped, as the loaders strip it from a dataset's ids: " u1" is u1
+    known = admin_client.post("/v1/recommend", json={"user_id": "u1"}).json()
+    padded = admin_client.post("/v1/recommend", json={"user_id": " u1\t\n"}).json()
+    assert padded["user_id"] == "u1" and padded["cold_start"] is known["cold_start"] is False
+    assert padded["items"] == known["items"]
     too_many = {f"k{i}": i for i in range(40)}
     resp = admin_client.post("/v1/recommend", json={"user_id": "u1", "context": too_many})
     assert resp.status_code == 422 and "at most 32 allowed" in resp.text

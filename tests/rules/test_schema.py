@@ -33,6 +33,13 @@ def test_unknown_kind_is_named():
         parse({"id": "x", "kind": "teleport"})
 
 
+@pytest.mark.parametrize("kind", [["blocklist"], {"a": 1}, None, 3])
+def test_a_kind_that_is_not_a_string_is_named_not_a_crash(kind: object):
+    # a list or mapping used to raise TypeError (unhashable) through PUT /admin/rules: a 500
+    with pytest.raises(RulesError, match=rf"rule 'x' \(rules\[0\]\): kind must be one of \[.*\], got {type(kind).__name__}"):
+        parse({"id": "x", "kind": kind, "items": {"item_ids": ["m1"]}})
+
+
 def test_unknown_and_missing_keys_are_named():
     with pytest.raises(RulesError, match=r"rule 'cap' \(rules\[0\]\): colour is not a known key"):
         parse({"id": "cap", "kind": "category_cap", "max_items": 2, "colour": "red"})

@@ -163,3 +163,11 @@ def test_a_rule_set_the_catalog_cannot_judge_is_refused_before_publishing(online
     assert resp.json()["detail"] == ("rule 'income_gate' (rules[0]): reads user attribute 'income', "
                                      "which this catalog lacks")
     assert "income-1" not in published(online)
+
+
+@pytest.mark.parametrize("kind", ["[blocklist]", "{a: 1}"])
+def test_a_rule_kind_that_is_not_a_string_is_422_not_500(online: TestClient, kind: str) -> None:
+    resp = put(online, f'version: "k"\nrules: [{{id: r, kind: {kind}, items: {{item_ids: [m6]}}}}]\n')
+    assert resp.status_code == 422
+    assert resp.json()["detail"].startswith("PUT /admin/rules: rule 'r' (rules[0]): kind must be one of [")
+    assert "k" not in published(online)

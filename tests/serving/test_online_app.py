@@ -57,6 +57,9 @@ def test_duplicate_and_impression_events(online: TestClient) -> None:
     ({"type": "hover"}, ["body", "type"]),
     ({"event_id": ""}, ["body", "event_id"]),
     ({"event_id": "has space"}, ["body", "event_id"]),
+    ({"variant": "a\nb"}, ["body", "variant"]),  # it goes into the events stream `recsys ab analyze` reads
+    ({"variant": "b\u200b"}, ["body", "variant"]),
+    ({"user_id": "u\u200b1"}, ["body", "user_id"]),
 ])
 def test_invalid_event_is_422_naming_the_field(online: TestClient, body: dict, loc: list[str]) -> None:
     full = {"event_id": "e", "user_id": "u1", "item_id": "m4", "type": "click", **body}
