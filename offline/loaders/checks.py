@@ -29,14 +29,78 @@ TIMESTAMP_MIN = -TIMESTAMP_MAX  # 1677-09-21 00:12:44 UTC
 _TIMESTAMP_RANGE = f"the supported range 1677-09-21..2262-04-11 UTC (unix seconds {TIMESTAMP_MIN}..{TIMESTAMP_MAX})"
 
 
-def text(table: Table, column: str) -> pd.Series:
-    """The column as str with surrounding whitespace removed (missing values -> "")."""
-    col = table.rows[column]
+def text(table: Table, column: str, what: str | None = None) -> pd.Series:
+    """The column as str with surrounding whitespace removed (missing values -> "").
+
+    A typed (Parquet) column may hold strings, UTF-8 bytes, integers and whole floats (ids such
+    as 7 or 7.0, read as "7" and "7.0"); anything else is refused, not turned into its Python
+    repr: ``"items.parquet row 2: title must be text, got list ['a']"`` (``what``, default the
+    column's name, names the column).
+    """
+    col = _plain(table.rows[column])
+    table.fail_first(_not_text(col), lambda pos: f"{what or column} must be text, got {shown(col.iat[pos])}")
+    return _stripped(table, column, col)
+
+
+def _raw(table: Table, column: str) -> pd.Series:
+    """Any column as stripped str, for parsers that refuse what does not parse (numbers, dates)."""
+    return _stripped(table, column, _plain(table.rows[column]))
+
+
+def _plain(col: pd.Series) -> pd.Series:
+    # A categorical (a Parquet dictionary column) cannot take "" as a value, nor can a nullable
+    # Int64/boolean: read such columns as objects, which can.
+    if isinstance(col.dtype, (np.dtype, pd.StringDtype)):
+        return col
+    return col.astype(object)
+
+
+def _stripped(table: Table, column: str, col: pd.Series) -> pd.Series:
     try:
         return col.where(col.notna(), "").astype(str).str.strip()
     except UnicodeDecodeError:  # a binary Parquet column: bytes pandas cannot read as UTF-8
         table.fail_first(np.array([_undecodable(v) for v in col]), lambda pos: f"{column} is bytes, not UTF-8 text")
         raise
+
+
+def _not_text(col: pd.Series) -> np.ndarray:
+    """Mask of values that are neither missing, str, bytes, an integer nor a whole float."""
+    if isinstance(col.dtype, pd.StringDtype) or col.dtype.kind in "iu":
+        return np.zeros(len(col), dtype=bool)
+    if col.dtype.kind == "f":
+        values = col.to_numpy(dtype=np.float64)
+        return ~np.isnan(values) & ~(np.isfinite(values) & (values == np.round(values)))
+    if col.dtype.kind == "O" and pd.api.types.infer_dtype(col, skipna=True) in ("string", "bytes", "integer", "empty"):
+        return np.zeros(len(col), dtype=bool)
+    return np.array([not _text_value(v) for v in col], dtype=bool)
+
+
+def _text_value(value: object) -> bool:
+    if value is None or value is pd.NA or value is pd.NaT or isinstance(value, (str, bytes)):
+        return True
+    if isinstance(value, (bool, np.bool_)):
+        return False
+    if isinstance(value, (int, np.integer)):
+        return True
+    if isinstance(value, (float, np.floating)):
+        return bool(np.isnan(value) or (np.isfinite(value) and value == round(value)))
+    return False
+
+
+def shown(value: object) -> str:
+    """A value as a message shows it: ``"list ['a', 'b']"``, ``"struct {'x': 1}"``, ``"float 2.5"``."""
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    elif isinstance(value, np.generic):
+        value = value.item()
+    kind = "list" if isinstance(value, (list, tuple)) else "struct" if isinstance(value, dict) else type(value).__name__
+    return f"{kind} {short(value)}"
+
+
+def short(value: object) -> str:
+    """``repr`` cut to 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _undecodable(value: object) -> bool:
@@ -60,7 +124,7 @@ def ids(table: Table, column: str, what: str) -> pd.Series:
 
 def nonempty(table: Table, column: str, what: str) -> pd.Series:
     """Non-empty strings (e.g. titles, which may hold any character)."""
-    out = text(table, column)
+    out = text(table, column, what)
     table.fail_first((out == "").to_numpy(), lambda pos: f"empty {what}")
     return out
 
@@ -80,7 +144,7 @@ def numbers(
     An integer must be below ``MAX_EXACT_INT`` in magnitude (larger ones lose digits in float64).
     Example: ratings "4", "x" -> DataError("ratings.dat line 2: rating 'x' is not a number").
     """
-    raw = text(table, column)
+    raw = _raw(table, column)
     empty = (raw == "").to_numpy()
     if not allow_empty:
         table.fail_first(empty, lambda pos: f"empty {what}")
@@ -105,7 +169,7 @@ def float32s(table: Table, column: str, what: str) -> np.ndarray:
     """``numbers`` stored as float32: a value float32 cannot hold is refused, never turned into inf."""
     values = numbers(table, column, what).to_numpy(dtype=np.float64)
     table.fail_first(np.abs(values) > FLOAT32_MAX,
-                     lambda pos: f"{what} {text(table, column).iat[pos]!r} is too large (float32 holds at most 3.4e38)")
+                     lambda pos: f"{what} {_raw(table, column).iat[pos]!r} is too large (float32 holds at most 3.4e38)")
     return values.astype(np.float32)
 
 
@@ -123,7 +187,7 @@ def timestamps(table: Table, column: str) -> np.ndarray:
         seconds = _unix_seconds(pd.to_datetime(col, utc=True))
         _in_range(table, seconds, lambda pos: str(col.iat[pos]), numeric=False)
         return seconds
-    raw = text(table, column)
+    raw = _raw(table, column)
     table.fail_first((raw == "").to_numpy(), lambda pos: "empty timestamp")
     numeric = pd.to_numeric(raw, errors="coerce")
     if numeric.notna().all():
@@ -179,7 +243,7 @@ def known(table: Table, values: pd.Series, valid: Collection[str] | pd.Index, wh
 
 def choice(table: Table, column: str, allowed: Collection[str], what: str) -> pd.Series:
     """Optional categorical values: "" -> None, anything else must be in ``allowed``."""
-    raw = text(table, column)
+    raw = text(table, column, what)
     bad = ~raw.isin(list(allowed)).to_numpy() & (raw != "").to_numpy()
     table.fail_first(bad, lambda pos: f"{what} {raw.iat[pos]!r} is not one of {sorted(allowed)}")
     return raw.astype(object).where(raw != "", None)

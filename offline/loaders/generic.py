@@ -112,19 +112,14 @@ def _categories(table: Table) -> list[list[str]]:
             if bad := next((p for p in parts if not isinstance(p, (str, int, np.integer)) or isinstance(p, bool)),
                            None):
                 raise DataError(f"{table.where(pos)}: categories must be names (strings), got "
-                                f"{type(bad).__name__} {_short(bad)} in the list")
+                                f"{type(bad).__name__} {checks.short(bad)} in the list")
         elif v is None or (isinstance(v, float) and np.isnan(v)):
             parts = []
         else:
             raise DataError(f"{table.where(pos)}: categories must be a '|'-joined string or a list of names, "
-                            f"got {type(v).__name__} {_short(v)}")
+                            f"got {type(v).__name__} {checks.short(v)}")
         out.append([str(p).strip() for p in parts if str(p).strip()])
     return out
-
-
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _attributes(table: Table, schema_columns: Sequence[str]) -> list[str]:

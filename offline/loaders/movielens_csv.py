@@ -35,8 +35,8 @@ def load_ml_csv(directory: Path) -> Dataset:
     tags = _top_tags(tags_path, item_id) if tags_path.exists() else {}
     items = movie_items(item_id, checks.nonempty(movies, "title", "title"), checks.text(movies, "genres"), tags)
 
-    ratings = read_csv(directory / "ratings.csv", ("userId", "movieId", "rating", "timestamp"))
-    ratings.rows.rename(columns={"userId": "user_id", "movieId": "item_id"}, inplace=True)
+    ratings = read_csv(directory / "ratings.csv", ("userId", "movieId", "rating", "timestamp"),
+                       rename={"userId": "user_id", "movieId": "item_id"})
     events = common.interactions(ratings, items=items["item_id"], items_file="movies.csv")
     return Dataset(directory.name, events, items, common.users_seen(events))
 

@@ -13,7 +13,8 @@ up front (a bad byte is reported by line, not as a codec traceback), then split:
   record with the ``csv`` module (strict quoting, no field size limit). Both give the same
   values; every record has exactly the header's field count, and a row is reported by the
   line its record starts on. Duplicate column names are refused.
-- ``read_parquet``: typed tables; positions are reported as ``row N`` (1-based).
+- ``read_parquet``: typed tables; positions are reported as ``row N`` (1-based). Every column
+  in the file is read, one pandas stored as the index included.
 
 Line ends are LF, CRLF or CR (as pandas and the ``csv`` module read them), never other
 Unicode line separators. Deliberately left out: what the columns mean and their value
@@ -25,7 +26,7 @@ from __future__ import annotations
 import csv
 import io
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,15 +114,19 @@ def read_delimited(path: Path, sep: str, columns: Sequence[str], encoding: str =
 _PANDAS_FIELDS = re.compile(r"Expected (\d+) fields in line (\d+), saw (\d+)")
 
 
-def read_csv(path: Path, required: Sequence[str], encoding: str = "utf-8") -> Table:
+def read_csv(
+    path: Path, required: Sequence[str], encoding: str = "utf-8", rename: Mapping[str, str] | None = None
+) -> Table:
     """A CSV file with a header row holding at least the ``required`` columns (values as str).
 
     Blank lines, and rows whose fields are all empty, are skipped (their lines still count).
+    ``rename`` maps a header name to the column name it is read as (``required`` names the
+    header's); a header that already holds the new name is refused, as a duplicate name is.
     """
     text = decode(path, encoding).removeprefix("\ufeff")  # a byte-order mark is not part of the header
     plain = '"' not in text and _BARE_CR.search(text) is None
     header_line, header, rows, numbers = (_parse_plain if plain else _parse_quoted)(path.name, text, required)
-    columns = _column_names(path.name, header_line, header, required)
+    columns = _column_names(path.name, header_line, header, required, rename or {})
     rows.columns = pd.Index(columns)
     rows[LINE] = numbers
     return Table(path.name, rows)
@@ -213,8 +218,11 @@ def _parse_quoted(
     return header_line, header, rows, np.asarray(numbers, dtype=np.int64)
 
 
-def _column_names(file: str, header_line: int, header: list[str], required: Sequence[str]) -> list[str]:
-    """Header fields as column names (an empty one becomes "Unnamed: i", as pandas names it)."""
+def _column_names(
+    file: str, header_line: int, header: list[str], required: Sequence[str], rename: Mapping[str, str]
+) -> list[str]:
+    """Header fields as column names (an empty one becomes "Unnamed: i", as pandas names it),
+    renamed by ``rename``."""
     names = [name or f"Unnamed: {i}" for i, name in enumerate(header)]
     where = f"{file} line {header_line}"
     duplicated = sorted({n for n in names if names.count(n) > 1})
@@ -225,7 +233,10 @@ def _column_names(file: str, header_line: int, header: list[str], required: Sequ
     missing = [c for c in required if c not in names]
     if missing:
         raise DataError(f"{where}: header lacks column(s) {missing}; found {names}")
-    return names
+    for old, new in rename.items():
+        if old in names and new in names:
+            raise DataError(f"{where}: column {new!r} clashes with {old!r} (renamed to {new}); drop or rename one")
+    return [rename.get(n, n) for n in names]
 
 
 def read_parquet(path: Path, required: Sequence[str]) -> Table:
@@ -242,14 +253,30 @@ def read_parquet(path: Path, required: Sequence[str]) -> Table:
         rows = pd.read_parquet(path)
     except Exception as exc:
         raise DataError(f"{path.name}: not a readable Parquet file ({exc})") from exc
+    rows = _index_as_columns(rows)
     if LINE in rows.columns:
         raise DataError(f"{path.name}: column name {LINE!r} is reserved; rename that column")
     missing = [c for c in required if c not in rows.columns]
     if missing:
         raise DataError(f"{path.name}: missing column(s) {missing}; found {list(rows.columns)}")
-    rows = rows.reset_index(drop=True)
     rows[LINE] = np.arange(1, len(rows) + 1, dtype=np.int64)
     return Table(path.name, rows, unit="row")
+
+
+def _index_as_columns(rows: pd.DataFrame) -> pd.DataFrame:
+    """The pandas index pandas stored in the file, as the columns it is in the file's schema.
+
+    ``items.set_index("item_id").to_parquet(...)`` stores ``item_id`` as a column, which pandas
+    reads back as the index: it becomes a column again, after the others (its place in the
+    file). An unnamed index (a default RangeIndex, or ``__index_level_0__`` when filtered) is
+    row numbering, not data, and is dropped, as is an index named like a column
+    (``set_index("item_id", drop=False)``), which the file holds as ``__index_level_0__``.
+    """
+    named = [name for name in rows.index.names if name is not None and name not in rows.columns]
+    if named:
+        rows = rows.reset_index(level=named)
+        rows = rows[[*rows.columns[len(named):], *rows.columns[:len(named)]]]
+    return rows.reset_index(drop=True)
 
 
 def find_table_file(directory: Path, stem: str) -> Path | None:

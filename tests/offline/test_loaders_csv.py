@@ -66,6 +66,11 @@ def test_ml_csv_tiny_loads_exact_rows(tmp_path: Path) -> None:
         ({"ratings.csv": RATINGS + "2,12,4.0,1\n"}, "ratings.csv line 5: unknown item id '12' (not in movies.csv)"),
         ({"tags.csv": TAGS + "1,9,scary,5\n"}, "tags.csv line 6: unknown movie id '9' (not in movies.csv)"),
         ({"movies.csv": MOVIES + "1,Dup (1990),Drama\n"}, "movies.csv line 5: duplicate movie id '1'"),
+        # the loader renames userId/movieId to user_id/item_id: a file holding both names is refused
+        ({"ratings.csv": "userId,movieId,rating,timestamp,user_id\n1,1,4.0,964982703,u1\n"},
+         "ratings.csv line 1: column 'user_id' clashes with 'userId' (renamed to user_id)"),
+        ({"ratings.csv": '\nitem_id,userId,movieId,rating,timestamp\n"a",1,1,4.0,964982703\n'},
+         "ratings.csv line 2: column 'item_id' clashes with 'movieId' (renamed to item_id)"),
     ],
 )
 def test_ml_csv_malformed_names_file_and_line(tmp_path: Path, override: dict[str, str | bytes], message: str) -> None:

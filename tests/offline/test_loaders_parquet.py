@@ -1,0 +1,123 @@
+"""Generic Parquet files as pandas writes them: dictionary (categorical) and nullable columns,
+a stored pandas index, and values that are not text in a text column."""
+
+from __future__ import annotations
+
+import decimal
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from offline.loaders import load_dataset
+from offline.schema import DataError
+
+
+def write_parquet(root: Path, interactions: pd.DataFrame | None = None, items: pd.DataFrame | None = None,
+                  users: pd.DataFrame | None = None) -> Path:
+    """A generic Parquet directory: two users, items a and b, unless a table is given."""
+    root.mkdir(parents=True, exist_ok=True)
+    if interactions is None:
+        interactions = pd.DataFrame({"user_id": ["u1", "u2"], "item_id": ["a", "b"], "timestamp": [10, 20]})
+    if items is None:
+        items = pd.DataFrame({"item_id": ["a", "b"], "title": ["Alpha", "Beta"]})
+    interactions.to_parquet(root / "interactions.parquet")
+    items.to_parquet(root / "items.parquet")
+    if users is not None:
+        users.to_parquet(root / "users.parquet")
+    return root
+
+
+def test_parquet_categorical_and_nullable_columns_with_a_missing_value_load(tmp_path: Path) -> None:
+    # a dictionary-encoded column reads back as pandas `category`, where "" is not a category
+    items = pd.DataFrame({"item_id": pd.Series(["a", "b"], dtype="category"),
+                          "title": pd.Series(["Alpha", None], dtype="category"),
+                          "year": pd.array([1999, None], dtype="Int64")})
+    users = pd.DataFrame({"user_id": ["u1", "u2"], "gender": pd.Series([None, "F"], dtype="category"),
+                          "occupation": pd.Series(["clerk", None], dtype="category")})
+    events = pd.DataFrame({"user_id": pd.Series(["u1", "u2"], dtype="category"), "item_id": ["a", "b"],
+                           "timestamp": [10, 20]})
+    ds = load_dataset(write_parquet(tmp_path / "pq", events, items, users))
+    assert ds.items["title"].tolist() == ["Alpha", "b"]  # a missing title is shown by the id, as in CSV
+    assert ds.items["year"].iloc[0] == 1999 and pd.isna(ds.items["year"].iloc[1])
+    assert ds.users["gender"].tolist() == [None, "F"]
+    assert ds.users["occupation"].tolist() == ["clerk", None]
+    assert ds.interactions["user_id"].tolist() == ["u1", "u2"]
+
+
+@pytest.mark.parametrize(("table", "column", "values", "message"), [
+    ("interactions", "user_id", pd.Series(["u1", None], dtype="category"), "interactions.parquet row 2: empty user id"),
+    ("interactions", "item_id", pd.Series([None, "b"], dtype="category"), "interactions.parquet row 1: empty item id"),
+    ("items", "item_id", pd.Series(["a", None], dtype="category"), "items.parquet row 2: empty item id"),
+    ("items", "item_id", pd.array([1, None], dtype="Int64"), "items.parquet row 2: empty item id"),
+])
+def test_parquet_missing_id_in_a_categorical_or_nullable_column_is_refused(
+        tmp_path: Path, table: str, column: str, values: object, message: str) -> None:
+    frames = {"interactions": pd.DataFrame({"user_id": ["u1", "u2"], "item_id": ["a", "b"], "timestamp": [10, 20]}),
+              "items": pd.DataFrame({"item_id": ["a", "b"], "title": ["Alpha", "Beta"]})}
+    frames[table][column] = values
+    with pytest.raises(DataError, match=message):
+        load_dataset(write_parquet(tmp_path / "pq", frames["interactions"], frames["items"]))
+
+
+def test_parquet_written_with_a_pandas_index_keeps_the_index_column(tmp_path: Path) -> None:
+    items = pd.DataFrame({"item_id": ["a", "b"], "title": ["Alpha", "Beta"]}).set_index("item_id")
+    events = pd.DataFrame({"user_id": ["u1", "u2"], "item_id": ["a", "b"], "timestamp": [10, 20]})
+    ds = load_dataset(write_parquet(tmp_path / "pq", events.set_index(["user_id", "item_id"]), items))
+    assert ds.items["item_id"].tolist() == ["a", "b"] and ds.items["title"].tolist() == ["Alpha", "Beta"]
+    assert ds.interactions[["user_id", "item_id"]].to_numpy().tolist() == [["u1", "a"], ["u2", "b"]]
+    assert [json.loads(a) for a in ds.items["attributes"]] == [{}, {}]
+
+
+def test_parquet_unnamed_index_does_not_become_a_column(tmp_path: Path) -> None:
+    # a filtered frame's index (0, 2) is stored as a column "__index_level_0__"; a RangeIndex only as metadata
+    items = pd.DataFrame({"item_id": ["a", "x", "b"], "title": ["Alpha", "X", "Beta"]}).iloc[[0, 2]]
+    ds = load_dataset(write_parquet(tmp_path / "pq", items=items))
+    assert ds.items["item_id"].tolist() == ["a", "b"]
+    assert [json.loads(a) for a in ds.items["attributes"]] == [{}, {}]
+    # an index named like a column is stored as "__index_level_0__" beside that column
+    items = pd.DataFrame({"item_id": ["a", "b"], "title": ["Alpha", "Beta"]}).set_index("item_id", drop=False)
+    ds = load_dataset(write_parquet(tmp_path / "pq", items=items))
+    assert ds.items["item_id"].tolist() == ["a", "b"]
+    assert [json.loads(a) for a in ds.items["attributes"]] == [{}, {}]
+
+
+def test_parquet_missing_column_message_lists_the_index_column(tmp_path: Path) -> None:
+    items = pd.DataFrame({"id": ["a", "b"], "title": ["Alpha", "Beta"]}).set_index("id")
+    with pytest.raises(DataError, match=r"items.parquet: missing column\(s\) \['item_id'\]; found \['title', 'id'\]"):
+        load_dataset(write_parquet(tmp_path / "pq", items=items))
+
+
+@pytest.mark.parametrize(("table", "column", "values", "message"), [
+    ("interactions", "user_id", [["u1"], ["u2"]], r"interactions.parquet row 1: user id must be text, got list \['u1'\]"),
+    ("interactions", "item_id", [{"id": "a"}, {"id": "b"}], r"interactions.parquet row 1: item id must be text, got struct"),
+    ("items", "item_id", [1.0, 2.5], r"items.parquet row 2: item id must be text, got float 2.5"),
+    ("items", "item_id", [True, False], r"items.parquet row 1: item id must be text, got bool True"),
+    ("items", "item_id", [decimal.Decimal("1"), decimal.Decimal("2")],
+     r"items.parquet row 1: item id must be text, got Decimal"),
+    ("items", "title", [["A"], ["B", "eta"]], r"items.parquet row 1: title must be text, got list \['A'\]"),
+    ("items", "text", [None, {"plot": "x"}], r"items.parquet row 2: text must be text, got struct"),
+    ("users", "gender", [7.5, None], r"users.parquet row 1: gender must be text, got float 7.5"),
+    ("users", "occupation", [None, ["clerk"]], r"users.parquet row 2: occupation must be text, got list"),
+])
+def test_parquet_values_that_are_not_text_in_a_text_column_are_refused(
+        tmp_path: Path, table: str, column: str, values: list[object], message: str) -> None:
+    # each used to load as its Python repr, e.g. the user id "['u1']"
+    frames = {"interactions": pd.DataFrame({"user_id": ["u1", "u2"], "item_id": ["a", "b"], "timestamp": [10, 20]}),
+              "items": pd.DataFrame({"item_id": ["a", "b"], "title": ["Alpha", "Beta"]}),
+              "users": pd.DataFrame({"user_id": ["u1", "u2"]})}
+    frames[table][column] = pd.Series(values, dtype=object)
+    with pytest.raises(DataError, match=message):
+        load_dataset(write_parquet(tmp_path / "pq", frames["interactions"], frames["items"], frames["users"]))
+
+
+def test_parquet_numbers_and_utf8_bytes_in_text_columns_are_still_read(tmp_path: Path) -> None:
+    events = pd.DataFrame({"user_id": [1.0, 2.0], "item_id": [10, 20], "timestamp": [10, 20]})
+    items = pd.DataFrame({"item_id": [10, 20], "title": [b"Caf\xc3\xa9", None]})
+    users = pd.DataFrame({"user_id": [1.0, 2.0], "occupation": [7, 8]})
+    ds = load_dataset(write_parquet(tmp_path / "pq", events, items, users))
+    assert ds.interactions["user_id"].tolist() == ["1.0", "2.0"]  # whole float ids read as before
+    assert ds.interactions["item_id"].tolist() == ["10", "20"]
+    assert ds.items["title"].tolist() == ["Café", "20"]
+    assert ds.users["occupation"].tolist() == ["7", "8"]
