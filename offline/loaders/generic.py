@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -137,6 +138,20 @@ def _attributes(table: Table, schema_columns: Sequence[str]) -> list[str]:
         for col in extra:
             value = table.rows[col].iat[pos]
             if not checks.is_missing(value):
-                attrs[col] = value.item() if isinstance(value, np.generic) else value
+                attrs[col] = _plain_json(value)
         out.append(json.dumps(attrs, default=str))
     return out
+
+
+def _plain_json(value: Any) -> Any:
+    """A Parquet cell as JSON values: a list column's numpy array as a list (not its printed form
+    ``"['x' 'y']"``), a struct's dict with plain values, a numpy scalar as a Python one."""
+    if isinstance(value, np.ndarray):
+        return [_plain_json(v) for v in value.tolist()]
+    if isinstance(value, (list, tuple)):
+        return [_plain_json(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain_json(v) for k, v in value.items()}
+    if isinstance(value, np.generic):
+        return value.item()
+    return value

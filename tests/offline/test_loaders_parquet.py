@@ -121,3 +121,12 @@ def test_parquet_numbers_and_utf8_bytes_in_text_columns_are_still_read(tmp_path:
     assert ds.interactions["item_id"].tolist() == ["10", "20"]
     assert ds.items["title"].tolist() == ["Café", "20"]
     assert ds.users["occupation"].tolist() == ["7", "8"]
+
+
+def test_parquet_extra_list_and_struct_columns_keep_their_shape_in_attributes(tmp_path: Path) -> None:
+    # a list column used to land in attributes as numpy's printed array: "['x' 'y']"
+    items = pd.DataFrame({"item_id": ["a", "b"], "title": ["Alpha", "Beta"], "tags": [["x", "y"], []],
+                          "dims": [{"w": 1.5, "h": 2}, {"w": 3.0, "h": 4}], "stock": [3, 0]})
+    ds = load_dataset(write_parquet(tmp_path / "pq", items=items))
+    assert [json.loads(a) for a in ds.items["attributes"]] == [
+        {"tags": ["x", "y"], "dims": {"w": 1.5, "h": 2}, "stock": 3}, {"tags": [], "dims": {"w": 3.0, "h": 4}, "stock": 0}]
