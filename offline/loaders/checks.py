@@ -33,13 +33,23 @@ def text(table: Table, column: str, what: str | None = None) -> pd.Series:
     """The column as str with surrounding whitespace removed (missing values -> "").
 
     A typed (Parquet) column may hold strings, UTF-8 bytes, integers and whole floats (ids such
-    as 7 or 7.0, read as "7" and "7.0"); anything else is refused, not turned into its Python
+    as 7 or 7.0, both read as "7"); anything else is refused, not turned into its Python
     repr: ``"items.parquet row 2: title must be text, got list ['a']"`` (``what``, default the
     column's name, names the column).
     """
     col = _plain(table.rows[column])
     table.fail_first(_not_text(col), lambda pos: f"{what or column} must be text, got {shown(col.iat[pos])}")
-    return _stripped(table, column, col)
+    return _stripped(table, column, _whole_floats_as_integers(col))
+
+
+def _whole_floats_as_integers(col: pd.Series) -> pd.Series:
+    # pandas turns an integer id column with one missing value into float64: 7.0 must still be the
+    # id "7" that the other file's integer column holds, not "7.0"
+    if col.dtype.kind == "f":
+        return col.astype(object).map(lambda v: v if pd.isna(v) else str(int(v)))
+    if col.dtype.kind == "O" and any(isinstance(v, (float, np.floating)) for v in col):
+        return col.map(lambda v: str(int(v)) if isinstance(v, (float, np.floating)) and not pd.isna(v) else v)
+    return col
 
 
 def _raw(table: Table, column: str) -> pd.Series:

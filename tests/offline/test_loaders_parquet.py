@@ -117,7 +117,7 @@ def test_parquet_numbers_and_utf8_bytes_in_text_columns_are_still_read(tmp_path:
     items = pd.DataFrame({"item_id": [10, 20], "title": [b"Caf\xc3\xa9", None]})
     users = pd.DataFrame({"user_id": [1.0, 2.0], "occupation": [7, 8]})
     ds = load_dataset(write_parquet(tmp_path / "pq", events, items, users))
-    assert ds.interactions["user_id"].tolist() == ["1.0", "2.0"]  # whole float ids read as before
+    assert ds.interactions["user_id"].tolist() == ["1", "2"]  # a whole float id is the integer's id
     assert ds.interactions["item_id"].tolist() == ["10", "20"]
     assert ds.items["title"].tolist() == ["Café", "20"]
     assert ds.users["occupation"].tolist() == ["7", "8"]
@@ -130,3 +130,14 @@ def test_parquet_extra_list_and_struct_columns_keep_their_shape_in_attributes(tm
     ds = load_dataset(write_parquet(tmp_path / "pq", items=items))
     assert [json.loads(a) for a in ds.items["attributes"]] == [
         {"tags": ["x", "y"], "dims": {"w": 1.5, "h": 2}, "stock": 3}, {"tags": [], "dims": {"w": 3.0, "h": 4}, "stock": 0}]
+
+
+def test_an_integer_id_column_pandas_made_float_still_matches_the_other_file(tmp_path: Path) -> None:
+    # one missing title row upstream made pandas store the catalog's integer ids as float64 (7.0):
+    # they used to read as "7.0" and every interaction with item 7 was an unknown item id
+    events = pd.DataFrame({"user_id": ["u1", "u1", "u2"], "item_id": [7, 8, 7], "timestamp": [10, 20, 30]})
+    items = pd.DataFrame({"item_id": pd.Series([7, 8, None]).astype("float64"), "title": ["A", "B", None]})
+    items = items.dropna(subset=["item_id"])
+    ds = load_dataset(write_parquet(tmp_path / "pq", events, items))
+    assert ds.items["item_id"].tolist() == ["7", "8"]
+    assert ds.interactions["item_id"].tolist() == ["7", "8", "7"]
