@@ -12,6 +12,7 @@ Called once at start-up by the server, the evaluator and the CLI; never per requ
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from pydantic import BaseModel
 
 from cascade.settings import Settings
 from fusion.stage import weights_key_for
+from offline.split import split_id
 from recsys.config import STAGE_KINDS, StageSpec
 from recsys.contract import Stage
 from recsys.pipeline import Pipeline
@@ -106,3 +108,34 @@ def build_pipeline(
             stage.load(Path(artifact_dir))
         pairs.append((spec, stage))
     return Pipeline(pairs, request_budget_ms=settings.pipeline.request_budget_ms)
+
+
+class StaleArtifacts(ValueError):
+    """Trained stages that do not belong to the split now under ``<artifact_dir>/split``."""
+
+
+def check_trained_on_split(pipeline: Pipeline, artifact_dir: Path) -> None:
+    """``StaleArtifacts`` naming every enabled stage whose ``stage.json`` records another split than
+    ``<artifact_dir>/split`` (``offline.split.split_id``): the split was prepared again (new data,
+    seed or k-core) and the stages were not retrained, so their item and user indices would be read
+    against another catalog. A stage without a ``stage.json`` (not trained by ``recsys train``: rules,
+    a zero-shot LLM, hand-written weights) is not checked; nor is anything without a saved split.
+    """
+    artifact_dir = Path(artifact_dir)
+    if not (artifact_dir / "split" / "split.json").is_file():
+        return
+    current = split_id(artifact_dir)
+    stale = []
+    for spec, stage in pipeline.stages:
+        if not spec.enabled:
+            continue
+        if spec.kind == "fusion":
+            directory = artifact_dir / "fusion" / str(getattr(stage, "weights_key", ""))
+        else:
+            directory = artifact_dir / str(getattr(stage, "subdir", spec.kind))
+        meta = directory / "stage.json"
+        if meta.is_file() and json.loads(meta.read_text()).get("split_id") not in (None, current):
+            stale.append(spec.name)
+    if stale:
+        raise StaleArtifacts(f"{artifact_dir}: stage(s) {stale} were trained on another split than the one in "
+                             f"{artifact_dir / 'split'} (it was prepared again since); run `recsys train` to retrain them")

@@ -31,7 +31,7 @@ from jobs.fusion_gate import tune_fusion
 from jobs.llm_adapt import train_llm
 from offline.loaders import load_dataset
 from offline.protocol import make_split
-from offline.split import Split
+from offline.split import Split, split_id
 from recall.stage import RecallStage
 from recsys.atomic import atomic_write_json
 from recsys.digest import file_sha256
@@ -160,13 +160,6 @@ def _stage_dir(settings: Settings, artifact_dir: Path, stage: str) -> Path:
     if stage == "fusion":
         return artifact_dir / "fusion" / weights_key(settings)
     return artifact_dir / stage
-
-
-def split_id(artifact_dir: Path) -> str:
-    """Identity of the split the stages train on (its source fingerprint and protocol)."""
-    parts = [(artifact_dir / "split" / n).read_bytes() for n in ("source.json", "split.json")
-             if (artifact_dir / "split" / n).exists()]
-    return hashlib.sha256(b"".join(parts)).hexdigest()[:16]
 
 
 def _read_meta(directory: Path) -> dict[str, Any] | None:

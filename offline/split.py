@@ -16,6 +16,7 @@ Deliberately left out: how the split is computed (``offline.protocol``), metrics
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from functools import partial
@@ -159,3 +160,11 @@ class Split:
 
 def _write_parquet(frame: pd.DataFrame, fh: IO[bytes]) -> None:
     frame.to_parquet(fh, index=False)
+
+
+def split_id(artifact_dir: Path) -> str:
+    """Identity of the split under ``artifact_dir/split`` that stages train on (its source
+    fingerprint and protocol); every trained stage records it in its ``stage.json``."""
+    parts = [(Path(artifact_dir) / "split" / n).read_bytes() for n in ("source.json", "split.json")
+             if (Path(artifact_dir) / "split" / n).exists()]
+    return hashlib.sha256(b"".join(parts)).hexdigest()[:16]

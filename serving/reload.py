@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from cascade.registry import build_pipeline
+from cascade.registry import StaleArtifacts, build_pipeline, check_trained_on_split
 from cascade.settings import Settings
 from recsys.pipeline import Pipeline, PipelineError
 from serving.backend import OnlineBackend
@@ -54,6 +54,10 @@ def load_checked(settings: Settings, artifact_dir: Path, metrics: ServingMetrics
         built = build_pipeline(settings, artifact_dir, load=False)
     except Exception as exc:
         raise ReloadRefused(f"pipeline cannot be built: {type(exc).__name__}: {exc}") from exc
+    try:
+        check_trained_on_split(built, artifact_dir)
+    except StaleArtifacts as exc:
+        raise ReloadRefused(str(exc)) from exc
     for spec, stage in built.stages:
         if not spec.enabled:
             continue

@@ -50,3 +50,34 @@ def test_llm_context_resolves_redis_when_the_stage_is_built(tmp_path: Path, monk
     stage = build_stage(StageSpec(name="llm", kind="llm"), settings)
     assert (stage.artifacts_root, stage.redis_url) == (tmp_path, "redis://env:6379/0")  # type: ignore[attr-defined]
     assert stage_context("recall", settings) == {}
+
+
+def test_stages_trained_on_another_split_are_named_before_anything_loads(tmp_path: Path) -> None:
+    import json
+
+    from cascade.registry import StaleArtifacts, build_pipeline, check_trained_on_split
+    from offline.protocol import make_split
+    from offline.split import split_id
+    from offline.synthetic import generate
+
+    settings = Settings.from_yaml(None)  # recall -> coarse -> llm (disabled) -> rules -> fusion
+    pipeline = build_pipeline(settings, tmp_path, load=False)
+    check_trained_on_split(pipeline, tmp_path)  # no split: nothing to compare with
+    make_split(generate(n_users=20, n_items=40, seed=1), k_core=1).save(tmp_path / "split")
+    current = split_id(tmp_path)
+
+    def trained(directory: Path, on: str) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "stage.json").write_text(json.dumps({"split_id": on}))
+
+    trained(tmp_path / "recall", current)
+    trained(tmp_path / "coarse", current)
+    trained(tmp_path / "fusion" / weights_key(settings), current)
+    check_trained_on_split(pipeline, tmp_path)
+    trained(tmp_path / "llm", "0ld")  # a disabled stage is not served: not checked
+    check_trained_on_split(pipeline, tmp_path)
+    trained(tmp_path / "coarse", "0ld")
+    trained(tmp_path / "fusion" / weights_key(settings), "0ld")
+    with pytest.raises(StaleArtifacts, match=r"stage\(s\) \['coarse', 'fusion'\] were trained on another split .* "
+                                             r"run `recsys train`"):
+        check_trained_on_split(pipeline, tmp_path)

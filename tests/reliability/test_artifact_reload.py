@@ -75,6 +75,23 @@ def test_corrupt_or_incomplete_artifacts_are_refused_and_old_ones_keep_serving(
     assert recall_version(admin_client) == before
 
 
+def test_a_split_prepared_again_without_retraining_is_refused(admin_client: TestClient, toy_dir: Path) -> None:
+    # the recall stage records the split it was trained on; a new split beside it is another catalog
+    import json
+
+    from offline.split import split_id
+
+    before = recall_version(admin_client)
+    (toy_dir / "recall").mkdir(exist_ok=True)
+    (toy_dir / "recall" / "stage.json").write_text(json.dumps({"split_id": split_id(toy_dir)}))
+    save_new_artifacts(toy_dir)
+    (toy_dir / "split" / "source.json").write_text('{"data": "new"}')
+    resp = admin_client.post("/admin/reload", headers=KEY)
+    assert resp.status_code == 422
+    assert "stage(s) ['recall'] were trained on another split" in resp.json()["detail"]
+    assert recall_version(admin_client) == before
+
+
 def test_a_stage_that_fails_to_load_or_to_answer_is_refused(
     admin_client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:

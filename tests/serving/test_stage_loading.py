@@ -77,3 +77,20 @@ def test_readyz_lists_no_degraded_stage_when_all_load(client: TestClient) -> Non
     ready = client.get("/readyz").json()
     assert ready["degraded_stages"] == []
     assert "recsys_stage_load_failures_total{" not in client.get("/metrics").text
+
+
+def test_a_split_prepared_again_after_training_is_refused_at_start_up(toy_dir: Path, toy_kinds: None) -> None:
+    # `recsys prepare` on new data without `recsys train`: the old models used to be served with the
+    # new catalog, exit 0, no warning (the item indices point at other items)
+    import json
+
+    from cascade.registry import StaleArtifacts
+    from offline.split import split_id
+
+    settings = toy_settings(RECALL, RULES)
+    (toy_dir / "recall").mkdir()
+    (toy_dir / "recall" / "stage.json").write_text(json.dumps({"split_id": split_id(toy_dir)}))
+    load_pipeline(settings, toy_dir)
+    (toy_dir / "split" / "source.json").write_text('{"data": "another"}')  # what a new prepare writes
+    with pytest.raises(StaleArtifacts, match=r"\['recall'\] were trained on another split"):
+        load_pipeline(settings, toy_dir)
