@@ -1,15 +1,20 @@
 """What an id (user, item) or a version name may hold: one rule for the loaders, the API and documents.
 
 Refused: C0/C1 control characters (NUL, newline, escape, ...), which break logs, headers and
-line-based files, and the invisible *format* characters (Unicode category Cf: zero-width space
-and joiners, soft hyphen, bidirectional overrides, the byte-order mark, tag characters, ...).
-Two ids that print alike must be one id: ``"alice"`` and ``"alice\\u200b"`` would otherwise be
-two users whose events and answers never meet, and a bidi override makes a log line lie about
-the id it shows.
+line-based files, and the format characters that hide or reorder text without changing what is
+drawn: zero-width space, word joiner and invisible operators, soft hyphen, the byte-order mark,
+the Mongolian vowel separator, the bidirectional marks (the Arabic letter mark too), embeddings,
+overrides and isolates, and the interlinear annotation marks. Two ids that print alike must be one id: ``"alice"`` and
+``"alice\\u200b"`` would otherwise be two users whose events and answers never meet, and a bidi
+override makes a log line show another id than the one it holds.
 
-``FORBIDDEN`` is a regex character-class body written with ``\\uXXXX`` / ``\\UXXXXXXXX`` escapes,
-which Python's ``re``, pandas and pydantic-core's Rust regex all read the same way. The Cf ranges
-are Unicode 15's; ``tests/recsys/test_names.py`` checks them against this Python's ``unicodedata``.
+Allowed, although Unicode also classes them as format characters (Cf), because they change what
+is drawn and real text needs them: the zero-width joiner and non-joiner (emoji sequences such as
+a family or a profession; Persian and Indic spelling), the tag characters of subdivision flags,
+and the visible prepended marks (Arabic number signs, end of ayah, ...).
+
+``FORBIDDEN`` is a regex character-class body written with ``\\uXXXX`` escapes, which Python's
+``re``, pandas and pydantic-core's Rust regex all read the same way.
 """
 
 from __future__ import annotations
@@ -18,12 +23,10 @@ import re
 import unicodedata
 
 CONTROL = r"\x00-\x1f\x7f-\x9f"  # C0, DEL and C1
-FORMAT = (  # Unicode category Cf
-    r"\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f\u202a-\u202e"
-    r"\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f"
-    r"\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f"
+HIDDEN = (  # format characters that hide or reorder text (see the module doc)
+    r"\u00ad\u061c\u180e\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb"
 )
-FORBIDDEN = CONTROL + FORMAT
+FORBIDDEN = CONTROL + HIDDEN
 NAME_PATTERN = f"^[^{FORBIDDEN}]+$"  # a whole name without a forbidden character
 _FORBIDDEN = re.compile(f"[{FORBIDDEN}]")
 
