@@ -13,7 +13,9 @@ Deliberately left out: reading files (``offline.loaders.reading``) and domain me
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection
+from decimal import Decimal
 
 import numpy as np
 import pandas as pd
@@ -32,24 +34,57 @@ _TIMESTAMP_RANGE = f"the supported range 1677-09-21..2262-04-11 UTC (unix second
 def text(table: Table, column: str, what: str | None = None) -> pd.Series:
     """The column as str with surrounding whitespace removed (missing values -> "").
 
-    A typed (Parquet) column may hold strings, UTF-8 bytes, integers and whole floats (ids such
-    as 7 or 7.0, both read as "7"); anything else is refused, not turned into its Python
-    repr: ``"items.parquet row 2: title must be text, got list ['a']"`` (``what``, default the
+    A typed (Parquet) column may hold any scalar (a string, UTF-8 bytes, a number, a decimal, a
+    date: its text); a list, struct or map is refused, not turned into its Python repr:
+    ``"items.parquet row 2: title must be text, got list ['a']"`` (``what``, default the
     column's name, names the column).
     """
     col = _plain(table.rows[column])
-    table.fail_first(_not_text(col), lambda pos: f"{what or column} must be text, got {shown(col.iat[pos])}")
-    return _stripped(table, column, _whole_floats_as_integers(col))
+    table.fail_first(_not_scalar(col), lambda pos: f"{what or column} must be text, got {shown(col.iat[pos])}")
+    return _stripped(table, column, col)
 
 
-def _whole_floats_as_integers(col: pd.Series) -> pd.Series:
-    # pandas turns an integer id column with one missing value into float64: 7.0 must still be the
-    # id "7" that the other file's integer column holds, not "7.0"
-    if col.dtype.kind == "f":
-        return col.astype(object).map(lambda v: v if pd.isna(v) else str(int(v)))
-    if col.dtype.kind == "O" and any(isinstance(v, (float, np.floating)) for v in col):
-        return col.map(lambda v: str(int(v)) if isinstance(v, (float, np.floating)) and not pd.isna(v) else v)
+def _id_text(table: Table, column: str, what: str) -> pd.Series:
+    """``text`` for an id column: a boolean is refused too, and a whole number (7, 7.0, Decimal("7"))
+    is the integer's id "7", since pandas makes an integer column with one missing value float64
+    and databases export integer keys as decimals, while the other file's column stays integer."""
+    col = _plain(table.rows[column])
+    bad = _not_scalar(col) | _booleans(col)
+    table.fail_first(bad, lambda pos: f"{what} must be text or a number, got {shown(col.iat[pos])}")
+    return _stripped(table, column, _whole_numbers_as_integers(col))
+
+
+# scalars as pandas infers an object column's values (anything else is checked value by value)
+_SCALAR_KINDS = frozenset({"string", "bytes", "integer", "floating", "mixed-integer-float", "decimal", "boolean",
+                           "date", "datetime", "datetime64", "time", "timedelta", "period", "empty"})
+
+
+def _not_scalar(col: pd.Series) -> np.ndarray:
+    """Mask of lists, tuples, structs (dicts), sets and arrays: values with no text of their own."""
+    if col.dtype.kind != "O" or pd.api.types.infer_dtype(col, skipna=True) in _SCALAR_KINDS:
+        return np.zeros(len(col), dtype=bool)
+    return np.array([isinstance(v, (list, tuple, dict, set, np.ndarray)) for v in col], dtype=bool)
+
+
+def _booleans(col: pd.Series) -> np.ndarray:
+    if col.dtype.kind == "b":
+        return np.ones(len(col), dtype=bool)
+    if col.dtype.kind != "O" or pd.api.types.infer_dtype(col, skipna=True) not in ("boolean", "mixed"):
+        return np.zeros(len(col), dtype=bool)
+    return np.array([isinstance(v, (bool, np.bool_)) for v in col], dtype=bool)
+
+
+def _whole_numbers_as_integers(col: pd.Series) -> pd.Series:
+    if col.dtype.kind == "f" or (col.dtype.kind == "O" and pd.api.types.infer_dtype(col, skipna=True) in (
+            "floating", "mixed-integer-float", "decimal", "mixed")):
+        return col.astype(object).map(_whole_as_integer)
     return col
+
+
+def _whole_as_integer(value: object) -> object:
+    if isinstance(value, (float, np.floating, Decimal)) and math.isfinite(value) and value == int(value):
+        return str(int(value))
+    return value
 
 
 def _raw(table: Table, column: str) -> pd.Series:
@@ -65,36 +100,18 @@ def _plain(col: pd.Series) -> pd.Series:
     return col.astype(object)
 
 
+# What ``str.strip`` removes except the separators U+001C..U+001F, which Python counts as whitespace
+# and Unicode does not: they are control characters an id must not hold, not padding to drop
+# silently (the API's trim leaves them, and refuses them).
+_WHITESPACE = "".join(ch for ch in map(chr, range(0x3001)) if ch.isspace() and ch not in "\x1c\x1d\x1e\x1f")
+
+
 def _stripped(table: Table, column: str, col: pd.Series) -> pd.Series:
     try:
-        return col.where(col.notna(), "").astype(str).str.strip()
+        return col.where(col.notna(), "").astype(str).str.strip(_WHITESPACE)
     except UnicodeDecodeError:  # a binary Parquet column: bytes pandas cannot read as UTF-8
         table.fail_first(np.array([_undecodable(v) for v in col]), lambda pos: f"{column} is bytes, not UTF-8 text")
         raise
-
-
-def _not_text(col: pd.Series) -> np.ndarray:
-    """Mask of values that are neither missing, str, bytes, an integer nor a whole float."""
-    if isinstance(col.dtype, pd.StringDtype) or col.dtype.kind in "iu":
-        return np.zeros(len(col), dtype=bool)
-    if col.dtype.kind == "f":
-        values = col.to_numpy(dtype=np.float64)
-        return ~np.isnan(values) & ~(np.isfinite(values) & (values == np.round(values)))
-    if col.dtype.kind == "O" and pd.api.types.infer_dtype(col, skipna=True) in ("string", "bytes", "integer", "empty"):
-        return np.zeros(len(col), dtype=bool)
-    return np.array([not _text_value(v) for v in col], dtype=bool)
-
-
-def _text_value(value: object) -> bool:
-    if value is None or value is pd.NA or value is pd.NaT or isinstance(value, (str, bytes)):
-        return True
-    if isinstance(value, (bool, np.bool_)):
-        return False
-    if isinstance(value, (int, np.integer)):
-        return True
-    if isinstance(value, (float, np.floating)):
-        return bool(np.isnan(value) or (np.isfinite(value) and value == round(value)))
-    return False
 
 
 def shown(value: object) -> str:
@@ -126,7 +143,8 @@ def _undecodable(value: object) -> bool:
 def ids(table: Table, column: str, what: str) -> pd.Series:
     """Non-empty id strings without control or invisible format characters (``recsys.names``);
     ``what`` names the id (e.g. "user id")."""
-    out = nonempty(table, column, what)
+    out = _id_text(table, column, what)
+    table.fail_first((out == "").to_numpy(), lambda pos: f"empty {what}")
     bad = out.str.contains(f"[{FORBIDDEN}]", regex=True).to_numpy(dtype=bool)
     table.fail_first(bad, lambda pos: f"{what} {out.iat[pos]!r} contains {forbidden_character(out.iat[pos])}")
     return out

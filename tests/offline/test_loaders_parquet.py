@@ -3,6 +3,7 @@ a stored pandas index, and values that are not text in a text column."""
 
 from __future__ import annotations
 
+import datetime
 import decimal
 import json
 from pathlib import Path
@@ -90,15 +91,14 @@ def test_parquet_missing_column_message_lists_the_index_column(tmp_path: Path) -
 
 
 @pytest.mark.parametrize(("table", "column", "values", "message"), [
-    ("interactions", "user_id", [["u1"], ["u2"]], r"interactions.parquet row 1: user id must be text, got list \['u1'\]"),
-    ("interactions", "item_id", [{"id": "a"}, {"id": "b"}], r"interactions.parquet row 1: item id must be text, got struct"),
-    ("items", "item_id", [1.0, 2.5], r"items.parquet row 2: item id must be text, got float 2.5"),
-    ("items", "item_id", [True, False], r"items.parquet row 1: item id must be text, got bool True"),
-    ("items", "item_id", [decimal.Decimal("1"), decimal.Decimal("2")],
-     r"items.parquet row 1: item id must be text, got Decimal"),
+    ("interactions", "user_id", [["u1"], ["u2"]],
+     r"interactions.parquet row 1: user id must be text or a number, got list \['u1'\]"),
+    ("interactions", "item_id", [{"id": "a"}, {"id": "b"}],
+     r"interactions.parquet row 1: item id must be text or a number, got struct"),
+    ("items", "item_id", [True, False], r"items.parquet row 1: item id must be text or a number, got bool True"),
     ("items", "title", [["A"], ["B", "eta"]], r"items.parquet row 1: title must be text, got list \['A'\]"),
     ("items", "text", [None, {"plot": "x"}], r"items.parquet row 2: text must be text, got struct"),
-    ("users", "gender", [7.5, None], r"users.parquet row 1: gender must be text, got float 7.5"),
+    ("users", "gender", [["F"], None], r"users.parquet row 1: gender must be text, got list"),
     ("users", "occupation", [None, ["clerk"]], r"users.parquet row 2: occupation must be text, got list"),
 ])
 def test_parquet_values_that_are_not_text_in_a_text_column_are_refused(
@@ -141,3 +141,29 @@ def test_an_integer_id_column_pandas_made_float_still_matches_the_other_file(tmp
     ds = load_dataset(write_parquet(tmp_path / "pq", events, items))
     assert ds.items["item_id"].tolist() == ["7", "8"]
     assert ds.interactions["item_id"].tolist() == ["7", "8", "7"]
+
+
+def test_parquet_scalars_of_any_type_are_text_and_whole_numbers_are_integer_ids(tmp_path: Path) -> None:
+    # database exports store integer keys as decimal(38,0); titles may be dates or numbers: all used
+    # to load (a refusal of them was a regression of the first fix for list ids)
+    events = pd.DataFrame({"user_id": ["u1", "u2", "u2"], "timestamp": [10, 20, 30],
+                           "item_id": [decimal.Decimal("7"), decimal.Decimal("8"), decimal.Decimal("7")]})
+    for titles, shown in (([datetime.date(2020, 1, 1), datetime.date(2021, 2, 3)], ["2020-01-01", "2021-02-03"]),
+                          ([decimal.Decimal("1.50"), decimal.Decimal("2")], ["1.50", "2.00"]),  # a decimal(3,2) column
+                          ([1.5, 2.0], ["1.5", "2.0"])):
+        ds = load_dataset(write_parquet(tmp_path / "pq", events, pd.DataFrame({"item_id": [7, 8], "title": titles})))
+        assert ds.interactions["item_id"].tolist() == ["7", "8", "7"]
+        assert ds.items["title"].tolist() == shown
+    events["item_id"] = [7.0, 2.5, 7.0]  # a float id that is not whole keeps its text
+    ds = load_dataset(write_parquet(tmp_path / "pq", events, pd.DataFrame({"item_id": ["7", "2.5"]})))
+    assert ds.interactions["item_id"].tolist() == ["7", "2.5", "7"]
+
+
+def test_separator_controls_at_the_ends_of_an_id_are_refused_not_stripped(tmp_path: Path) -> None:
+    # Python's str.strip() counts U+001C..U+001F as whitespace: "u1\x1f" used to load as u1 silently
+    events = pd.DataFrame({"user_id": ["u1\x1f", "u2"], "item_id": ["a", "b"], "timestamp": [10, 20]})
+    items = pd.DataFrame({"item_id": ["a", "b"], "title": [" Alpha\u3000", "Beta"]})
+    with pytest.raises(DataError, match=r"interactions.parquet row 1: user id 'u1\\x1f' contains a control character"):
+        load_dataset(write_parquet(tmp_path / "pq", events, items))
+    events["user_id"] = [" u1\u00a0", "u2"]  # Unicode white space is still padding
+    assert load_dataset(write_parquet(tmp_path / "pq", events, items)).interactions["user_id"].tolist() == ["u1", "u2"]
