@@ -25,7 +25,8 @@ from cli import common as c
 from recsys.experiments import ExperimentsConfig
 
 ab_app = typer.Typer(no_args_is_help=True, help="A/B evaluation: offline comparison, online analysis, replay.")
-ReportDirOpt = Annotated[Path | None, typer.Option("--report-dir", help="Write Markdown + PNG plots here.")]
+ReportDirOpt = Annotated[Path | None, typer.Option("--report-dir", help="Write Markdown + PNG plots here.",
+                                                  callback=c.writable_folder)]
 REDIS_CONNECT_TIMEOUT_S = 10.0  # an unroutable --redis-url fails in this long instead of hanging
 
 
@@ -125,7 +126,8 @@ def analyze(
                                                   "default the artifact directory name).")] = None,
     events: Annotated[Path | None, typer.Option("--events", exists=True, dir_okay=False,
                                                 help="Read an exported Parquet log instead.")] = None,
-    export: Annotated[Path | None, typer.Option(help="Also write the log read to this Parquet file.")] = None,
+    export: Annotated[Path | None, typer.Option(help="Also write the log read to this Parquet file.",
+                                                dir_okay=False, callback=c.writable_path)] = None,
     config: c.ConfigOpt = None,
     expected: Annotated[str | None, typer.Option(help="Configured shares, e.g. control=0.5,treatment=0.5 "
                                                  "(default: the config's experiments section).")] = None,

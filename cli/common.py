@@ -52,14 +52,29 @@ ArtifactsOpt = Annotated[
     Path | None,
     typer.Option("--artifacts", help="This dataset's artifact directory (default <artifacts_dir>/<dataset name>)."),
 ]
-def _writable_out(out: Path | None) -> Path | None:
-    """``--out`` checked before the command works (a long eval must not end in a refused write):
-    not a directory, and the nearest existing folder above it is a writable directory."""
+def writable_path(out: Path | None) -> Path | None:
+    """An output file checked before the command works (a long eval must not end in a refused
+    write): a file name whose nearest existing path above it is a writable directory, with no
+    broken symlink on the way. A typer option callback (one parameter: the value)."""
+    return _writable(out, folder=False)
+
+
+def writable_folder(out: Path | None) -> Path | None:
+    """``writable_path`` for an output directory (``--report-dir``)."""
+    return _writable(out, folder=True)
+
+
+def _writable(out: Path | None, folder: bool) -> Path | None:
     if out is None:
         return None
-    if out.is_dir():
+    if out.is_dir() and not folder:
         raise typer.BadParameter(f"{out} is a directory; give a file name")
-    above = next(p for p in (out.absolute().parent, *out.absolute().parents) if p.exists())
+    if out.exists() and folder and not out.is_dir():
+        raise typer.BadParameter(f"{out} is a file, not a directory")
+    chain = (out.absolute(), *out.absolute().parents) if folder else (out.absolute().parent, *out.absolute().parents)
+    above = next(p for p in chain if os.path.lexists(p))
+    if not above.exists():
+        raise typer.BadParameter(f"{out}: {above} is a broken symbolic link")
     if not above.is_dir():
         raise typer.BadParameter(f"{out}: {above} is a file, not a directory")
     if not os.access(above, os.W_OK | os.X_OK):
@@ -68,7 +83,7 @@ def _writable_out(out: Path | None) -> Path | None:
 
 
 OutOpt = Annotated[Path | None, typer.Option("--out", help="Write the JSON report here.", dir_okay=False,
-                                             callback=_writable_out)]
+                                             callback=writable_path)]
 KCoreOpt = Annotated[int, typer.Option("--k-core", min=1, help="Iterative k-core filter.")]
 SynthUsersOpt = Annotated[int, typer.Option("--synthetic-users", min=10, help="Synthetic default: users.")]
 SynthItemsOpt = Annotated[int, typer.Option("--synthetic-items", min=20, help="Synthetic default: items.")]
@@ -143,8 +158,8 @@ def _say(message: str) -> None:
 
 
 # what bad input raises: LimitError/ValidationError/ConfigError/DataError are ValueErrors
-USER_INPUT_ERRORS = (ValueError, OverflowError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
-                     PermissionError)
+USER_INPUT_ERRORS = (ValueError, OverflowError, FileNotFoundError, FileExistsError, NotADirectoryError,
+                     IsADirectoryError, PermissionError)
 
 
 class UserErrorGroup(TyperGroup):

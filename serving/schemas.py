@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from cascade.serving_config import EVENT_TYPES
 from cascade.settings import Settings
 from recsys.documents import MAX_VERSION_CHARS, VERSION_PATTERN
+from recsys.names import FORBIDDEN
 from serving.policy import RouteReason
 
 # ids as the loaders read them (offline.loaders.checks.ids): surrounding whitespace stripped, no
@@ -185,7 +186,8 @@ class EventRequest(BaseModel):
                                 description="Rating value, price, dwell seconds... depending on type.")
     ts: float | None = Field(None, ge=0, le=MAX_EVENT_TS,
                              description="Client unix time (before 2100); the server's time when omitted.")
-    variant: str | None = Field(None, min_length=1, max_length=64, pattern=ID_PATTERN,
+    # "" as before: no variant given, the server assigns one
+    variant: str | None = Field(None, max_length=64, pattern=f"^[^{FORBIDDEN}]*$",
                                 description="A/B variant that served the item (no control or invisible characters).")
 
 

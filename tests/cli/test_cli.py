@@ -72,6 +72,9 @@ def test_an_out_path_under_a_file_or_a_locked_folder_is_refused_before_any_work(
     deep = tmp_path / "afile" / "more" / "r.json"  # the nearest existing folder above is what counts
     res = runner.invoke(app, ["prepare", "--artifacts", str(tmp_path / "a"), "--out", str(deep)])
     assert res.exit_code == 2 and "is a file, not a directory" in res.output
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")  # mkdir would raise FileExistsError after the work
+    res = runner.invoke(app, ["prepare", "--artifacts", str(tmp_path / "a"), "--out", str(tmp_path / "dangling" / "r.json")])
+    assert res.exit_code == 2 and f"{tmp_path / 'dangling'} is a broken symbolic link" in res.output
     if os.geteuid() != 0:  # root writes anywhere
         locked = tmp_path / "locked"
         locked.mkdir(mode=0o500)
@@ -236,6 +239,14 @@ def test_ab_analyze_refuses_bad_expected_shares_writing_nothing(tmp_path: Path, 
                               "--out", str(out), "--export", str(export)])
     _one_line_error(res, "--expected", fragment)
     assert not out.exists() and not export.exists()
+
+
+@pytest.mark.parametrize("option", ["--out", "--export", "--report-dir"])
+def test_ab_analyze_checks_every_output_path_before_reading_the_log(tmp_path: Path, option: str) -> None:
+    (tmp_path / "afile").write_text("x")
+    res = runner.invoke(app, ["ab", "analyze", "--events", str(_ab_events(tmp_path)),
+                              option, str(tmp_path / "afile" / "x.out")])
+    _one_line_error(res, option, "is a file, not a directory")
 
 
 def test_ab_analyze_writes_strict_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -209,3 +209,9 @@ def test_read_traffic_from_new_user_ids_leaves_no_permanent_key(online: TestClie
         assert online.post("/v1/recommend", json={"user_id": f"visitor-{n}", "k": 3}).status_code == 200
     assert permanent() == before  # only result-cache entries were added, and they expire
     assert not [k for k in r.scan_iter(f"{ns}:*") if b"visitor-" in k]
+
+
+def test_an_empty_variant_still_means_none_given(online: TestClient) -> None:
+    resp = online.post("/v1/events", json={"event_id": "ev-empty-variant", "user_id": "u1", "item_id": "m4",
+                                           "type": "click", "variant": ""})
+    assert resp.status_code == 200 and resp.json()["status"] == "accepted"
