@@ -13,6 +13,7 @@ Deliberately left out: schema validation (each reader validates its own document
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +110,27 @@ def parse_document(text: str | bytes, source: str, *, allow_empty: bool = False)
     if not isinstance(data, dict) or not data:
         raise DocumentError(f"{source}: must be a non-empty mapping, got {type(data).__name__}")
     _check_bounds(data, source)
-    return data
+    return _joined(data, source)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _joined(node: Any, source: str) -> Any:
+    """``node`` with JSON's escaped surrogate pairs joined: ``json.dumps`` (ASCII by default), ``jq -a``
+    and Jackson write an emoji as ``"\\ud83d\\ude42"``, which PyYAML reads as two lone surrogates
+    (not text). An unpaired surrogate is a ``DocumentError``. Runs after ``_check_bounds``, so the
+    walk is bounded as the document is."""
+    if isinstance(node, dict):
+        return {_joined(k, source): _joined(v, source) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_joined(v, source) for v in node]
+    if isinstance(node, str) and _SURROGATE.search(node):
+        try:
+            return node.encode("utf-16", "surrogatepass").decode("utf-16")
+        except UnicodeDecodeError:
+            raise DocumentError(f"{source}: {node[:40]!r} holds an unpaired surrogate (not text)") from None
+    return node
 
 
 def yaml_problem(exc: yaml.YAMLError) -> str:

@@ -171,3 +171,11 @@ def test_a_rule_kind_that_is_not_a_string_is_422_not_500(online: TestClient, kin
     assert resp.status_code == 422
     assert resp.json()["detail"].startswith("PUT /admin/rules: rule 'r' (rules[0]): kind must be one of [")
     assert "k" not in published(online)
+
+
+def test_a_json_document_with_escaped_emoji_is_published_as_text(online: TestClient) -> None:
+    doc = {"version": "emoji-1", "rules": [{"id": "note", "kind": "disclaimer", "items": {"item_ids": ["m6"]},
+                                            "text": "Heads up 🙂"}]}
+    resp = put(online, doc)  # json.dumps: ASCII, so the emoji travels as "\ud83d\ude42"
+    assert resp.status_code == 200, resp.text
+    assert "emoji-1" in published(online)
