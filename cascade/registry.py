@@ -110,16 +110,30 @@ def build_pipeline(
     return Pipeline(pairs, request_budget_ms=settings.pipeline.request_budget_ms)
 
 
+def _trained_on(meta: Path) -> str | None:
+    """The ``split_id`` a ``stage.json`` records; None when there is none or it cannot be read."""
+    try:
+        recorded = json.loads(meta.read_text())
+    except (OSError, ValueError):  # absent, unreadable, not UTF-8, not JSON
+        return None
+    return recorded.get("split_id") if isinstance(recorded, dict) else None
+
+
 class StaleArtifacts(ValueError):
     """Trained stages that do not belong to the split now under ``<artifact_dir>/split``."""
 
 
+# the stages whose artifacts hold item and user indices into the split they were trained on
+INDEXED_KINDS = ("recall", "recall_llm", "coarse")
+
+
 def check_trained_on_split(pipeline: Pipeline, artifact_dir: Path) -> None:
-    """``StaleArtifacts`` naming every enabled stage whose ``stage.json`` records another split than
-    ``<artifact_dir>/split`` (``offline.split.split_id``): the split was prepared again (new data,
-    seed or k-core) and the stages were not retrained, so their item and user indices would be read
-    against another catalog. A stage without a ``stage.json`` (not trained by ``recsys train``: rules,
-    a zero-shot LLM, hand-written weights) is not checked; nor is anything without a saved split.
+    """``StaleArtifacts`` naming every enabled stage of an ``INDEXED_KINDS`` kind whose ``stage.json``
+    records another split than ``<artifact_dir>/split`` (``offline.split.split_id``): the split was
+    prepared again (new data, seed or k-core) and the stage was not retrained, so its item and user
+    indices would be read against another catalog. Not checked: stages that hold no indices (the
+    LLM re-ranker reads titles, fusion holds weights, rules hold ids), a stage without a readable
+    ``stage.json`` (it cannot tell), and anything without a saved split.
     """
     artifact_dir = Path(artifact_dir)
     if not (artifact_dir / "split" / "split.json").is_file():
@@ -127,14 +141,8 @@ def check_trained_on_split(pipeline: Pipeline, artifact_dir: Path) -> None:
     current = split_id(artifact_dir)
     stale = []
     for spec, stage in pipeline.stages:
-        if not spec.enabled:
-            continue
-        if spec.kind == "fusion":
-            directory = artifact_dir / "fusion" / str(getattr(stage, "weights_key", ""))
-        else:
-            directory = artifact_dir / str(getattr(stage, "subdir", spec.kind))
-        meta = directory / "stage.json"
-        if meta.is_file() and json.loads(meta.read_text()).get("split_id") not in (None, current):
+        if spec.enabled and spec.kind in INDEXED_KINDS and _trained_on(
+                artifact_dir / str(getattr(stage, "subdir", spec.kind)) / "stage.json") not in (None, current):
             stale.append(spec.name)
     if stale:
         raise StaleArtifacts(f"{artifact_dir}: stage(s) {stale} were trained on another split than the one in "

@@ -113,6 +113,14 @@ def trained(config: Path | None, data: Path | None, artifacts: Path | None) -> t
     return settings, art
 
 
+def servable(settings: Settings, art: Path) -> None:
+    """Exit 2 naming the stages trained on another split than ``art/split`` (see
+    ``cascade.registry.check_trained_on_split``); builds the stages without loading them."""
+    from cascade.registry import build_pipeline, check_trained_on_split  # lazy: imports the stage modules
+
+    check_trained_on_split(build_pipeline(settings, art, load=False), art)  # StaleArtifacts: exit 2
+
+
 def synthetic_kwargs(data: Path | None, users: int, items: int, seed: int) -> dict[str, Any]:
     return {} if data is not None else {"n_users": users, "n_items": items, "seed": seed}
 

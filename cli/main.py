@@ -159,6 +159,7 @@ def serve(
     from serving.run import serve as run_server  # lazy: keeps `recsys --help` fast
 
     settings, art = c.trained(config, data, artifacts)
+    c.servable(settings, art)  # before the workers start: a stale stage would make every request a 503
     run_server(settings, art, host, port, workers)
 
 

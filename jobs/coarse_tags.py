@@ -33,7 +33,7 @@ from coarse_rank.item_tags import ItemTags
 from coarse_rank.train import train_coarse
 from jobs.tagging.embed import EmbedSettings, cooccurrence_pairs, train_projection
 from jobs.train import holdout_sequences
-from offline.split import Split
+from offline.split import Split, split_id
 from offline.tag_store import load_tags
 from recall.stage import RecallStage
 from recsys.atomic import atomic_write_json
@@ -110,6 +110,8 @@ def train_coarse_tags(settings: Settings, artifact_dir: Path, split: Split, *, e
     recall.load(root, subdir="recall_holdout")
     report = train_coarse(split, recall, root / SUBDIR, config, seed=settings.seed, progress=progress, tags=tags)
     atomic_write_json(root / SUBDIR / SOURCE_FILE, {"source": source, "embedding": embed_report})
+    # the split it indexes, as every trained stage records it (cascade.registry.check_trained_on_split)
+    atomic_write_json(root / SUBDIR / "stage.json", {"split_id": split_id(root), "trained_by": "jobs.coarse_tags"})
     return {**report, "embedding": {k: v for k, v in embed_report.items() if k != "loss_per_epoch"}}
 
 

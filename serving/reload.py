@@ -58,6 +58,9 @@ def load_checked(settings: Settings, artifact_dir: Path, metrics: ServingMetrics
         check_trained_on_split(built, artifact_dir)
     except StaleArtifacts as exc:
         raise ReloadRefused(str(exc)) from exc
+    except Exception as exc:  # the split's own files unreadable
+        raise ReloadRefused(f"{artifact_dir}: cannot tell which split the stages were trained on: "
+                            f"{type(exc).__name__}: {exc}") from exc
     for spec, stage in built.stages:
         if not spec.enabled:
             continue

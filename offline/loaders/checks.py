@@ -35,13 +35,22 @@ def text(table: Table, column: str, what: str | None = None) -> pd.Series:
     """The column as str with surrounding whitespace removed (missing values -> "").
 
     A typed (Parquet) column may hold any scalar (a string, UTF-8 bytes, a number, a decimal, a
-    date: its text); a list, struct or map is refused, not turned into its Python repr:
+    date: its text; a float column of whole numbers reads as integers, "2139" not "2139.0"); a
+    list, struct or map is refused, not turned into its Python repr:
     ``"items.parquet row 2: title must be text, got list ['a']"`` (``what``, default the
     column's name, names the column).
     """
     col = _plain(table.rows[column])
     table.fail_first(_not_scalar(col), lambda pos: f"{what or column} must be text, got {shown(col.iat[pos])}")
+    if col.dtype.kind == "f" and _all_whole(col):  # an integer column pandas made float64 by one missing value
+        col = _whole_numbers_as_integers(col)
     return _stripped(table, column, col)
+
+
+def _all_whole(col: pd.Series) -> bool:
+    values = col.to_numpy(dtype=np.float64)
+    values = values[~np.isnan(values)]
+    return bool(np.isfinite(values).all() and (values == np.round(values)).all())
 
 
 def _id_text(table: Table, column: str, what: str) -> pd.Series:

@@ -48,7 +48,7 @@ async def post_event(body: EventRequest, recommender: RecommenderDep, settings: 
     if experiment is not None:  # the variant is a pure function of the user: derive it when not sent
         fields["experiment"] = experiment.name
         fields["variant"] = body.variant or assign(experiment, body.user_id).variant
-    elif body.variant is not None:
+    elif body.variant:  # "" is no variant, as null is: not an arm `recsys ab analyze` would count
         fields["variant"] = body.variant
     user_idx = recommender.catalog.user_index.get(body.user_id)
     try:

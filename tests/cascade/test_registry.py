@@ -74,10 +74,22 @@ def test_stages_trained_on_another_split_are_named_before_anything_loads(tmp_pat
     trained(tmp_path / "coarse", current)
     trained(tmp_path / "fusion" / weights_key(settings), current)
     check_trained_on_split(pipeline, tmp_path)
-    trained(tmp_path / "llm", "0ld")  # a disabled stage is not served: not checked
+    trained(tmp_path / "llm", "0ld")  # no item indices (and disabled here): not checked
+    trained(tmp_path / "fusion" / weights_key(settings), "0ld")  # weights, no indices: not checked
     check_trained_on_split(pipeline, tmp_path)
+    for broken in ("[]", "null", '{"split_id": ', "\xff"):  # cannot tell: not a refusal (nor a crash)
+        (tmp_path / "recall" / "stage.json").write_text(broken, encoding="latin-1")
+        check_trained_on_split(pipeline, tmp_path)
+    trained(tmp_path / "recall", "0ld")
     trained(tmp_path / "coarse", "0ld")
-    trained(tmp_path / "fusion" / weights_key(settings), "0ld")
-    with pytest.raises(StaleArtifacts, match=r"stage\(s\) \['coarse', 'fusion'\] were trained on another split .* "
+    with pytest.raises(StaleArtifacts, match=r"stage\(s\) \['recall', 'coarse'\] were trained on another split .* "
                                              r"run `recsys train`"):
         check_trained_on_split(pipeline, tmp_path)
+    # the tag-feature coarse model is checked in its own folder
+    tags = settings.model_copy(update={"pipeline": settings.pipeline.model_copy(update={"stages": [
+        s.model_copy(update={"params": {"subdir": "coarse_tags"}}) if s.kind == "coarse" else s
+        for s in settings.pipeline.stages if s.kind in ("coarse",)]})})
+    check_trained_on_split(build_pipeline(tags, tmp_path, load=False), tmp_path)  # no stage.json there yet
+    trained(tmp_path / "coarse_tags", "0ld")
+    with pytest.raises(StaleArtifacts, match=r"\['coarse'\]"):
+        check_trained_on_split(build_pipeline(tags, tmp_path, load=False), tmp_path)

@@ -272,3 +272,19 @@ def test_ab_analyze_writes_strict_json(tmp_path: Path, monkeypatch: pytest.Monke
     report = json.loads(out.read_text(), parse_constant=refuse)
     assert report["arms"]["control"]["ctr"]["rate"] is None and report["srm"]["chi2"] is None
     assert report["srm"]["expected"] == {"control": 2.5, "treatment": 2.5}
+
+
+def test_serve_refuses_stages_trained_on_another_split_before_starting(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import serving.run
+    from offline.protocol import make_split
+    from offline.synthetic import generate
+
+    started: list[Path] = []
+    monkeypatch.setattr(serving.run, "serve", lambda settings, art, *args: started.append(art))
+    make_split(generate(n_users=20, n_items=40, seed=1), k_core=1).save(tmp_path / "split")
+    (tmp_path / "recall").mkdir()
+    (tmp_path / "recall" / "stage.json").write_text('{"split_id": "0ld"}')
+    res = runner.invoke(app, ["serve", "--artifacts", str(tmp_path)])
+    _one_line_error(res, "stage(s) ['recall'] were trained on another split", "run `recsys train`")
+    assert started == []  # used to start, and answer 503 to every request

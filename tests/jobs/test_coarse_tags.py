@@ -80,6 +80,8 @@ def test_coarse_tags_trains_from_artifacts_is_reused_and_serves_without_tags(art
     first = ensure_coarse_tags(settings, root, split, embed=TINY_EMBED, progress=False)
     assert first["trained"] and first["report"]["embedding"]["holdout_positions"] == 1
     assert {p.name for p in (root / SUBDIR).iterdir()} >= {"model.txt", "features.npz", "meta.json", SOURCE_FILE}
+    from offline.split import split_id  # serving refuses it once the split is prepared again
+    assert json.loads((root / SUBDIR / "stage.json").read_text())["split_id"] == split_id(root)
     assert not ensure_coarse_tags(settings, root, split, embed=TINY_EMBED, progress=False)["trained"]
     write_tags(root / "tags", split.n_items, fallback_every=4)  # re-tagged: the model is stale
     assert not is_current(settings, root, TINY_EMBED)

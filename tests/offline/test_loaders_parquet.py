@@ -167,3 +167,14 @@ def test_separator_controls_at_the_ends_of_an_id_are_refused_not_stripped(tmp_pa
         load_dataset(write_parquet(tmp_path / "pq", events, items))
     events["user_id"] = [" u1\u00a0", "u2"]  # Unicode white space is still padding
     assert load_dataset(write_parquet(tmp_path / "pq", events, items)).interactions["user_id"].tolist() == ["u1", "u2"]
+
+
+def test_an_integer_attribute_column_pandas_made_float_reads_as_integers(tmp_path: Path) -> None:
+    # one missing occupation code made pandas store the column as float64: 1.0 must read "1", not "1.0"
+    events = pd.DataFrame({"user_id": ["u1", "u2"], "item_id": ["a", "b"], "timestamp": [10, 20]})
+    users = pd.DataFrame({"user_id": ["u1", "u2"], "occupation": [1.0, None], "zip": [2139.0, 94110.0]})
+    ds = load_dataset(write_parquet(tmp_path / "pq", events, pd.DataFrame({"item_id": ["a", "b"]}), users))
+    assert ds.users["occupation"].tolist() == ["1", None] and ds.users["zip"].tolist() == ["2139", "94110"]
+    users["zip"] = [2139.5, 94110.0]  # not all whole: not an integer column, each keeps its text
+    ds = load_dataset(write_parquet(tmp_path / "pq", events, pd.DataFrame({"item_id": ["a", "b"]}), users))
+    assert ds.users["zip"].tolist() == ["2139.5", "94110.0"]

@@ -215,3 +215,6 @@ def test_an_empty_variant_still_means_none_given(online: TestClient) -> None:
     resp = online.post("/v1/events", json={"event_id": "ev-empty-variant", "user_id": "u1", "item_id": "m4",
                                            "type": "click", "variant": ""})
     assert resp.status_code == 200 and resp.json()["status"] == "accepted"
+    state = online.app.state.slot.recommender.online
+    fields = state.client.xrange(f"{state.ns}:events")[-1][1]
+    assert fields[b"type"] == b"click" and b"variant" not in fields  # not an arm named "" for `ab analyze`
