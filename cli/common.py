@@ -31,7 +31,7 @@ from typer._click.exceptions import (  # typer (pinned) vendors click: the class
 )
 from typer.core import TyperGroup
 
-from recsys.atomic import atomic_write_text
+from recsys.atomic import atomic_write_text, json_default
 from recsys.pipeline import PipelineError
 
 if TYPE_CHECKING:
@@ -69,8 +69,6 @@ def _writable(out: Path | None, folder: bool) -> Path | None:
         return None
     if out.is_dir() and not folder:
         raise typer.BadParameter(f"{out} is a directory; give a file name")
-    if out.exists() and folder and not out.is_dir():
-        raise typer.BadParameter(f"{out} is a file, not a directory")
     chain = (out.absolute(), *out.absolute().parents) if folder else (out.absolute().parent, *out.absolute().parents)
     above = next(p for p in chain if os.path.lexists(p))
     if not above.exists():
@@ -148,7 +146,7 @@ def strict_json(value: Any) -> Any:
 def write_report(report: dict[str, Any], out: Path | None) -> None:
     """Print the report and, with ``--out``, write it atomically (tmp file + rename); strict JSON:
     an undefined number (NaN, +-inf) is written as null, never as the non-JSON ``NaN``."""
-    text = json.dumps(strict_json(report), indent=2, default=_default, allow_nan=False)
+    text = json.dumps(strict_json(report), indent=2, default=json_default, allow_nan=False)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out, text + "\n")
@@ -215,9 +213,3 @@ def one_line(exc: BaseException) -> str:
     return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
-def _default(o: Any) -> Any:
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    return str(o)

@@ -33,7 +33,7 @@ from offline.loaders import load_dataset
 from offline.protocol import make_split
 from offline.split import Split, split_id
 from recall.stage import RecallStage
-from recsys.atomic import atomic_write_json
+from recsys.atomic import atomic_write_json, json_default
 from recsys.digest import file_sha256
 from recsys.pipeline import PipelineStage
 
@@ -199,15 +199,7 @@ def _write_meta(directory: Path, report: dict[str, Any], split_id: str, config_i
     atomic_write_json(directory / "stage.json", {"split_id": split_id, "config_id": config_id,
                                                  "run_id": uuid.uuid4().hex, "upstream": upstream or {},
                                                  "report": report},
-                      default=_json_default)  # last write: marks the stage complete
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    return str(o)
+                      default=json_default)  # last write: marks the stage complete
 
 
 def _train_recall(settings: Settings, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:

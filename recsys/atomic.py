@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
+
 
 def tmp_path(path: Path) -> Path:
     """The temporary sibling a write of ``path`` goes through (unique per process)."""
@@ -70,6 +72,16 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> Path:
 
 def atomic_write_text(path: Path | str, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def json_default(o: Any) -> Any:
+    """``json.dumps``' ``default`` for numpy values (a scalar as its Python value, an array as a
+    list, whose numpy elements come back here) and anything else as its ``str``."""
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
 
 
 def atomic_write_json(path: Path | str, obj: Any, *, indent: int | None = 2, default: Any = None) -> Path:

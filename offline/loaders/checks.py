@@ -152,8 +152,7 @@ def _undecodable(value: object) -> bool:
 def ids(table: Table, column: str, what: str) -> pd.Series:
     """Non-empty id strings without control or invisible format characters (``recsys.names``);
     ``what`` names the id (e.g. "user id")."""
-    out = _id_text(table, column, what)
-    table.fail_first((out == "").to_numpy(), lambda pos: f"empty {what}")
+    out = _required(table, _id_text(table, column, what), what)
     bad = out.str.contains(f"[{FORBIDDEN}]", regex=True).to_numpy(dtype=bool)
     table.fail_first(bad, lambda pos: f"{what} {out.iat[pos]!r} contains {forbidden_character(out.iat[pos])}")
     return out
@@ -161,7 +160,10 @@ def ids(table: Table, column: str, what: str) -> pd.Series:
 
 def nonempty(table: Table, column: str, what: str) -> pd.Series:
     """Non-empty strings (e.g. titles, which may hold any character)."""
-    out = text(table, column, what)
+    return _required(table, text(table, column, what), what)
+
+
+def _required(table: Table, out: pd.Series, what: str) -> pd.Series:
     table.fail_first((out == "").to_numpy(), lambda pos: f"empty {what}")
     return out
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -27,6 +26,7 @@ import pandas as pd
 from offline.loaders import checks, common
 from offline.loaders.reading import LINE, Table, find_table_file, read_table
 from offline.schema import AUDIENCES, ITEM_COLUMNS, RISK_LEVELS, USER_COLUMNS, DataError, Dataset
+from recsys.atomic import json_default
 
 
 def load_generic(directory: Path) -> Dataset:
@@ -138,20 +138,6 @@ def _attributes(table: Table, schema_columns: Sequence[str]) -> list[str]:
         for col in extra:
             value = table.rows[col].iat[pos]
             if not checks.is_missing(value):
-                attrs[col] = _plain_json(value)
-        out.append(json.dumps(attrs, default=str))
+                attrs[col] = value  # a list column's array as a list, not its printed "['x' 'y']"
+        out.append(json.dumps(attrs, default=json_default))
     return out
-
-
-def _plain_json(value: Any) -> Any:
-    """A Parquet cell as JSON values: a list column's numpy array as a list (not its printed form
-    ``"['x' 'y']"``), a struct's dict with plain values, a numpy scalar as a Python one."""
-    if isinstance(value, np.ndarray):
-        return [_plain_json(v) for v in value.tolist()]
-    if isinstance(value, (list, tuple)):
-        return [_plain_json(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _plain_json(v) for k, v in value.items()}
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
