@@ -67,6 +67,9 @@ def writable_folder(out: Path | None) -> Path | None:
 def _writable(out: Path | None, folder: bool) -> Path | None:
     if out is None:
         return None
+    if str(out) == "-":  # not a path: a user asking for standard output, where the report goes anyway
+        raise typer.BadParameter("'-' is not a path here: give a file or folder name (the JSON report is "
+                                 "printed to standard output anyway)")
     if out.is_dir() and not folder:
         raise typer.BadParameter(f"{out} is a directory; give a file name")
     chain = (out.absolute(), *out.absolute().parents) if folder else (out.absolute().parent, *out.absolute().parents)

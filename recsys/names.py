@@ -13,6 +13,12 @@ is drawn and real text needs them: the zero-width joiner and non-joiner (emoji s
 a family or a profession; Persian and Indic spelling), the tag characters of subdivision flags,
 and the visible prepended marks (Arabic number signs, end of ayah, ...).
 
+One spelling: ids are compared in Unicode NFC (``canonical``), so canonically equivalent spellings
+are one id. ``"café"`` written with a combining acute accent (as macOS file names and some
+exports write it) and with the precomposed ``é`` print alike; unnormalised, an interaction file
+in one and an item file in the other stopped the load at ``unknown item id 'café'``, a request in
+the other form was a cold start, and a rule naming it blocked nothing.
+
 ``FORBIDDEN`` is a regex character-class body written with ``\\uXXXX`` escapes, which Python's
 ``re``, pandas and pydantic-core's Rust regex all read the same way.
 """
@@ -29,6 +35,15 @@ HIDDEN = (  # format characters that hide or reorder text (see the module doc)
 FORBIDDEN = CONTROL + HIDDEN
 NAME_PATTERN = f"^[^{FORBIDDEN}]+$"  # a whole name without a forbidden character
 _FORBIDDEN = re.compile(f"[{FORBIDDEN}]")
+
+
+def canonical(name: str) -> str:
+    """``name`` in Unicode NFC, the one spelling ids are compared in (see the module doc).
+
+    >>> canonical("cafe\u0301") == "caf\u00e9", canonical("sku-1")
+    (True, 'sku-1')
+    """
+    return name if name.isascii() else unicodedata.normalize("NFC", name)
 
 
 def forbidden_character(name: str) -> str | None:

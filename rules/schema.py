@@ -31,10 +31,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from offline.schema import RISK_LEVELS
 from recsys.documents import DocumentError, InvalidVersion, check_version, read_document
+from recsys.names import canonical
 
 
 class RulesError(ValueError):
@@ -54,6 +55,13 @@ class ItemSelector(BaseModel):
     audiences: list[Literal["all", "teen", "adult"]] = Field(default_factory=list)
     min_risk_level: int | None = Field(default=None, ge=min(RISK_LEVELS), le=max(RISK_LEVELS))
     tags: list[str] = Field(default_factory=list, description="Tags in the item's attributes JSON ('tags').")
+
+    @field_validator("item_ids")
+    @classmethod
+    def _as_the_catalog_spells_them(cls, ids: list[str]) -> list[str]:
+        # ids the catalog lacks match nothing, so " x1" or a decomposed "café" would block nothing:
+        # compare them as the loaders and the API read ids (whitespace stripped, NFC; recsys.names)
+        return [canonical(i.strip()) for i in ids]
 
     @model_validator(mode="after")
     def _not_empty(self) -> ItemSelector:

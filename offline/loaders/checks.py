@@ -22,7 +22,7 @@ import pandas as pd
 
 from offline.loaders.reading import Table
 from offline.schema import DataError
-from recsys.names import FORBIDDEN, forbidden_character
+from recsys.names import FORBIDDEN, canonical, forbidden_character
 
 MAX_EXACT_INT = 2**53  # float64 holds every integer below this exactly
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -150,11 +150,15 @@ def _undecodable(value: object) -> bool:
 
 
 def ids(table: Table, column: str, what: str) -> pd.Series:
-    """Non-empty id strings without control or invisible format characters (``recsys.names``);
-    ``what`` names the id (e.g. "user id")."""
+    """Non-empty id strings without control or invisible format characters, in their one spelling
+    (NFC; ``recsys.names``); ``what`` names the id (e.g. "user id")."""
     out = _required(table, _id_text(table, column, what), what)
     bad = out.str.contains(f"[{FORBIDDEN}]", regex=True).to_numpy(dtype=bool)
     table.fail_first(bad, lambda pos: f"{what} {out.iat[pos]!r} contains {forbidden_character(out.iat[pos])}")
+    wide = ~out.map(str.isascii).to_numpy(dtype=bool)
+    if wide.any():
+        out = out.copy()
+        out[wide] = out[wide].map(canonical)
     return out
 
 

@@ -83,6 +83,18 @@ def test_an_out_path_under_a_file_or_a_locked_folder_is_refused_before_any_work(
     assert not (tmp_path / "a").exists()
 
 
+@pytest.mark.parametrize("args", [["prepare", "--out"], ["ab", "analyze", "--out"], ["ab", "analyze", "--export"],
+                                  ["ab", "analyze", "--report-dir"]])
+def test_a_dash_for_standard_output_is_refused_rather_than_written_as_a_file_named_dash(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]):
+    events = _ab_events(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    more = ["--artifacts", str(tmp_path / "a")] if args[0] == "prepare" else ["--events", str(events)]
+    res = runner.invoke(app, [*args, "-", *more])
+    _one_line_error(res, args[-1], "'-' is not a path here: give a file or folder name")
+    assert not (tmp_path / "-").exists() and not (tmp_path / "a").exists()
+
+
 def test_unknown_stage_and_phase_are_refused(tmp_path: Path):
     res = runner.invoke(app, ["train", "recall,rerank", "--artifacts", str(tmp_path)])
     assert res.exit_code == 2 and "unknown stage(s) ['rerank']" in res.output

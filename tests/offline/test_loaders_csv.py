@@ -357,6 +357,23 @@ def test_generic_hostile_values_name_file_and_line(tmp_path: Path, files: dict[s
     assert message in str(err.value)
 
 
+def test_ids_spelt_in_decomposed_unicode_are_the_catalogs_ids(tmp_path: Path) -> None:
+    # a decomposed "é" (e + combining acute: macOS file names, some exports) and the precomposed one
+    # print alike; before NFC the load stopped at "unknown item id 'café'"
+    nfd, nfc = "cafe\u0301", "caf\u00e9"
+    root = write_generic(tmp_path / "g", **{
+        "items.csv": f"item_id,title\n{nfc},Coffee\nb,Beta\n",
+        "interactions.csv": f"user_id,item_id,timestamp\nJos{'e' + chr(0x301)},{nfd},1\nJos\u00e9,b,2\n"})
+    ds = load_dataset(root)
+    assert ds.items["item_id"].tolist() == [nfc, "b"]
+    assert ds.interactions["item_id"].tolist() == [nfc, "b"]
+    assert ds.interactions["user_id"].tolist() == ["Jos\u00e9"] * 2  # one user, not two
+    # two spellings of one id in the catalog are one id twice
+    root = write_generic(tmp_path / "h", **{"items.csv": f"item_id,title\n{nfc},A\n{nfd},B\n"})
+    with pytest.raises(DataError, match="duplicate"):
+        load_dataset(root)
+
+
 def test_timestamps_keep_range_edges_and_floor_iso_fractions(tmp_path: Path) -> None:
     events = ("user_id,item_id,timestamp\nx,a,-9223372036\nx,b,9223372036\n"
               "y,a,1677-09-21T00:12:44Z\ny,b,2021-01-01T00:00:00.7Z\ny,a,1969-12-31T23:59:59.5Z\n")

@@ -135,6 +135,10 @@ def test_hostile_strings_in_ids_and_context_are_served_or_refused_cleanly(admin_
     padded = admin_client.post("/v1/recommend", json={"user_id": " u1\t\n"}).json()
     assert padded["user_id"] == "u1" and padded["cold_start"] is known["cold_start"] is False
     assert padded["items"] == known["items"]
+    # ids are compared in NFC, as the loaders read them: a decomposed spelling of a known id is that id
+    client_ids = [admin_client.post("/v1/recommend", json={"user_id": u}).json()["user_id"]
+                  for u in ("caf\u00e9", "cafe\u0301")]
+    assert client_ids == ["caf\u00e9", "caf\u00e9"]
     too_many = {f"k{i}": i for i in range(40)}
     resp = admin_client.post("/v1/recommend", json={"user_id": "u1", "context": too_many})
     assert resp.status_code == 422 and "at most 32 allowed" in resp.text

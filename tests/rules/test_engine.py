@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 
 from rules.engine import UNKNOWN_ITEM, apply_rules
+from rules.items import ItemAttributes
 from rules.schema import parse_ruleset
+from tests.rules.conftest import toy_items_table
 
 ALL = np.arange(8)
 ADULT_GATE = {"id": "adult_gate", "kind": "audience_gate", "audience": "adult", "min_age": 18}
@@ -53,6 +55,17 @@ def test_global_blocklist_by_id_and_category(toy_items):
     rs = rules({"id": "block", "kind": "blocklist", "items": {"item_ids": ["b", "not-in-catalog"],
                                                               "categories": ["Drama"]}})
     assert kept(rs, {"age": 40}, toy_items) == [0, 4, 7]
+
+
+def test_a_blocklist_id_matches_the_catalog_id_it_spells(toy_items):
+    # ids the catalog lacks match nothing, so an id written with padding or another Unicode spelling
+    # blocked nothing; rule ids are read as the loaders read a catalog's ids (stripped, NFC)
+    table = toy_items_table()
+    table.loc[1, "item_id"] = "caf\u00e9"
+    items = ItemAttributes.from_items(table)
+    for spelt in ("cafe\u0301", " caf\u00e9 ", "\tcafe\u0301"):
+        assert kept(rules({"id": "w", "kind": "blocklist", "items": {"item_ids": [spelt]}}), {}, items) == \
+            [0, 2, 3, 4, 5, 6, 7]
 
 
 def test_blocklist_for_matching_users_only(toy_items):
