@@ -198,7 +198,8 @@ def _read_redis(url: str, namespace: str) -> Any:
 
 @ab_app.command("replay-dir")
 def replay_dir(
-    to: Annotated[Path, typer.Option("--to", help="Serving directory to create (symlinks + hidden test split).")],
+    to: Annotated[Path, typer.Option("--to", help="Serving directory to create (symlinks + hidden test split).",
+                                     callback=c.not_dash)],
     data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
 ) -> None:
     """Build the directory to serve for `ab simulate`: trained stages, test items not yet known."""

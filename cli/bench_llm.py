@@ -22,7 +22,8 @@ def bench_llm(
     sections: Annotated[str, typer.Option(help="Comma-separated: precision,prefix_cache,batching.")]
     = "precision,prefix_cache,batching",
     work_dir: Annotated[Path | None, typer.Option(help="Where the int8 calibration goes (default: next to --out, "
-                                                       "else /tmp/recsys-bench-llm).")] = None,
+                                                       "else /tmp/recsys-bench-llm).",
+                                                  callback=c.not_dash)] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="torch intra-op threads.")] = None,
     out: c.OutOpt = None,
 ) -> None:

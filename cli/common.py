@@ -48,9 +48,17 @@ FormatOpt = Annotated[
 ConfigOpt = Annotated[
     Path | None, typer.Option("--config", help="Pipeline YAML (default configs/pipeline.yaml).")
 ]
+def not_dash(path: Path | None) -> Path | None:
+    """A folder option's value, ``-`` refused: it reads as standard output, not as a folder to create."""
+    if path is not None and str(path) == "-":
+        raise typer.BadParameter("'-' is not a folder here (it reads as standard output): give a folder name")
+    return path
+
+
 ArtifactsOpt = Annotated[
     Path | None,
-    typer.Option("--artifacts", help="This dataset's artifact directory (default <artifacts_dir>/<dataset name>)."),
+    typer.Option("--artifacts", help="This dataset's artifact directory (default <artifacts_dir>/<dataset name>).",
+                 callback=not_dash),
 ]
 def writable_path(out: Path | None) -> Path | None:
     """An output file checked before the command works (a long eval must not end in a refused

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from recsys.atomic import atomic_write, atomic_write_json
+from recsys.names import canonical
 
 AUDIENCES = ("all", "teen", "adult")  # audience rating, ordered from least to most restricted
 RISK_LEVELS = (0, 1, 2, 3)  # 0 = none ... 3 = high
@@ -88,7 +89,9 @@ def normalise_items(df: pd.DataFrame) -> pd.DataFrame:
     out["title"] = df["title"].fillna("").astype(str) if "title" in df else out["item_id"]
     out["text"] = df["text"].fillna("").astype(str) if "text" in df else ""
     if "categories" in df:
-        out["categories"] = [list(c) if c is not None and not _isna(c) else [] for c in df["categories"]]
+        # one spelling (NFC, recsys.names), as ids: rules and category features match names exactly
+        out["categories"] = [[canonical(str(x)) for x in c] if c is not None and not _isna(c) else []
+                             for c in df["categories"]]
     else:
         out["categories"] = [[] for _ in range(n)]
     out["audience"] = _opt_str(df, "audience", n)

@@ -28,6 +28,11 @@ from __future__ import annotations
 import re
 import unicodedata
 
+MAX_ID_CHARS = 128  # an id's length in its canonical (NFC) spelling: the API's bound, and the loaders'
+# What surrounds an id and is dropped: what ``str.strip`` removes except the separators U+001C..U+001F,
+# which Python counts as whitespace and Unicode does not: they are control characters an id must not
+# hold, not padding to drop silently (the API's trim leaves them, and refuses them).
+WHITESPACE = "".join(ch for ch in map(chr, range(0x3001)) if ch.isspace() and ch not in "\x1c\x1d\x1e\x1f")
 CONTROL = r"\x00-\x1f\x7f-\x9f"  # C0, DEL and C1
 HIDDEN = (  # format characters that hide or reorder text (see the module doc)
     r"\u00ad\u061c\u180e\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb"
@@ -44,6 +49,22 @@ def canonical(name: str) -> str:
     (True, 'sku-1')
     """
     return name if name.isascii() else unicodedata.normalize("NFC", name)
+
+
+def id_problem(name: str) -> str | None:
+    """Why ``name`` (already stripped and canonical) may not be an id, or None: empty, longer than
+    ``MAX_ID_CHARS``, or holding a forbidden character. The loaders, rule documents and the API's
+    bound all read it.
+
+    >>> print(id_problem("x" * 129))
+    is 129 characters long (at most 128)
+    """
+    if not name:
+        return "is empty"
+    if len(name) > MAX_ID_CHARS:
+        return f"is {len(name)} characters long (at most {MAX_ID_CHARS})"
+    found = forbidden_character(name)
+    return None if found is None else f"contains {found}"
 
 
 def forbidden_character(name: str) -> str | None:

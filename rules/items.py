@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from offline.schema import AUDIENCES
+from recsys.names import canonical
 
 UNKNOWN = -1
 
@@ -58,7 +59,7 @@ class ItemAttributes:
             item_ids=ids, audience=audience, risk_level=risk.to_numpy(np.int16),
             categories=categories, category_names=category_names,
             tags=tags, tag_names=tag_names, tags_known=tags_known,
-            _id_index={item_id: i for i, item_id in enumerate(ids)},
+            _id_index={canonical(item_id): i for i, item_id in enumerate(ids)},  # as rule documents spell them
         )
 
     def indices_of(self, item_ids: Iterable[str]) -> np.ndarray:
@@ -67,7 +68,8 @@ class ItemAttributes:
         return np.asarray(found, dtype=np.int64)
 
     def category_columns(self, names: Sequence[str]) -> np.ndarray:
-        return np.asarray([i for i, c in enumerate(self.category_names) if c in set(names)], dtype=np.int64)
+        wanted = {canonical(n) for n in names}  # a split saved before names were NFC still matches
+        return np.asarray([i for i, c in enumerate(self.category_names) if canonical(c) in wanted], dtype=np.int64)
 
     def tag_columns(self, names: Sequence[str]) -> np.ndarray:
         return np.asarray([i for i, t in enumerate(self.tag_names) if t in set(names)], dtype=np.int64)

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from offline.schema import RISK_LEVELS
 from recsys.documents import DocumentError, InvalidVersion, check_version, read_document
-from recsys.names import canonical
+from recsys.names import WHITESPACE, canonical, id_problem
 
 
 class RulesError(ValueError):
@@ -59,9 +59,18 @@ class ItemSelector(BaseModel):
     @field_validator("item_ids")
     @classmethod
     def _as_the_catalog_spells_them(cls, ids: list[str]) -> list[str]:
-        # ids the catalog lacks match nothing, so " x1" or a decomposed "café" would block nothing:
-        # compare them as the loaders and the API read ids (whitespace stripped, NFC; recsys.names)
-        return [canonical(i.strip()) for i in ids]
+        # ids the catalog lacks match nothing, so " x1" or a decomposed "café" would block nothing, and
+        # "" or "m\u200b6" could never match: read them as the loaders read a catalog's ids (recsys.names)
+        out = [canonical(i.strip(WHITESPACE)) for i in ids]
+        for given, name in zip(ids, out, strict=True):
+            if problem := id_problem(name):
+                raise ValueError(f"item id {given!r} {problem}")
+        return out
+
+    @field_validator("categories")
+    @classmethod
+    def _categories_as_the_catalog_spells_them(cls, names: list[str]) -> list[str]:
+        return [canonical(n) for n in names]
 
     @model_validator(mode="after")
     def _not_empty(self) -> ItemSelector:
@@ -117,6 +126,11 @@ class CategoryCapRule(_Rule):
     kind: Literal["category_cap"]
     max_items: int = Field(ge=0, le=100_000)
     category: str | None = Field(default=None, description="The capped category; None caps every category.")
+
+    @field_validator("category")
+    @classmethod
+    def _as_the_catalog_spells_it(cls, name: str | None) -> str | None:
+        return None if name is None else canonical(name)
 
 
 class DisclaimerRule(_Rule):

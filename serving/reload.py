@@ -25,6 +25,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from cascade.registry import StaleArtifacts, build_pipeline, check_trained_on_split
 from cascade.settings import Settings
 from recsys.pipeline import Pipeline, PipelineError
@@ -74,10 +76,17 @@ def load_checked(settings: Settings, artifact_dir: Path, metrics: ServingMetrics
     return recommender
 
 
+COLD_SMOKE_USER = "reload-smoke-cold-user"
+
+
 def smoke_test(recommender: Recommender) -> RecommendResponse:
     """One answer for the first known user (else a cold start); ``ReloadRefused`` if it is unsafe."""
-    user = next(iter(recommender.catalog.user_index), "reload-smoke-cold-user")
-    body = RecommendRequest(user_id=user, k=min(10, recommender.settings.pipeline.max_k))
+    k = min(10, recommender.settings.pipeline.max_k)
+    user = next(iter(recommender.catalog.user_index), COLD_SMOKE_USER)
+    try:
+        body = RecommendRequest(user_id=user, k=k)
+    except ValidationError:  # an id no request can name (a split saved before ids were bounded): a cold start
+        user, body = COLD_SMOKE_USER, RecommendRequest(user_id=COLD_SMOKE_USER, k=k)
     try:
         answer = recommender.respond(body, request_id="reload-smoke")
     except PipelineError as exc:

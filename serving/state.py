@@ -29,6 +29,7 @@ import numpy as np
 from offline.schema import user_attributes
 from offline.split import Split
 from recsys.contract import Request
+from recsys.names import canonical
 
 
 class HistoryStore(Protocol):
@@ -73,8 +74,9 @@ class CatalogState:
             raise ValueError(f"CatalogState: {len(user_ids)} user ids but {len(attrs)} attribute rows")
         if len(item_ids) != len(titles):
             raise ValueError(f"CatalogState: {len(item_ids)} item ids but {len(titles)} titles")
-        self.user_index = {str(u): i for i, u in enumerate(user_ids)}
-        self.item_index = {str(it): i for i, it in enumerate(item_ids)}
+        # keys in the one spelling requests arrive in (recsys.names), also for a split saved before ids were NFC
+        self.user_index = {canonical(str(u)): i for i, u in enumerate(user_ids)}
+        self.item_index = {canonical(str(it)): i for i, it in enumerate(item_ids)}
         self.item_ids = np.asarray(item_ids, dtype=object)
         self.titles = np.asarray(titles, dtype=object)
         self.attrs = attrs
@@ -117,7 +119,7 @@ class CatalogState:
         split history as the model input; a known user still never gets an item from the
         full split history, which the capped online list may have dropped.
         """
-        user_idx = self.user_index.get(user_id)
+        user_idx = self.user_index.get(canonical(user_id))
         common: dict[str, Any] = {"user_id": user_id, "k": k, "context": dict(context or {}), "debug": debug,
                                   "request_id": request_id, "deadline": deadline, "variant": variant}
         if user_idx is None:

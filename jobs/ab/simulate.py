@@ -50,6 +50,10 @@ def check_loopback(url: str) -> str:
 def replay_artifacts(artifact_dir: Path, out_dir: Path) -> Path:
     """A serving directory at ``out_dir``: ``artifact_dir``'s stages symlinked, the split's test hidden."""
     artifact_dir, out_dir = Path(artifact_dir).resolve(), Path(out_dir)
+    if out_dir.resolve() == artifact_dir or artifact_dir in out_dir.resolve().parents:
+        # the replay split (test hidden behind valid) would be saved over the real one
+        raise ValueError(f"replay directory {out_dir} is the artifact directory {artifact_dir} or inside it; "
+                         "give another folder")
     split = Split.load(artifact_dir / "split")
     out_dir.mkdir(parents=True, exist_ok=True)
     for entry in artifact_dir.iterdir():
@@ -96,10 +100,10 @@ def simulate(
             variants[str(variant)] += 1
             shown = [item["id"] for item in answer["items"]]
             if not answer.get("impressions_logged"):
-                for rank, item in enumerate(shown, 1):
-                    _event(http, f"{tag}-{user_id}-imp{rank}", user_id, item, "impression", variant, counts)
+                for rank, item in enumerate(shown, 1):  # event ids by user index: an id may hold any character
+                    _event(http, f"{tag}-u{u}-imp{rank}", user_id, item, "impression", variant, counts)
             if target_id in shown:
-                _event(http, f"{tag}-{user_id}-click", user_id, target_id, "click", variant, counts)
+                _event(http, f"{tag}-u{u}-click", user_id, target_id, "click", variant, counts)
     finally:
         if client is None:
             http.close()

@@ -22,7 +22,7 @@ import pandas as pd
 
 from offline.loaders.reading import Table
 from offline.schema import DataError
-from recsys.names import FORBIDDEN, canonical, forbidden_character
+from recsys.names import FORBIDDEN, MAX_ID_CHARS, WHITESPACE, canonical, forbidden_character
 
 MAX_EXACT_INT = 2**53  # float64 holds every integer below this exactly
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -109,15 +109,11 @@ def _plain(col: pd.Series) -> pd.Series:
     return col.astype(object)
 
 
-# What ``str.strip`` removes except the separators U+001C..U+001F, which Python counts as whitespace
-# and Unicode does not: they are control characters an id must not hold, not padding to drop
-# silently (the API's trim leaves them, and refuses them).
-_WHITESPACE = "".join(ch for ch in map(chr, range(0x3001)) if ch.isspace() and ch not in "\x1c\x1d\x1e\x1f")
 
 
 def _stripped(table: Table, column: str, col: pd.Series) -> pd.Series:
     try:
-        return col.where(col.notna(), "").astype(str).str.strip(_WHITESPACE)
+        return col.where(col.notna(), "").astype(str).str.strip(WHITESPACE)
     except UnicodeDecodeError:  # a binary Parquet column: bytes pandas cannot read as UTF-8
         table.fail_first(np.array([_undecodable(v) for v in col]), lambda pos: f"{column} is bytes, not UTF-8 text")
         raise
@@ -159,6 +155,9 @@ def ids(table: Table, column: str, what: str) -> pd.Series:
     if wide.any():
         out = out.copy()
         out[wide] = out[wide].map(canonical)
+    long = (out.str.len() > MAX_ID_CHARS).to_numpy(dtype=bool)  # the API could never name it
+    table.fail_first(long, lambda pos: f"{what} {short(out.iat[pos])} is {len(out.iat[pos])} characters long "
+                     f"(at most {MAX_ID_CHARS})")
     return out
 
 

@@ -45,7 +45,8 @@ def load_ml100k(directory: Path) -> Dataset:
     genres = _ml100k_genres(directory / "u.genre")
     items = _ml100k_items(directory / "u.item", genres)
     users = _ml100k_users(directory / "u.user")
-    table = read_delimited(directory / "u.data", "\t", ("user_id", "item_id", "rating", "timestamp"))
+    # latin-1 like u.item and u.user (GroupLens' encoding), so an id reads alike in every file
+    table = read_delimited(directory / "u.data", "\t", ("user_id", "item_id", "rating", "timestamp"), encoding=LATIN1)
     events = common.interactions(
         table, items=items["item_id"], items_file="u.item", users=users["user_id"], users_file="u.user",
     )

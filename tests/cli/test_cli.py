@@ -95,6 +95,15 @@ def test_a_dash_for_standard_output_is_refused_rather_than_written_as_a_file_nam
     assert not (tmp_path / "-").exists() and not (tmp_path / "a").exists()
 
 
+@pytest.mark.parametrize("args", [["prepare", "--artifacts"], ["ab", "replay-dir", "--to"],
+                                  ["bench", "llm", "--work-dir"]])
+def test_a_dash_is_refused_as_a_folder_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]):
+    monkeypatch.chdir(tmp_path)
+    res = runner.invoke(app, [*args, "-"])
+    _one_line_error(res, args[-1], "'-' is not a folder here")
+    assert not (tmp_path / "-").exists()
+
+
 def test_unknown_stage_and_phase_are_refused(tmp_path: Path):
     res = runner.invoke(app, ["train", "recall,rerank", "--artifacts", str(tmp_path)])
     assert res.exit_code == 2 and "unknown stage(s) ['rerank']" in res.output

@@ -347,6 +347,9 @@ def test_csv_quoted_and_unquoted_files_give_the_same_table(tmp_path: Path) -> No
         ({"interactions.csv": "user_id,item_id,timestamp\nalice,a,1\nalice\u200b,b,2\n"},
          r"interactions.csv line 3: user id 'alice\u200b' contains an invisible format character "
          "(U+200B ZERO WIDTH SPACE at 5)"),
+        ({"interactions.csv": "user_id,item_id,timestamp\n" + "x" * 129 + ",a,1\n"},
+         "interactions.csv line 2: user id 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx... is 129 characters long "
+         "(at most 128)"),
         ({"items.csv": GENERIC_ITEMS.replace("b,Beta", "\u202eb,Beta")},
          r"items.csv line 3: item id '\u202eb' contains an invisible format character (U+202E RIGHT-TO-LEFT OVERRIDE at 0)"),
     ],
@@ -368,6 +371,10 @@ def test_ids_spelt_in_decomposed_unicode_are_the_catalogs_ids(tmp_path: Path) ->
     assert ds.items["item_id"].tolist() == [nfc, "b"]
     assert ds.interactions["item_id"].tolist() == [nfc, "b"]
     assert ds.interactions["user_id"].tolist() == ["Jos\u00e9"] * 2  # one user, not two
+    # category names too: the rules and the category features match them exactly
+    root = write_generic(tmp_path / "c", **{"items.csv": "item_id,title,categories\na,A,Come\u0301die|Drame\n"
+                                                          "b,B,Com\u00e9die\n"})
+    assert load_dataset(root).items["categories"].tolist() == [["Com\u00e9die", "Drame"], ["Com\u00e9die"]]
     # two spellings of one id in the catalog are one id twice
     root = write_generic(tmp_path / "h", **{"items.csv": f"item_id,title\n{nfc},A\n{nfd},B\n"})
     with pytest.raises(DataError, match="duplicate"):

@@ -29,6 +29,13 @@ def write_ml100k(root: Path, **override: str) -> Path:
     return root
 
 
+def test_ml100k_layout_reads_a_non_ascii_id_alike_in_every_file(tmp_path: Path) -> None:
+    # u.data was read as UTF-8 and u.item as latin-1: "café" in both (latin-1) was "not valid utf-8"
+    items = ITEMS.replace("3|unknown|", "caf\u00e9|unknown|")
+    ds = load_dataset(write_ml100k(tmp_path / "ml", **{"u.item": items, "u.data": DATA + "2\tcaf\u00e9\t4\t881250001\n"}))
+    assert ds.interactions["item_id"].tolist()[-1] == "caf\u00e9"
+
+
 def test_ml100k_tiny_loads_exact_rows(tmp_path: Path) -> None:
     ds = load_dataset(write_ml100k(tmp_path / "ml"))
     assert ds.name == "ml-100k"

@@ -92,6 +92,20 @@ def test_a_split_prepared_again_without_retraining_is_refused(admin_client: Test
     assert recall_version(admin_client) == before
 
 
+def test_a_split_whose_first_user_no_request_can_name_reloads_with_a_cold_smoke_request(
+    admin_client: TestClient, toy_dir: Path
+) -> None:
+    # a split saved before ids were bounded; the smoke request's own validation gave a 500
+    ds = toy_dataset()
+    long_id = "u" * 200
+    ds.interactions["user_id"] = ds.interactions["user_id"].replace({"u1": long_id})
+    ds.users["user_id"] = ds.users["user_id"].replace({"u1": long_id})
+    make_split(ds, k_core=1).save(toy_dir / "split")
+    resp = admin_client.post("/admin/reload", headers=KEY)
+    assert resp.status_code == 200, resp.text
+    assert admin_client.post("/v1/recommend", json={"user_id": "u3"}).json()["cold_start"] is False
+
+
 def test_a_stage_that_fails_to_load_or_to_answer_is_refused(
     admin_client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,5 +1,7 @@
 """Rule set validation: errors name the rule (id and index) and the bad key."""
 
+import re
+
 import pytest
 import yaml
 
@@ -56,6 +58,25 @@ def test_out_of_range_and_empty_selector_are_refused():
         parse({"id": "b", "kind": "blocklist", "items": {}})
     with pytest.raises(RulesError, match=r"rule 'g' \(rules\[0\]\): when_user_unknown"):
         parse({"id": "g", "kind": "audience_gate", "audience": "adult", "min_age": 18, "when_user_unknown": "maybe"})
+
+
+@pytest.mark.parametrize(("given", "problem"), [
+    ("", "is empty"), ("   ", "is empty"), ("m\u200b6", "contains an invisible format character"),
+    ("\x1fa", "contains a control character"), ("x" * 129, "is 129 characters long (at most 128)"),
+])
+def test_a_rule_item_id_no_catalog_can_hold_is_refused_by_name(given: str, problem: str):
+    # such an id matched nothing: a blocklist that blocked nothing passed the "selects nothing" check
+    with pytest.raises(RulesError, match=r"rule 'w' \(rules\[0\]\): items.item_ids: .*item id " + re.escape(repr(given))
+                       + " " + re.escape(problem)):
+        parse({"id": "w", "kind": "blocklist", "items": {"item_ids": ["ok", given]}})
+
+
+def test_rule_ids_and_category_names_are_read_in_one_spelling():
+    [block, cap] = parse({"id": "w", "kind": "blocklist", "items": {"item_ids": ["\tcafe\u0301 "],
+                                                                   "categories": ["Come\u0301die"]}},
+                         {"id": "c", "kind": "category_cap", "max_items": 1, "category": "Come\u0301die"}).rules
+    assert block.items.item_ids == ["caf\u00e9"] and block.items.categories == ["Com\u00e9die"]
+    assert cap.category == "Com\u00e9die"
 
 
 def test_duplicate_ids_missing_version_and_bad_shapes():

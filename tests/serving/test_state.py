@@ -20,6 +20,20 @@ def test_known_user_gets_full_history_attrs_and_index(toy_dir: Path) -> None:
     assert req.excluded.tolist() == [0, 1, 3, 4]
 
 
+def test_a_split_saved_before_ids_were_nfc_answers_requests_in_either_spelling(tmp_path: Path) -> None:
+    from offline.protocol import make_split
+    from tests.serving.toy import toy_dataset
+
+    ds = toy_dataset()  # a Dataset built in code keeps its ids as given, as the loaders did before NFC
+    for frame in (ds.interactions, ds.users):
+        frame["user_id"] = frame["user_id"].replace({"u2": "Jose\u0301"})
+    for frame in (ds.interactions, ds.items):
+        frame["item_id"] = frame["item_id"].replace({"m4": "cafe\u0301"})
+    state = CatalogState.from_split(make_split(ds, k_core=1))
+    assert state.request_for("Jos\u00e9", 3).user_idx == state.request_for("Jose\u0301", 3).user_idx == 1
+    assert state.item_index["caf\u00e9"] == 3
+
+
 def test_unknown_user_is_cold_start(toy_dir: Path) -> None:
     req = CatalogState.load(toy_dir).request_for("nobody", 5)
     assert req.user_idx is None and req.variant is None

@@ -15,6 +15,7 @@ from cascade.settings import Settings
 from jobs.ab.analyze import analyze_events
 from jobs.ab.events import read_stream
 from jobs.ab.simulate import check_loopback, replay_artifacts, simulate
+from offline.protocol import make_split
 from offline.split import Split
 from recsys.config import StageSpec
 from recsys.experiments import ExperimentsConfig, assign
@@ -22,7 +23,7 @@ from recsys.pipeline import Pipeline
 from serving.app import create_app
 from serving.service import variant_pipelines
 from tests.serving.conftest import redis_env, redis_server, toy_pipeline  # noqa: F401 - fixtures
-from tests.serving.toy import AudienceRules, PopularityRecall, YearRerank, save_toy_split
+from tests.serving.toy import AudienceRules, PopularityRecall, YearRerank, save_toy_split, toy_dataset
 
 PAIRS = [(StageSpec(name="recall", kind="recall", on_error="fail"), PopularityRecall),
          (StageSpec(name="llm", kind="llm"), YearRerank),
@@ -82,6 +83,30 @@ def test_replay_simulation_to_analysis(tmp_path: Path, redis_env: str) -> None: 
     with app_client(art) as client:  # the original split: the server already knows the test items
         run = simulate("http://testserver", split, users=10, seconds=30, k=5, client=client)
     assert run["events"] == {}
+
+
+def test_replay_logs_the_events_of_users_whose_ids_hold_any_character(tmp_path: Path, redis_env: str) -> None:  # noqa: F811
+    # event ids were built from the user id, so "José" or "ana maria" failed the event id pattern
+    ds = toy_dataset()
+    for frame in (ds.interactions, ds.users):
+        frame["user_id"] = frame["user_id"].replace({"u1": "Jos\u00e9", "u2": "ana maria"})
+    art = tmp_path / "art"
+    split = make_split(ds, k_core=1)
+    split.save(art / "split")
+    replay = replay_artifacts(art, tmp_path / f"{tmp_path.name}-replay")
+    with app_client(replay) as client:
+        run = simulate("http://testserver", split, users=10, seconds=30, k=5, client=client)
+    assert run["requests"] == 3 and run["events"] == {"click_sent": 3}
+
+
+def test_a_replay_directory_in_the_artifact_directory_is_refused(tmp_path: Path) -> None:
+    # the replay split (test hidden behind valid) was saved over the real one
+    art = tmp_path / "art"
+    split = save_toy_split(art)
+    for to in (art, art / "replay", tmp_path / "art" / ".." / "art"):
+        with pytest.raises(ValueError, match="is the artifact directory .* or inside it"):
+            replay_artifacts(art, to)
+    assert Split.load(art / "split").test.tolist() == split.test.tolist()
 
 
 def test_fusion_override_reweights_only_that_variant(tmp_path: Path) -> None:
