@@ -265,7 +265,7 @@ def deterministic_kernels() -> Iterator[None]:
     """Torch's deterministic kernels inside the block, the caller's setting restored after (see
     module doc: Reproducibility). ``warn_only``: an op without one warns rather than stopping a fit."""
     before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.use_deterministic_algorithms(True, warn_only=before[1] if before[0] else True)  # a caller's strict stays
     try:
         yield
     finally:

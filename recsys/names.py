@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Iterable
 
-MAX_ID_CHARS = 128  # an id's length in its canonical (NFC) spelling: the API's bound, and the loaders'
+MAX_ID_CHARS = 512  # an id's length in its canonical (NFC) spelling, for the API and the loaders (URLs fit)
 # What surrounds an id and is dropped: what ``str.strip`` removes except the separators U+001C..U+001F,
 # which Python counts as whitespace and Unicode does not: they are control characters an id must not
 # hold, not padding to drop silently (the API's trim leaves them, and refuses them).
@@ -51,13 +52,26 @@ def canonical(name: str) -> str:
     return name if name.isascii() else unicodedata.normalize("NFC", name)
 
 
+def id_index(ids: Iterable[object]) -> dict[str, int]:
+    """``{id: position}`` that also answers each id's canonical spelling: lookups arrive in NFC, and a
+    split saved before ids were NFC may hold another spelling. An id spelt exactly wins over another
+    id that only normalises to it (old data holding both spellings as two ids keeps both reachable
+    by their exact NFC one).
+
+    >>> id_index(["cafe\u0301", "b"]) == {"caf\u00e9": 0, "cafe\u0301": 0, "b": 1}
+    True
+    """
+    exact = {str(v): i for i, v in enumerate(ids)}
+    return {**{canonical(k): i for k, i in exact.items() if not k.isascii()}, **exact}
+
+
 def id_problem(name: str) -> str | None:
     """Why ``name`` (already stripped and canonical) may not be an id, or None: empty, longer than
     ``MAX_ID_CHARS``, or holding a forbidden character. The loaders, rule documents and the API's
     bound all read it.
 
-    >>> print(id_problem("x" * 129))
-    is 129 characters long (at most 128)
+    >>> print(id_problem("x" * 513))
+    is 513 characters long (at most 512)
     """
     if not name:
         return "is empty"

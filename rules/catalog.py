@@ -47,6 +47,7 @@ from typing import NamedTuple
 
 import pandas as pd
 
+from recsys.names import canonical
 from rules.schema import (
     AudienceGateRule,
     BlocklistRule,
@@ -80,7 +81,7 @@ class CatalogAttributes:
         if "categories" in items.columns:
             for value in items["categories"]:
                 if _non_empty(value):
-                    names.update([value] if isinstance(value, str) else [str(v) for v in value])
+                    names.update(canonical(v) for v in ([value] if isinstance(value, str) else map(str, value)))
         if names:
             carried_items.add("categories")
         if "attributes" in items.columns and any(_has_tags(a) for a in items["attributes"]):

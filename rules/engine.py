@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from offline.schema import AUDIENCES
+from recsys.names import canonical
 from rules.items import UNKNOWN, ItemAttributes
 from rules.schema import (
     AudienceGateRule,
@@ -193,7 +194,7 @@ def _user_matches(cond: UserCondition | None, user: Mapping[str, Any], when_unkn
     for key, allowed in (("occupation", cond.occupations), ("gender", cond.genders)):
         if allowed is not None:
             value = user_str(user, key)
-            checks.append(None if value is None else value in allowed)
+            checks.append(None if value is None else canonical(value) in allowed)  # allowed: NFC (rules.schema)
     if False in checks:
         return False
     return when_unknown == "restrict" if None in checks else True

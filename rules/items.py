@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from offline.schema import AUDIENCES
-from recsys.names import canonical
+from recsys.names import canonical, id_index
 
 UNKNOWN = -1
 
@@ -59,7 +59,7 @@ class ItemAttributes:
             item_ids=ids, audience=audience, risk_level=risk.to_numpy(np.int16),
             categories=categories, category_names=category_names,
             tags=tags, tag_names=tag_names, tags_known=tags_known,
-            _id_index={canonical(item_id): i for i, item_id in enumerate(ids)},  # as rule documents spell them
+            _id_index=id_index(ids),  # also in NFC, as rule documents spell them
         )
 
     def indices_of(self, item_ids: Iterable[str]) -> np.ndarray:
@@ -72,7 +72,8 @@ class ItemAttributes:
         return np.asarray([i for i, c in enumerate(self.category_names) if canonical(c) in wanted], dtype=np.int64)
 
     def tag_columns(self, names: Sequence[str]) -> np.ndarray:
-        return np.asarray([i for i, t in enumerate(self.tag_names) if t in set(names)], dtype=np.int64)
+        wanted = {canonical(n) for n in names}  # tags as an LLM or a file wrote them, in one spelling
+        return np.asarray([i for i, t in enumerate(self.tag_names) if canonical(t) in wanted], dtype=np.int64)
 
 
 def _as_list(value: object) -> list[str]:

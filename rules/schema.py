@@ -67,10 +67,10 @@ class ItemSelector(BaseModel):
                 raise ValueError(f"item id {given!r} {problem}")
         return out
 
-    @field_validator("categories")
+    @field_validator("categories", "tags")
     @classmethod
-    def _categories_as_the_catalog_spells_them(cls, names: list[str]) -> list[str]:
-        return [canonical(n) for n in names]
+    def _names_in_one_spelling(cls, names: list[str]) -> list[str]:
+        return [canonical(n) for n in names]  # the catalog scan and the engine compare in NFC
 
     @model_validator(mode="after")
     def _not_empty(self) -> ItemSelector:
@@ -88,6 +88,11 @@ class UserCondition(BaseModel):
     age_at_least: int | None = Field(default=None, ge=0)
     occupations: list[str] | None = None
     genders: list[str] | None = None
+
+    @field_validator("occupations", "genders")
+    @classmethod
+    def _in_one_spelling(cls, names: list[str] | None) -> list[str] | None:
+        return None if names is None else [canonical(n) for n in names]  # the engine compares in NFC
 
 
 AbsentAttribute = Literal["refuse", "skip", "enforce"]

@@ -29,7 +29,7 @@ import numpy as np
 from offline.schema import user_attributes
 from offline.split import Split
 from recsys.contract import Request
-from recsys.names import canonical
+from recsys.names import canonical, id_index
 
 
 class HistoryStore(Protocol):
@@ -74,9 +74,9 @@ class CatalogState:
             raise ValueError(f"CatalogState: {len(user_ids)} user ids but {len(attrs)} attribute rows")
         if len(item_ids) != len(titles):
             raise ValueError(f"CatalogState: {len(item_ids)} item ids but {len(titles)} titles")
-        # keys in the one spelling requests arrive in (recsys.names), also for a split saved before ids were NFC
-        self.user_index = {canonical(str(u)): i for i, u in enumerate(user_ids)}
-        self.item_index = {canonical(str(it)): i for i, it in enumerate(item_ids)}
+        # also in the one spelling requests arrive in (recsys.names), for a split saved before ids were NFC
+        self.user_index = id_index(user_ids)
+        self.item_index = id_index(item_ids)
         self.item_ids = np.asarray(item_ids, dtype=object)
         self.titles = np.asarray(titles, dtype=object)
         self.attrs = attrs

@@ -36,7 +36,9 @@ import httpx
 import numpy as np
 
 from offline.split import Split
+from recsys.atomic import atomic_write, atomic_write_json
 
+REPLAY_MARKER = "replay.json"
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
@@ -48,11 +50,20 @@ def check_loopback(url: str) -> str:
 
 
 def replay_artifacts(artifact_dir: Path, out_dir: Path) -> Path:
-    """A serving directory at ``out_dir``: ``artifact_dir``'s stages symlinked, the split's test hidden."""
+    """A serving directory at ``out_dir``: ``artifact_dir``'s stages symlinked, the split's test hidden.
+
+    The replay split keeps the original's identity (``source.json`` copied, same ``split.json``), so
+    the stages pass serving's split check (``cascade.registry.check_trained_on_split``); ``replay.json``
+    marks it, and ``out_dir`` may hold no other split: the replay's would be saved over it.
+    """
     artifact_dir, out_dir = Path(artifact_dir).resolve(), Path(out_dir)
-    if out_dir.resolve() == artifact_dir or artifact_dir in out_dir.resolve().parents:
-        # the replay split (test hidden behind valid) would be saved over the real one
-        raise ValueError(f"replay directory {out_dir} is the artifact directory {artifact_dir} or inside it; "
+    target = out_dir.resolve() / "split"
+    if out_dir.resolve() == artifact_dir or artifact_dir in out_dir.resolve().parents or \
+            target.resolve() == (artifact_dir / "split").resolve():
+        raise ValueError(f"replay directory {out_dir} is the artifact directory {artifact_dir}, inside it, or "
+                         "holds its split; give another folder")
+    if (target / "split.json").exists() and not (target / REPLAY_MARKER).exists():
+        raise ValueError(f"replay directory {out_dir} holds a prepared split ({target}), not a replay; "
                          "give another folder")
     split = Split.load(artifact_dir / "split")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -61,6 +72,10 @@ def replay_artifacts(artifact_dir: Path, out_dir: Path) -> Path:
         if entry.name != "split" and entry.is_dir() and not link.exists():
             link.symlink_to(entry, target_is_directory=True)
     dataclasses.replace(split, test=split.valid.copy(), test_ts=split.valid_ts.copy()).save(out_dir / "split")
+    source = artifact_dir / "split" / "source.json"
+    if source.exists():
+        atomic_write(out_dir / "split" / "source.json", lambda fh: fh.write(source.read_bytes()))
+    atomic_write_json(out_dir / "split" / REPLAY_MARKER, {"replay_of": str(artifact_dir)})
     return out_dir
 
 

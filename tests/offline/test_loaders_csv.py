@@ -347,9 +347,9 @@ def test_csv_quoted_and_unquoted_files_give_the_same_table(tmp_path: Path) -> No
         ({"interactions.csv": "user_id,item_id,timestamp\nalice,a,1\nalice\u200b,b,2\n"},
          r"interactions.csv line 3: user id 'alice\u200b' contains an invisible format character "
          "(U+200B ZERO WIDTH SPACE at 5)"),
-        ({"interactions.csv": "user_id,item_id,timestamp\n" + "x" * 129 + ",a,1\n"},
-         "interactions.csv line 2: user id 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx... is 129 characters long "
-         "(at most 128)"),
+        ({"interactions.csv": "user_id,item_id,timestamp\n" + "x" * 513 + ",a,1\n"},
+         "interactions.csv line 2: user id 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx... is 513 characters long "
+         "(at most 512)"),
         ({"items.csv": GENERIC_ITEMS.replace("b,Beta", "\u202eb,Beta")},
          r"items.csv line 3: item id '\u202eb' contains an invisible format character (U+202E RIGHT-TO-LEFT OVERRIDE at 0)"),
     ],

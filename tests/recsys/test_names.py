@@ -9,7 +9,15 @@ import unicodedata
 import pytest
 from pydantic import BaseModel, Field, ValidationError
 
-from recsys.names import FORBIDDEN, NAME_PATTERN, forbidden_character
+from recsys.names import (
+    FORBIDDEN,
+    MAX_ID_CHARS,
+    NAME_PATTERN,
+    canonical,
+    forbidden_character,
+    id_index,
+    id_problem,
+)
 
 # the format characters (Cf) that change what is drawn, which real ids hold
 DRAWN = {0x200C, 0x200D, *range(0x0600, 0x0606), 0x06DD, 0x070F, 0x0890, 0x0891, 0x08E2, 0x110BD, 0x110CD,
@@ -52,3 +60,25 @@ def test_forbidden_names_say_which_character_and_where_in_both_engines(name: str
     assert forbidden_character(name) == why
     with pytest.raises(ValidationError):  # pydantic-core's Rust regex reads the same escapes
         _Id(id=name)
+
+
+def test_the_module_examples_hold() -> None:
+    import doctest
+
+    import recsys.names
+
+    assert doctest.testmod(recsys.names).failed == 0
+
+
+def test_an_id_index_answers_the_canonical_spelling_and_an_exact_spelling_wins() -> None:
+    nfc, nfd = "caf\u00e9", "cafe\u0301"
+    assert id_index([nfd, "b"]) == {nfc: 0, nfd: 0, "b": 1}  # a split saved before ids were NFC
+    assert id_index([nfd, nfc]) == {nfd: 0, nfc: 1}  # both spellings held: each reaches its own item
+    assert id_index([nfc, nfd])[nfc] == 0
+
+
+def test_canonical_and_id_problem() -> None:
+    assert canonical("cafe\u0301") == "caf\u00e9" and canonical("x") == "x"
+    assert id_problem("") == "is empty" and id_problem("x" * MAX_ID_CHARS) is None
+    assert id_problem("x" * (MAX_ID_CHARS + 1)) == f"is {MAX_ID_CHARS + 1} characters long (at most {MAX_ID_CHARS})"
+    assert id_problem("a\u200bb") == "contains an invisible format character (U+200B ZERO WIDTH SPACE at 1)"

@@ -97,7 +97,7 @@ def test_a_split_whose_first_user_no_request_can_name_reloads_with_a_cold_smoke_
 ) -> None:
     # a split saved before ids were bounded; the smoke request's own validation gave a 500
     ds = toy_dataset()
-    long_id = "u" * 200
+    long_id = "u" * 600
     ds.interactions["user_id"] = ds.interactions["user_id"].replace({"u1": long_id})
     ds.users["user_id"] = ds.users["user_id"].replace({"u1": long_id})
     make_split(ds, k_core=1).save(toy_dir / "split")

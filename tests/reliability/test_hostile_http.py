@@ -139,11 +139,11 @@ def test_hostile_strings_in_ids_and_context_are_served_or_refused_cleanly(admin_
     client_ids = [admin_client.post("/v1/recommend", json={"user_id": u}).json()["user_id"]
                   for u in ("caf\u00e9", "cafe\u0301")]
     assert client_ids == ["caf\u00e9", "caf\u00e9"]
-    # the 128-character bound is on that spelling: 129 characters that compose to 128 are an id,
-    # 128 that decompose to 256 (U+0958 has no composed form) are not
-    assert admin_client.post("/v1/recommend", json={"user_id": "a" * 127 + "e\u0301"}).status_code == 200
-    resp = admin_client.post("/v1/recommend", json={"user_id": "\u0958" * 128})
-    assert resp.status_code == 422 and "at most 128 characters" in resp.text
+    # the 512-character bound is on that spelling: 513 characters that compose to 512 are an id,
+    # 512 that decompose to 1024 (U+0958 has no composed form) are not
+    assert admin_client.post("/v1/recommend", json={"user_id": "a" * 511 + "e\u0301"}).status_code == 200
+    resp = admin_client.post("/v1/recommend", json={"user_id": "\u0958" * 512})
+    assert resp.status_code == 422 and "at most 512 characters" in resp.text
     too_many = {f"k{i}": i for i in range(40)}
     resp = admin_client.post("/v1/recommend", json={"user_id": "u1", "context": too_many})
     assert resp.status_code == 422 and "at most 32 allowed" in resp.text

@@ -154,6 +154,24 @@ def test_on_absent_attribute_skip_turns_the_rule_off_and_enforce_fails_closed(tm
     assert stage.version() == "t-1"
 
 
+def test_rules_and_a_split_saved_before_names_were_nfc_meet_in_one_spelling(tmp_path):
+    # a decomposed category, tag and id in an old split; the rule document spells them precomposed.
+    # The category check compared raw names: refused ("no item carries 'Comédie' (did you mean 'Comédie'?)"),
+    # or with on_absent_attribute: skip, switched off, serving what the rule blocked before
+    items = toy_items_table()
+    items.at[0, "categories"] = ["Come\u0301die"]
+    items.at[2, "attributes"] = '{"tags": ["jeu", "parie\u0301"]}'
+    items.at[4, "item_id"] = "cafe\u0301"
+    save_toy_split(tmp_path, items=items, users=pd.DataFrame({"user_id": ["u0"], "occupation": ["e\u0301tudiant"]}))
+    body = ("  - {id: cat, kind: blocklist, items: {categories: [Com\u00e9die]}}\n"
+            "  - {id: tag, kind: blocklist, items: {tags: [pari\u00e9]}}\n"
+            "  - {id: ids, kind: blocklist, items: {item_ids: [caf\u00e9]}, when_user: {occupations: [\u00e9tudiant]}}\n")
+    stage = RulesStage(StageSpec(name="rules", kind="rules"), write_rules(tmp_path, body))
+    stage.load(tmp_path)
+    student = Request(user_id="u", user_attrs={"occupation": "e\u0301tudiant"})
+    assert stage.run(student, cands(range(8))).items.tolist() == [1, 3, 5, 7]  # not a, c, e (g: tags unknown)
+
+
 def test_check_refuses_before_install_and_keeps_the_serving_rule_set(tmp_path):
     save_toy_split(tmp_path, items=movie_like_items())
     stage = RulesStage(StageSpec(name="rules", kind="rules"), RulesConfig())

@@ -75,7 +75,7 @@ def test_default_k_is_capped_by_catalog_and_request_id_header_is_echoed(client: 
         ({"user_id": "u1", "k": 2.5}, ["body", "k"]),
         ({"k": 3}, ["body", "user_id"]),
         ({"user_id": ""}, ["body", "user_id"]),
-        ({"user_id": "x" * 129}, ["body", "user_id"]),
+        ({"user_id": "x" * 513}, ["body", "user_id"]),
         ({"user_id": 7}, ["body", "user_id"]),
         ({"user_id": "u1", "debug": "yes"}, ["body", "debug"]),
         ({"user_id": "u1", "context": [1, 2]}, ["body", "context"]),

@@ -10,7 +10,7 @@ import redis
 from fastapi.testclient import TestClient
 from pydantic import Field
 
-from cascade.registry import build_stage
+from cascade.registry import build_stage, check_trained_on_split
 from cascade.settings import Settings
 from jobs.ab.analyze import analyze_events
 from jobs.ab.events import read_stream
@@ -104,9 +104,38 @@ def test_a_replay_directory_in_the_artifact_directory_is_refused(tmp_path: Path)
     art = tmp_path / "art"
     split = save_toy_split(art)
     for to in (art, art / "replay", tmp_path / "art" / ".." / "art"):
-        with pytest.raises(ValueError, match="is the artifact directory .* or inside it"):
+        with pytest.raises(ValueError, match="is the artifact directory .*, inside it, or holds its split"):
             replay_artifacts(art, to)
+    # a folder whose split is a link to the real one, and another dataset's artifact directory
+    (tmp_path / "linked").mkdir()
+    (tmp_path / "linked" / "split").symlink_to(art / "split", target_is_directory=True)
+    with pytest.raises(ValueError, match="holds its split"):
+        replay_artifacts(art, tmp_path / "linked")
+    other = tmp_path / "other"
+    save_toy_split(other)
+    with pytest.raises(ValueError, match="holds a prepared split .*, not a replay"):
+        replay_artifacts(art, other)
     assert Split.load(art / "split").test.tolist() == split.test.tolist()
+    replay = replay_artifacts(art, tmp_path / "replay")
+    assert replay_artifacts(art, replay) == replay  # a replay directory may be rebuilt
+
+
+def test_a_replay_directory_keeps_the_split_identity_its_stages_were_trained_on(tmp_path: Path) -> None:
+    # serving checks each stage's recorded split_id; a replay split without the original's source.json
+    # had another identity, so `recsys serve` on it refused every trained stage
+    import json
+
+    from offline.split import split_id
+
+    art = tmp_path / "art"
+    save_toy_split(art)
+    (art / "split" / "source.json").write_text(json.dumps({"data": "toy", "fingerprint": "abc"}))
+    (art / "recall").mkdir()
+    (art / "recall" / "stage.json").write_text(json.dumps({"split_id": split_id(art)}))
+    replay = replay_artifacts(art, tmp_path / "replay")
+    assert split_id(replay) == split_id(art)
+    stages = [(StageSpec(name="recall", kind="recall"), PopularityRecall(StageSpec(name="recall", kind="recall"), None))]
+    check_trained_on_split(Pipeline(stages), replay)  # raises StaleArtifacts on another identity
 
 
 def test_fusion_override_reweights_only_that_variant(tmp_path: Path) -> None:
