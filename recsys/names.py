@@ -67,8 +67,8 @@ def id_index(ids: Iterable[object]) -> dict[str, int]:
 
 def id_problem(name: str) -> str | None:
     """Why ``name`` (already stripped and canonical) may not be an id, or None: empty, longer than
-    ``MAX_ID_CHARS``, or holding a forbidden character. The loaders, rule documents and the API's
-    bound all read it.
+    ``MAX_ID_CHARS``, or holding a forbidden character: what the loaders (``offline.loaders.checks.ids``)
+    and the API (``serving.schemas.ExternalId``) refuse, for rule documents' item ids.
 
     >>> print(id_problem("x" * 513))
     is 513 characters long (at most 512)

@@ -109,8 +109,6 @@ def _plain(col: pd.Series) -> pd.Series:
     return col.astype(object)
 
 
-
-
 def _stripped(table: Table, column: str, col: pd.Series) -> pd.Series:
     try:
         return col.where(col.notna(), "").astype(str).str.strip(WHITESPACE)
