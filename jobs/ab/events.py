@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 
 from recsys.atomic import atomic_write
+from recsys.names import canonical
 
 COLUMNS = ("stream_id", "ts", "type", "user_id", "item_id", "experiment", "variant", "request_id", "rank", "value")
 _PAGE = 10_000
@@ -33,7 +34,7 @@ def events_frame(entries: Iterable[tuple[str, dict[str, str]]]) -> pd.DataFrame:
     df["value"] = pd.to_numeric(df["value"], errors="coerce").astype("float64")
     for c in ("stream_id", "type", "user_id", "item_id", "experiment", "variant", "request_id"):
         df[c] = df[c].astype("object")
-    return df
+    return _one_spelling(df)
 
 
 def read_stream(client: Any, namespace: str, max_entries: int = 5_000_000) -> pd.DataFrame:
@@ -67,6 +68,15 @@ def load_parquet(path: Path) -> pd.DataFrame:
     for c in COLUMNS:
         if c not in df:
             df[c] = None
+    return _one_spelling(df)
+
+
+def _one_spelling(df: pd.DataFrame) -> pd.DataFrame:
+    """User and item ids in NFC (``recsys.names``), as the API now reads them: a log that spans the
+    change holds one person's events under two spellings, which would count as two users (and hide
+    the arm change their new spelling may have brought from the "more than one arm" warning)."""
+    for c in ("user_id", "item_id"):
+        df[c] = [canonical(v) if isinstance(v, str) else v for v in df[c]]
     return df
 
 

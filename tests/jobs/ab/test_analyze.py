@@ -70,6 +70,16 @@ def test_user_in_two_arms_is_flagged_and_control_must_exist() -> None:
         analyze_events(events_frame([ev("u1", "click", None)]))
 
 
+def test_one_person_logged_under_two_unicode_spellings_is_one_user(tmp_path: Path) -> None:
+    # a log spanning the change to NFC ids: the NFD events came before, the NFC ones after, in
+    # another arm (assignment hashes the id); as two users the arm change went unflagged
+    rows = [ev("Jose\u0301", "impression", "control"), ev("Jos\u00e9", "impression", "treatment")]
+    pd.DataFrame([fields for _, fields in rows]).to_parquet(tmp_path / "e.parquet")  # an export from before
+    for log in (events_frame(rows), load_parquet(tmp_path / "e.parquet")):
+        assert log["user_id"].tolist() == ["Jos\u00e9"] * 2
+        assert analyze_events(log)["users_in_multiple_arms"] == 1
+
+
 def test_parquet_round_trip_and_report(tmp_path: Path) -> None:
     log = hand_log()
     loaded = load_parquet(export_parquet(log, tmp_path / "events.parquet"))
