@@ -68,12 +68,10 @@ class ItemAttributes:
         return np.asarray(found, dtype=np.int64)
 
     def category_columns(self, names: Sequence[str]) -> np.ndarray:
-        wanted = {canonical(n) for n in names}  # a split saved before names were NFC still matches
-        return np.asarray([i for i, c in enumerate(self.category_names) if canonical(c) in wanted], dtype=np.int64)
+        return np.asarray([i for i, c in enumerate(self.category_names) if c in set(names)], dtype=np.int64)
 
     def tag_columns(self, names: Sequence[str]) -> np.ndarray:
-        wanted = {canonical(n) for n in names}  # tags as an LLM or a file wrote them, in one spelling
-        return np.asarray([i for i, t in enumerate(self.tag_names) if canonical(t) in wanted], dtype=np.int64)
+        return np.asarray([i for i, t in enumerate(self.tag_names) if t in set(names)], dtype=np.int64)
 
 
 def _as_list(value: object) -> list[str]:
@@ -85,6 +83,9 @@ def _as_list(value: object) -> list[str]:
 
 
 def _multi_hot(lists: list[list[str]]) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Rows x names, the names in NFC as rule documents hold them (``rules.schema``): tags as an LLM or
+    a file wrote them, categories of a split saved before they were NFC: both spellings one column."""
+    lists = [[canonical(name) for name in row] for row in lists]
     names = tuple(sorted({name for row in lists for name in row}))
     col = {name: j for j, name in enumerate(names)}
     matrix = np.zeros((len(lists), len(names)), dtype=bool)

@@ -57,8 +57,9 @@ def replay_artifacts(artifact_dir: Path, out_dir: Path) -> Path:
     marks it, and ``out_dir`` may hold no other split: the replay's would be saved over it.
     """
     artifact_dir, out_dir = Path(artifact_dir).resolve(), Path(out_dir)
-    target = out_dir.resolve() / "split"
-    if out_dir.resolve() == artifact_dir or artifact_dir in out_dir.resolve().parents or \
+    resolved = out_dir.resolve()
+    target = resolved / "split"
+    if resolved == artifact_dir or artifact_dir in resolved.parents or \
             target.resolve() == (artifact_dir / "split").resolve():
         raise ValueError(f"replay directory {out_dir} is the artifact directory {artifact_dir}, inside it, or "
                          "holds its split; give another folder")
