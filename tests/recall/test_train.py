@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 
 from offline.metrics import per_user_metrics, rank_full, summarize
+from recall.config import RecallConfig
 from recall.train import (
     MODEL_FILE,
     SPEC_FILE,
     VECTORS_FILE,
+    _Run,
     deterministic_kernels,
     train_two_tower,
     training_windows,
@@ -161,3 +163,29 @@ def test_the_time_cap_cuts_an_epoch_short_and_keeps_an_evaluated_model(split, tm
     assert report["out_of_time"] and report["epochs"] == report["best_epoch"] == 1
     assert report["steps"] == 1 < report["n_windows"]  # the first epoch stopped after one step
     assert len(report["history"]) == 1 and (tmp_path / MODEL_FILE).is_file()
+
+
+def test_the_default_patience_rides_out_a_plateau_and_keeps_the_later_best(split, tmp_path: Path, monkeypatch):
+    # ML-100K's valid NDCG@10 sits below an early peak for 4-5 evaluations (epochs 22-30), then climbs to
+    # epoch ~60; a patience of 3 stopped the seed-42 fit on that plateau. A scripted valid curve of that shape
+    # (peak at epoch 2, five evaluations below it, the real best at epoch 8, flat after):
+    curve = [0.05, 0.10, 0.09, 0.095, 0.098, 0.097, 0.099, 0.12] + [0.11] * 30
+    real = _Run.evaluate
+
+    def fit(patience: int, where: str) -> dict:
+        values = iter(curve)
+
+        def scripted(self, histories, targets):
+            out = real(self, histories, targets)
+            return {**out, "ndcg@10": next(values)} if targets is self.targets else out
+
+        monkeypatch.setattr(_Run, "evaluate", scripted)
+        return train_two_tower(split, tmp_path / where, tiny_config(eval_every=1, max_epochs=30, patience=patience),
+                               progress=False)
+
+    default = RecallConfig.model_fields["patience"].default
+    served = fit(default, "default")
+    assert served["best_epoch"] == 8 and served["valid"]["ndcg@10"] == 0.12
+    assert served["epochs"] == 8 + default  # stopped `patience` evaluations after its best
+    short = fit(3, "short")
+    assert short["best_epoch"] == 2 and short["epochs"] == 5  # the old default: stopped on the plateau
