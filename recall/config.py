@@ -39,8 +39,8 @@ class RecallConfig(BaseModel):
     # 8, not 3 (session 16): valid NDCG@10 (and the untruncated NDCG alike) plateaus for 4-5 evaluations
     # around epoch 22-30 on ML-100K and climbs again to epoch ~60; with 3 the seed-42 fit stopped at the
     # plateau (best epoch 22, test two-tower recall@200 0.792 against 0.82-0.83 from epoch 40 on).
-    # 3 seeds (reports/h18_seeds_ml100k_patience8.json): candidate recall@200 0.8254 +- 0.0137 -> 0.8303 +- 0.0049,
-    # coarse NDCG@10 0.1213 -> 0.1221; two-tower training 196 -> 336 s per model.
+    # 3 seeds (reports/h18_seeds_ml100k_patience8_deterministic.json): candidate recall@200 0.8254 +- 0.0137
+    # -> 0.8303 +- 0.0049, coarse NDCG@10 0.1213 -> 0.1221; two-tower training 196 -> 336 s per model.
     patience: int = Field(8, ge=1, le=1000, description="Evaluations without improvement before stopping.")
     eval_every: int = Field(2, ge=1, le=1000, description="Epochs between early-stopping evaluations.")
     # 0 (every core) since recall/__init__ sets OMP_WAIT_POLICY=PASSIVE: the old ~9x slowdown of

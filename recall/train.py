@@ -37,7 +37,7 @@ Measured on ML-100K (5-core, leave-one-out, full ranking, history excluded; defa
 seed 42, 2 CPU threads, inside ``recsys eval``): 77 epochs (the logit budget; best 72) in 383 s;
 valid NDCG@10 0.122; test NDCG@10 0.105, Recall@10 0.207, Recall@200 0.835 (popularity: NDCG@10
 0.045, Recall@200 0.480). With patience 3 the same seed stopped at epoch 28 (best 22): test
-NDCG@10 0.098, Recall@200 0.792 (``reports/h18_seeds_ml100k_patience8.json``).
+NDCG@10 0.098, Recall@200 0.792 (``reports/h18_seeds_ml100k_patience8_deterministic.json``).
 
 Threads (issue 18): training used one of two cores because ``train_threads`` defaulted to 1,
 and it did so because 2 threads ran several times slower: libgomp's idle workers spin-wait
