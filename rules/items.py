@@ -68,10 +68,10 @@ class ItemAttributes:
         return np.asarray(found, dtype=np.int64)
 
     def category_columns(self, names: Sequence[str]) -> np.ndarray:
-        return np.asarray([i for i, c in enumerate(self.category_names) if c in set(names)], dtype=np.int64)
+        return _columns(self.category_names, names)
 
     def tag_columns(self, names: Sequence[str]) -> np.ndarray:
-        return np.asarray([i for i, t in enumerate(self.tag_names) if t in set(names)], dtype=np.int64)
+        return _columns(self.tag_names, names)
 
 
 def _as_list(value: object) -> list[str]:
@@ -80,6 +80,12 @@ def _as_list(value: object) -> list[str]:
     if isinstance(value, str):
         return [value]
     return [str(v) for v in value]  # type: ignore[attr-defined]
+
+
+def _columns(columns: Sequence[str], names: Sequence[str]) -> np.ndarray:
+    """Positions of ``names`` among ``columns`` (rules look these up per request: one set, not one per column)."""
+    wanted = set(names)
+    return np.asarray([i for i, c in enumerate(columns) if c in wanted], dtype=np.int64)
 
 
 def _multi_hot(lists: list[list[str]]) -> tuple[np.ndarray, tuple[str, ...]]:
