@@ -70,12 +70,23 @@ class Settings(BaseSettings):
     experiments: ExperimentsConfig = Field(default_factory=ExperimentsConfig)
 
     @model_validator(mode="after")
-    def _rules_stages_resolve(self) -> Settings:
+    def _stage_params_resolve(self) -> Settings:
         # a missing or invalid rule set file (rules.ruleset or a stage's params.ruleset) or a bad
-        # params.apply is refused with the config, not when fusion first builds the pipeline
-        for spec in self.pipeline.stages:
+        # params.apply is refused with the config, not when fusion first builds the pipeline; so are
+        # recall, LLM and fusion params that are not keys of their section (or bad values for them)
+        for i, spec in enumerate(self.pipeline.stages):
             if spec.kind == "rules" and spec.enabled:
                 self.rules.check_stage_params(spec.name, dict(spec.params))
+            try:
+                if spec.kind in ("recall", "recall_llm"):
+                    self.recall.for_stage(spec.kind, spec.params)
+                elif spec.kind == "llm":
+                    self.llm.with_overrides(dict(spec.params))
+                elif spec.kind == "fusion" and spec.params:
+                    FusionConfig.model_validate({**self.fusion.model_dump(), **spec.params})
+            except ValidationError as exc:
+                problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+                raise ValueError(f"pipeline.stages[{i}] ({spec.name}) params: {problems}") from None
         return self
 
     def resolve_redis_url(self) -> str | None:

@@ -1,8 +1,9 @@
 """The coarse ranking stage: scores recall candidates with the trained LambdaRank booster.
 
 ``CoarseStage`` reads the "recall" column (and the per-channel ones) through
-``FeatureBuilder``, writes "coarse", sorts by it and keeps ``spec.depth`` rows; it never adds
-or drops other candidates. ``score_many`` scores a batch of requests with one booster call
+``FeatureBuilder``, writes "coarse" and sorts by it; it never adds or drops candidates. The
+pipeline cuts the ranked list to ``spec.depth`` and keeps the rest in coarse order for backfill
+(``recsys.pipeline``), so the stage returns all of it. ``score_many`` scores a batch of requests with one booster call
 for the offline evaluator.
 
 Deliberately left out: training (``coarse_rank.train``) and fallbacks on error or overrun
@@ -82,7 +83,7 @@ class CoarseStage:
         return self._version
 
     def run(self, request: Request, candidates: Candidates) -> Candidates:
-        """Score ``candidates`` for ``request``; sorted by "coarse", cut to ``spec.depth``."""
+        """Score ``candidates`` for ``request``; all of them, sorted by "coarse" (the pipeline cuts)."""
         return self.score_many([request], [candidates])[0]
 
     def score_many(self, requests: Sequence[Request], candidates: Sequence[Candidates]) -> list[Candidates]:
@@ -95,6 +96,5 @@ class CoarseStage:
         for cands in candidates:
             part = scores[start:start + len(cands)]
             start += len(cands)
-            ranked = cands.with_scores(self.name, part)
-            out.append(ranked.head(self.spec.depth) if self.spec.depth is not None else ranked)
+            out.append(cands.with_scores(self.name, part))
         return out

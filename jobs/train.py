@@ -168,13 +168,30 @@ def _read_meta(directory: Path) -> dict[str, Any] | None:
 
 
 def _config_id(settings: Settings, stage: str) -> str:
-    """Digest of the config section a stage is trained from: a changed setting (or a new default,
-    e.g. a recall channel switched on) retrains the stage instead of serving stale artifacts."""
-    section = {"recall": "recall", "recall_holdout": "recall", "coarse": "coarse", "llm": "llm",
-               "fusion": "fusion"}[stage]
-    config = getattr(settings, section, None)
-    blob = json.dumps(config.model_dump(mode="json") if config is not None else None, sort_keys=True, default=str)
+    """Digest of the config a stage is trained from: a changed setting (or a new default, e.g. a
+    recall channel switched on) retrains the stage instead of serving stale artifacts.
+
+    For the two-towers that is the recall section with the recall stage's ``params`` on top (what
+    the stage serves: a channel switched off there changes the candidates coarse learns from); for
+    coarse, its section and the recall depth its training candidates were cut at. A stage
+    retrained for either reason makes the stages trained on its output stale too (``DEPENDS_ON``).
+    """
+    config: Any
+    if stage in ("recall", "recall_holdout"):
+        config = _recall_config(settings).model_dump(mode="json")
+    elif stage == "coarse":
+        config = {**settings.coarse.model_dump(mode="json"), "recall_depth": settings.pipeline.stage("recall").depth}
+    else:
+        section = getattr(settings, stage, None)
+        config = section.model_dump(mode="json") if section is not None else None
+    blob = json.dumps(config, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _recall_config(settings: Settings) -> Any:
+    """The ``RecallConfig`` the recall stage serves: ``settings.recall`` with its ``params`` on top."""
+    spec = settings.pipeline.stage("recall")
+    return settings.recall.for_stage(spec.kind, spec.params)
 
 
 # the stages whose trained output a stage learns from: retraining one of them (in any command, e.g. the
@@ -205,7 +222,8 @@ def _write_meta(directory: Path, report: dict[str, Any], split_id: str, config_i
 def _train_recall(settings: Settings, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
     from recall.train import train_two_tower  # lazy: imports torch
 
-    return train_two_tower(split, artifact_dir / "recall", settings.recall, progress=progress, seed=settings.seed)
+    return train_two_tower(split, artifact_dir / "recall", _recall_config(settings), progress=progress,
+                           seed=settings.seed)
 
 
 def _train_recall_holdout(settings: Settings, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
@@ -213,7 +231,7 @@ def _train_recall_holdout(settings: Settings, artifact_dir: Path, split: Split, 
 
     seqs, targets = holdout_sequences(split, settings.coarse.train_positions)
     return train_two_tower(
-        split, artifact_dir / "recall_holdout", settings.recall,
+        split, artifact_dir / "recall_holdout", _recall_config(settings),
         sequences=seqs, early_stop_targets=targets, progress=progress, seed=settings.seed,
     )
 

@@ -7,9 +7,13 @@ minutes on one CPU core; see ``recall.train`` for the measured figures.
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# params of a ``recall_llm`` stage (recall.llm_channel) that are the LLM channel's, not RecallConfig keys
+LLM_CHANNEL_PARAMS = ("llm_share", "llm_window")
 
 
 class RecallConfig(BaseModel):
@@ -134,6 +138,12 @@ class RecallConfig(BaseModel):
         if sum(shares.values()) + self.popularity_share > 1.0:
             raise ValueError(f"recall.channel_shares {shares} plus popularity_share {self.popularity_share} exceed 1")
         return self
+
+    def for_stage(self, kind: str, params: Mapping[str, Any]) -> RecallConfig:
+        """This config with a recall stage's ``params`` on top (validated, unknown keys refused), as the
+        stage serves it and training must fit it; a ``recall_llm`` stage's own keys are left out."""
+        own = {k: v for k, v in params.items() if not (kind == "recall_llm" and k in LLM_CHANNEL_PARAMS)}
+        return RecallConfig.model_validate({**self.model_dump(), **own}) if own else self
 
     def uses_full_softmax(self, n_items: int) -> bool:
         """Whether training scores every catalog item (cheap below ~50k items, and the better loss)."""

@@ -62,7 +62,7 @@ class LLMChannelRecallStage(RecallStage):
     """``RecallStage`` with the LLM-embedding channel merged in (stage kind ``recall_llm``)."""
 
     def __init__(self, spec: StageSpec, config: RecallConfig) -> None:
-        params = dict(spec.params)
+        params = dict(spec.params)  # its keys: recall.config.LLM_CHANNEL_PARAMS
         self.llm_share = float(params.pop("llm_share", 0.2))
         self.llm_window = int(params.pop("llm_window", 20))
         if not 0.0 <= self.llm_share <= 1.0:

@@ -53,7 +53,7 @@ class RecallStage:
         """``config`` is ``settings.recall``; ``spec.params`` override its keys (validated together)."""
         self.name = spec.name
         self.depth = spec.depth or DEFAULT_DEPTH
-        self.config = RecallConfig.model_validate({**config.model_dump(), **spec.params})
+        self.config = config.for_stage("recall", spec.params)
         self._tower: Any = None
         self._vocab: Any = None
         self._vectors = np.zeros((0, self.config.dim), dtype=np.float32)

@@ -32,6 +32,13 @@ STAGE_KINDS: dict[str, str] = {
 # deeper candidates through them when they leave a list short (``recsys.pipeline``).
 POLICY_KINDS: frozenset[str] = frozenset({"rules", "rules_tagged"})
 
+# The name a stage of these kinds must carry: fusion, training, the LLM's candidate source and
+# the evaluator read its score column and its trained artifacts by that name.
+FIXED_NAMES: dict[str, str] = {"recall": "recall", "recall_llm": "recall", "coarse": "coarse", "llm": "llm"}
+# The longest budget a stage or request may have (one day): "no limit" written as a huge number
+# would overflow the watchdog's wait and make the stage fall back on every request.
+MAX_BUDGET_MS = 86_400_000.0
+
 
 class StageSpec(BaseModel):
     """One stage of the pipeline as configured."""
@@ -41,7 +48,8 @@ class StageSpec(BaseModel):
     name: str = Field(description="Stage name; also the score column it writes.", min_length=1)
     kind: str = Field(description=f"Stage implementation, one of {sorted(STAGE_KINDS)}.")
     depth: int | None = Field(None, ge=1, le=100_000, description="Candidates kept after this stage.")
-    budget_ms: float | None = Field(None, gt=0, description="Time budget; an overrun triggers the fallback.")
+    budget_ms: float | None = Field(None, gt=0, le=MAX_BUDGET_MS,
+                                    description="Time budget (ms, at most a day); an overrun triggers the fallback.")
     enabled: bool = Field(True, description="A disabled stage is skipped and reported as such.")
     on_error: Literal["passthrough", "fail"] = Field(
         "passthrough",
@@ -73,7 +81,8 @@ class PipelineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     stages: list[StageSpec] = Field(default_factory=default_stages)
-    request_budget_ms: float = Field(5000.0, gt=0, description="Whole-request deadline.")
+    request_budget_ms: float = Field(5000.0, gt=0, le=MAX_BUDGET_MS, description="Whole-request deadline (ms, at "
+                                     "most a day).")
     max_k: int = Field(100, ge=1, le=1000, description="Largest k a request may ask for.")
 
     @model_validator(mode="after")
@@ -89,6 +98,12 @@ class PipelineConfig(BaseModel):
             raise ValueError(f"pipeline.stages[0] must be a recall stage, got kind {first.kind!r}")
         if first.on_error == "passthrough":
             raise ValueError("pipeline.stages[0] (recall) cannot use on_error=passthrough: it has no previous order")
+        if not first.enabled:
+            raise ValueError("pipeline.stages[0] (recall) cannot be disabled: every later stage ranks its candidates")
+        for i, s in enumerate(self.stages):
+            if (want := FIXED_NAMES.get(s.kind)) is not None and s.name != want:
+                raise ValueError(f"pipeline.stages[{i}]: a {s.kind} stage must be named {want!r} (fusion, training "
+                                 f"and the evaluator read its scores and artifacts by that name), got {s.name!r}")
         last_depth: int | None = None
         for i, s in enumerate(self.stages):
             if s.depth is None or not s.enabled:

@@ -12,6 +12,12 @@ thread, the evaluator calls it in a loop. Per stage:
   none, and there is no earlier order to fall back to);
 - otherwise its output is cut to ``depth`` (``ok``).
 
+What a ranking stage's depth cuts off (its output past ``depth``, then the input items it did
+not hand back, e.g. the candidates past the LLM's 20, in their incoming order) is kept for
+the request as that stage's *tail*: a list the policy stages leave short is filled from the
+tails first (``Pipeline._backfill``). Stages therefore return everything they ranked and let
+the pipeline cut; a stage that cut itself would hide its tail.
+
 Each stage sees the request with ``deadline`` set to the tighter of the request deadline
 and its own budget, so a stage that can stop early (the LLM) knows when to. A passthrough
 stage with a budget also runs under a watchdog (``StageWatchdog``): a backend that hangs
@@ -113,7 +119,7 @@ class Pipeline:
             request = dataclasses.replace(request, deadline=time.monotonic() + self.request_budget_ms / 1000)
         cands = Candidates.empty()
         traces: list[StageTrace] = []
-        tails: list[tuple[str, Candidates]] = []  # what each stage's depth cut off, for backfill
+        tails: list[tuple[str, np.ndarray]] = []  # what each ranking stage's depth cut off, for backfill
         judged: set[int] = set()  # items a policy stage has already seen: backfill never re-judges them
         for spec, stage in self.stages:
             if not spec.enabled or spec.name in skip:
@@ -136,25 +142,27 @@ class Pipeline:
                               short_reason=short_reason if short_by else "")
 
     def _backfill(
-        self, request: Request, served: Candidates, tails: list[tuple[str, Candidates]], skip: set[str],
+        self, request: Request, served: Candidates, tails: list[tuple[str, np.ndarray]], skip: set[str],
         traces: list[StageTrace], judged: set[int],
     ) -> tuple[Candidates, str]:
         """Fill a list the policy stages left short: reach deeper, best source first.
 
-        Sources, in order: what the later stages' depths cut off (e.g. coarse's candidates
-        past 50, in coarse order; then recall's), then every stage's ``more`` (the recall
-        popularity channel), in blocks. Each block goes behind the served items through every
+        Sources, in order: what the later stages' depths cut off (e.g. with the LLM on, coarse's
+        candidates 21-50, then coarse's past 50, in coarse order), then every stage's ``more``
+        (the recall popularity channel), in blocks. Each block goes behind the served items through every
         policy stage (rules filters, then caps, counting the served items first), so a
         backfilled item obeys the same rules. Stops at ``request.k``, when the sources run out,
         or at the request deadline. Backfilled items carry ``flags["backfill"]`` and no score
-        in the served order's column (they were never ranked by it).
+        in the served order's column (they were never ranked by it). The reason a list stays
+        short says whether a rule removed anything on the way (main run or backfill).
         """
         policies = [(spec, st) for spec, st in self.stages
                     if spec.enabled and spec.name not in skip and spec.kind in POLICY_KINDS]
         t0 = time.perf_counter()
         blocks = _backfill_blocks(request, tails, self.stages, skip)
         seen = set(served.items.tolist()) | set(np.asarray(request.excluded).tolist()) | set(judged)
-        out, added, reason = served, 0, "no more candidates pass the rules"
+        ruled_out = bool(set(judged) - set(served.items.tolist()))  # a policy stage removed something
+        out, added, reason = served, 0, ""
         for items in blocks:
             if request.remaining_s() <= 0:
                 reason = "request deadline reached while backfilling"
@@ -167,20 +175,23 @@ class Pipeline:
             for _spec, stage in policies:
                 trial = stage.run(request, trial)
             added += len(trial) - len(out)
+            ruled_out |= len(trial) < len(out) + len(fresh)
             out = trial.head(request.k)
             if len(out) >= request.k:
                 break
         traces.append(StageTrace("backfill", "ok", (time.perf_counter() - t0) * 1000, len(served), len(out),
                                  f"{added} items added from deeper candidates"))
-        return out, reason if len(out) < request.k else ""
+        if len(out) >= request.k:
+            return out, ""
+        return out, reason or (SHORT_RULES if ruled_out else SHORT_EXHAUSTED)
 
     def _run_stage(
         self, spec: StageSpec, stage: Stage, request: Request, cands: Candidates, traces: list[StageTrace],
-        tails: list[tuple[str, Candidates]] | None = None,
+        tails: list[tuple[str, np.ndarray]] | None = None,
     ) -> Candidates:
         n_in = len(cands)
         if request.remaining_s() <= 0:
-            return self._fallback(spec, cands, traces, 0.0, "request deadline passed before the stage")
+            return self._fallback(spec, cands, traces, 0.0, "request deadline passed before the stage", tails)
         stage_request = request
         if spec.budget_ms is not None:
             stage_deadline = time.monotonic() + spec.budget_ms / 1000
@@ -196,32 +207,35 @@ class Pipeline:
         except StageAbandoned as exc:
             ms = (time.perf_counter() - t0) * 1000
             log.error("stage %s abandoned for request %s: %s", spec.name, request.request_id, exc)
-            return self._fallback(spec, cands, traces, ms, str(exc))
+            return self._fallback(spec, cands, traces, ms, str(exc), tails)
         except Exception as exc:  # any stage failure is contained here, by design
             ms = (time.perf_counter() - t0) * 1000
             log.warning("stage %s failed for request %s: %r", spec.name, request.request_id, exc)
-            return self._fallback(spec, cands, traces, ms, f"{type(exc).__name__}: {exc}")
+            return self._fallback(spec, cands, traces, ms, f"{type(exc).__name__}: {exc}", tails)
         ms = (time.perf_counter() - t0) * 1000
         reason = ""
         if spec.budget_ms is not None and ms > spec.budget_ms:
             reason = f"budget overrun ({ms:.0f} ms > {spec.budget_ms:.0f} ms)"
             if spec.on_error == "passthrough":
-                return self._fallback(spec, cands, traces, ms, reason)
+                return self._fallback(spec, cands, traces, ms, reason, tails)
             # a required stage (recall, rules) has no safe previous order: a late answer beats none
+        if tails is not None and spec.kind not in POLICY_KINDS:  # what a rule removed is never backfilled
+            _keep_tail(tails, spec, cands, out)
         if spec.depth is not None:
-            if tails is not None and len(out) > spec.depth:
-                tails.append((spec.name, out.take(np.arange(spec.depth, len(out)))))
             out = out.head(spec.depth)
         traces.append(StageTrace(spec.name, "ok", ms, n_in, len(out), reason))
         return out
 
     @staticmethod
     def _fallback(
-        spec: StageSpec, cands: Candidates, traces: list[StageTrace], ms: float, reason: str
+        spec: StageSpec, cands: Candidates, traces: list[StageTrace], ms: float, reason: str,
+        tails: list[tuple[str, np.ndarray]] | None = None,
     ) -> Candidates:
         if spec.on_error == "fail":
             traces.append(StageTrace(spec.name, "error", ms, len(cands), 0, reason))
             raise PipelineError(spec.name, reason, traces)
+        if tails is not None and spec.kind not in POLICY_KINDS:
+            _keep_tail(tails, spec, cands, cands)  # the previous order, cut at this stage's depth
         out = cands.head(spec.depth) if spec.depth is not None else cands
         traces.append(StageTrace(spec.name, "fallback", ms, len(cands), len(out), reason))
         return out
@@ -305,14 +319,33 @@ class PipelineStage:
 
 
 BACKFILL_BLOCK = 256  # items per backfill block from a stage's ``more`` (popularity); rules run per block
+SHORT_RULES = "no more candidates pass the rules"
+SHORT_EXHAUSTED = "no more candidates: every item the stages can reach is already listed, in the history or excluded"
+
+
+def _keep_tail(tails: list[tuple[str, np.ndarray]], spec: StageSpec, given: Candidates, out: Candidates) -> None:
+    """Record what ``spec``'s depth cuts off ``out`` (the module doc's tail): ``out`` past the
+    depth, then the items of ``given`` that ``out`` does not hold, in ``given``'s order.
+
+    >>> tails = []
+    >>> _keep_tail(tails, StageSpec(name="llm", kind="llm", depth=2),
+    ...            Candidates(items=np.array([5, 6, 7, 8])), Candidates(items=np.array([6, 5, 7])))
+    >>> [(name, t.tolist()) for name, t in tails]
+    [('llm', [7, 8])]
+    """
+    past = out.items[spec.depth:] if spec.depth is not None else out.items[:0]
+    dropped = given.items[~np.isin(given.items, out.items)]
+    tail = np.concatenate([past, dropped]).astype(np.int64)
+    if len(tail):
+        tails.append((spec.name, tail))
 
 
 def _backfill_blocks(
-    request: Request, tails: list[tuple[str, Candidates]], stages: Sequence[tuple[StageSpec, Stage]], skip: set[str],
+    request: Request, tails: list[tuple[str, np.ndarray]], stages: Sequence[tuple[StageSpec, Stage]], skip: set[str],
 ) -> Iterator[np.ndarray]:
     """Item-index blocks for ``Pipeline._backfill``: the latest stage's cut-off first, then ``more``."""
     for _name, tail in reversed(tails):
-        yield tail.items
+        yield tail
     for spec, stage in stages:
         more = getattr(stage, "more", None)
         if spec.enabled and spec.name not in skip and more is not None:

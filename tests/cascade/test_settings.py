@@ -27,6 +27,24 @@ def test_default_yaml_validates_with_default_depths():
             {"name": "recall", "kind": "recall", "on_error": "fail"},
             {"name": "recall", "kind": "coarse"}]}}, "duplicate stage names ['recall']"),
         ({"serving": {"port": 70000}}, "serving.port"),
+        # fusion, training and the evaluator find these stages by name: another name served recall's order
+        ({"pipeline": {"stages": [{"name": "retrieval", "kind": "recall", "on_error": "fail"}]}},
+         "pipeline.stages[0]: a recall stage must be named 'recall'"),
+        ({"pipeline": {"stages": [{"name": "recall", "kind": "recall", "on_error": "fail"},
+                                  {"name": "ranker", "kind": "coarse"}]}}, "a coarse stage must be named 'coarse'"),
+        ({"pipeline": {"stages": [{"name": "recall", "kind": "recall", "on_error": "fail", "enabled": False}]}},
+         "(recall) cannot be disabled"),  # it served every request an empty list
+        ({"pipeline": {"request_budget_ms": 1e13}}, "pipeline.request_budget_ms: Input should be less than or equal"),
+        ({"pipeline": {"stages": [{"name": "recall", "kind": "recall", "on_error": "fail"},
+                                  {"name": "coarse", "kind": "coarse", "budget_ms": float("inf")}]}},
+         "pipeline.stages.1.budget_ms"),  # a huge budget overflowed the watchdog: coarse fell back on every request
+        ({"pipeline": {"stages": [{"name": "recall", "kind": "recall", "on_error": "fail", "params": {"nonsense": 1}}]}},
+         "pipeline.stages[0] (recall) params: nonsense: Extra inputs are not permitted"),
+        ({"pipeline": {"stages": [{"name": "recall", "kind": "recall", "on_error": "fail", "params": {"dim": 0}}]}},
+         "pipeline.stages[0] (recall) params: dim: Input should be greater than or equal to 8"),
+        ({"pipeline": {"stages": [{"name": "recall", "kind": "recall", "on_error": "fail"},
+                                  {"name": "llm", "kind": "llm", "params": {"candidatez": 5}}]}},
+         "pipeline.stages[1] (llm) params: candidatez"),
     ],
 )
 def test_bad_keys_are_named(data, needle):

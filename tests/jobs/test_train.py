@@ -7,6 +7,7 @@ import pytest
 from cascade.settings import Settings
 from jobs.evaluate import evaluate_pipeline
 from jobs.train import DEFAULT_STAGES, holdout_sequences, prepare, train_stages, training_warnings
+from recsys.pipeline import SHORT_EXHAUSTED, SHORT_RULES
 
 TINY = {
     "recall": {"dim": 16, "max_len": 10, "n_blocks": 1, "n_heads": 1, "max_epochs": 4, "eval_every": 2,
@@ -46,7 +47,8 @@ def test_tiny_cascade_trains_evaluates_and_is_reused(tmp_path: Path):
     lists = ev["lists"]
     assert lists["empty"] == 0 and lists["complete"] + lists["short"] == split.n_users
     # a user is short only where the whole catalog holds fewer than 10 unseen items they may see
-    assert lists["short_reasons"] == ({"no more candidates pass the rules": lists["short"]} if lists["short"] else {})
+    assert sum(lists["short_reasons"].values()) == lists["short"]
+    assert set(lists["short_reasons"]) <= {SHORT_RULES, SHORT_EXHAUSTED}
     costs = ev["policy_costs"]
     assert "adult_gate" in costs["rules_in_force"] and set(costs["per_rule"]) == set(costs["rules_in_force"])
     dec = costs["decomposition"]
@@ -75,6 +77,19 @@ def test_tiny_cascade_trains_evaluates_and_is_reused(tmp_path: Path):
     retuned = train_stages(Settings.build({**TINY, "recall": {**TINY["recall"], "popularity_share": 0.2},
                                            "rules": {"ruleset": str(mine)}}), art, split)
     assert retuned["recall"]["reused"] and retuned["coarse"]["reused"] and not retuned["fusion"].get("reused")
+
+    # coarse learnt from candidates cut at the recall depth: a new depth retrains it (and fusion), not the
+    # two-towers; it was reused before, and its model stayed the one trained on the old candidates
+    base = {**TINY, "recall": {**TINY["recall"], "popularity_share": 0.2}, "rules": {"ruleset": str(mine)}}
+    stages = [sp.model_dump() for sp in Settings.build(base).pipeline.stages]
+    stages[0]["depth"] = 100
+    deeper = train_stages(Settings.build({**base, "pipeline": {"stages": stages}}), art, split)
+    assert [k for k, r in deeper.items() if not r.get("reused")] == ["coarse", "fusion"]
+    # a recall stage's params are what it serves: switching a channel off there retrains the whole cascade
+    stages[0]["params"] = {"covisit_channel": False}
+    off = train_stages(Settings.build({**base, "pipeline": {"stages": stages}}), art, split)
+    assert not any(r.get("reused") for r in off.values())
+    assert set(off["recall"]["channels"]["shares"]) == {"item_model"}  # fitted with the channel off
 
 
 @pytest.mark.slow

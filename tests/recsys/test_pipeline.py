@@ -216,6 +216,35 @@ def test_a_list_that_cannot_be_filled_says_so():
     assert result.short_reason == "no more candidates pass the rules"
 
 
+class HeadScorer(ParityScorer):
+    """Scores only its first ``n`` candidates and hands back just those (as the LLM re-ranker does)."""
+
+    def __init__(self, n: int):
+        super().__init__(name="llm")
+        self.n = n
+
+    def run(self, request: Request, candidates: Candidates) -> Candidates:
+        return super().run(request, candidates.head(self.n))
+
+
+def test_what_a_re_ranker_drops_is_backfilled_before_the_deeper_tails():
+    # recall 0..29, cut to 10 (tail 10..29) -> the "llm" scores only 0 and 1 (odd first) and drops 2..9 -> rules
+    pipe = Pipeline([(spec("recall", "recall", depth=10, on_error="fail"), ListRecall()),
+                     (spec("llm", "llm", depth=2), HeadScorer(2)),
+                     (spec("rules", "rules", on_error="fail"), DropOdd())])
+    result = pipe.run(Request(user_id="u", k=3))
+    # 1 falls to the rules; the llm's dropped 2..9 (in recall order) come before recall's tail 10..29
+    assert result.candidates.items.tolist() == [0, 2, 4] and result.complete
+
+
+def test_a_list_the_catalog_cannot_fill_says_so_without_blaming_the_rules():
+    pipe = Pipeline([(spec("recall", "recall", on_error="fail"), ListRecall(n_items=6)),
+                     (spec("rules", "rules", on_error="fail"), ParityScorer(name="rules"))])
+    result = pipe.run(Request(user_id="u", k=10, history=np.array([5])))
+    assert result.candidates.items.tolist() == [1, 3, 0, 2, 4] and result.short_by == 5
+    assert result.short_reason.startswith("no more candidates: every item the stages can reach")
+
+
 class SlowDropOdd(DropOdd):
     def run(self, request: Request, candidates: Candidates) -> Candidates:
         time.sleep(0.1)  # the request deadline passes while the policy runs
