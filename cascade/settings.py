@@ -173,17 +173,31 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "(root)"
         env = _env_variable(err["loc"])
-        lines.append(f"  {loc}: {err['msg']}" + (f" (from environment variable {env})" if env else ""))
+        where = ""
+        if env is not None:
+            where = f" (from environment variable {env})"
+            whole = ENV_PREFIX + ENV_NESTED.join(str(p) for p in err["loc"]).upper()
+            if env.upper().startswith(whole + ENV_NESTED) or env.upper() == whole + ENV_NESTED:
+                where = (f" (from environment variable {env}: it names a key inside {loc}, which is set whole: "
+                         f"use {whole}, a list or mapping in JSON)")
+        lines.append(f"  {loc}: {err['msg']}{where}")
     return "\n".join(lines)
 
 
 def _env_variable(loc: tuple[Any, ...]) -> str | None:
-    """The ``RECSYS_*`` variable that set the value at ``loc`` (or a section holding it), if any."""
+    """The ``RECSYS_*`` variable that set the value at ``loc`` (or a section holding it), if any; else
+    one that names a key *inside* it (``RECSYS_PIPELINE__STAGES__0__DEPTH`` for ``pipeline.stages``:
+    pydantic-settings nests it into a mapping where a list is expected)."""
     upper = {key.upper(): key for key in os.environ}
     for i in range(len(loc), 0, -1):
         name = ENV_PREFIX + ENV_NESTED.join(str(p) for p in loc[:i]).upper()
         if name in upper:
             return upper[name]
+    if loc:
+        name = ENV_PREFIX + ENV_NESTED.join(str(p) for p in loc).upper()
+        deeper = sorted(key for key in upper if key.startswith(name + ENV_NESTED))
+        if deeper:
+            return upper[deeper[0]]
     return None
 
 

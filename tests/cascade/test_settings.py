@@ -74,6 +74,17 @@ def test_env_overrides_yaml_and_overrides_win(monkeypatch, tmp_path: Path):
     assert Settings.from_yaml(cfg, serving={"port": 9002}).serving.port == 9002
 
 
+@pytest.mark.parametrize(("variable", "whole"), [("RECSYS_PIPELINE__STAGES__0__DEPTH", "RECSYS_PIPELINE__STAGES"),
+                                                 ("RECSYS_SERVING__PORT__", "RECSYS_SERVING__PORT")])
+def test_a_variable_nested_below_a_list_or_value_is_named_not_the_file(monkeypatch, variable, whole):
+    # the natural try at one stage's depth; it used to be blamed on configs/pipeline.yaml alone
+    monkeypatch.setenv(variable, "10")
+    with pytest.raises(ConfigError) as err:
+        Settings.from_yaml()
+    assert f"from environment variable {variable}: it names a key inside" in str(err.value)
+    assert f"use {whole}," in str(err.value)
+
+
 def test_a_misspelt_section_in_the_environment_is_refused_by_name(monkeypatch):
     monkeypatch.setenv("RECSYS_SERVNG__PORT", "1")
     with pytest.raises(ConfigError, match="RECSYS_SERVNG__PORT: no settings section 'servng'"):
