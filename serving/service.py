@@ -32,6 +32,7 @@ fail-closed stage failed) propagates to the caller.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 import uuid
@@ -115,6 +116,9 @@ class Recommender:
         self.extra_versions: Callable[[], dict[str, str]] = dict  # e.g. the active prompt version
         self.experiment = active_experiment(settings)
         self.variant_pipelines = variant_pipelines(pipeline, self.experiment, settings)
+        # what the answers depend on beyond the model versions: a depth, a recall param, a popularity share
+        # change what is served from the same trained files, so the result cache must not mix them
+        self.config_digest = settings_digest(settings)
 
     @classmethod
     def load(cls, settings: Settings, artifact_dir: Path, pipeline: Pipeline | None = None,
@@ -180,7 +184,8 @@ class Recommender:
         """The result cache key, or None when the cache may not serve (offline, Redis down, off, debug)."""
         if self.online is None or online.degraded or self.settings.serving.result_cache_ttl_s <= 0 or body.debug:
             return None
-        versions = {**self.versions(), **({"variant": f"{arm.experiment}:{arm.variant}"} if arm else {})}
+        versions = {**self.versions(), "config": self.config_digest,
+                    **({"variant": f"{arm.experiment}:{arm.variant}"} if arm else {})}
         return result_cache_key(body.user_id, body.k, body.context, online.version, versions, route.llm)
 
     def _cache_lookup(self, key: str | None, request_id: str) -> CacheLookup:
@@ -287,3 +292,10 @@ class ServiceSlot:
         if self.status == "failed":
             return f"service not ready: loading artifacts failed: {self.error}"
         return f"service {self.status}" if self.status == "ready" else "service not ready: loading artifacts"
+
+
+def settings_digest(settings: Settings) -> str:
+    """A digest of every setting but where things live (``artifacts_dir``, ``redis_url``): two
+    processes share cached answers only when they would compute the same ones."""
+    blob = settings.model_dump_json(exclude={"artifacts_dir", "redis_url"})
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

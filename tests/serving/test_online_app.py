@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from serving.schemas import RecommendResponse
-from tests.serving.conftest import ADMIN_KEY, REAL_RULES, client_for
+from tests.serving.conftest import ADMIN_KEY, REAL_RULES, RECALL, client_for
 
 AUTH = {"X-API-Key": ADMIN_KEY}
 BLOCK_M4 = {"version": "block-m4", "rules": [{"id": "no_m4", "kind": "blocklist", "items": {"item_ids": ["m4"]}}]}
@@ -82,6 +82,17 @@ def test_an_unreadable_cache_entry_is_a_miss_not_a_500(online: TestClient) -> No
 
 def test_debug_requests_bypass_the_cache(online: TestClient) -> None:
     assert [ids(online, debug=True)[1]["path"] for _ in range(2)] == ["light", "light"]
+
+
+def test_answers_cached_under_one_config_are_not_served_under_another(toy_dir) -> None:
+    with client_for(toy_dir, REAL_RULES) as first:
+        ids(first)
+    with client_for(toy_dir, REAL_RULES) as same:
+        assert ids(same)[1]["path"] == "cache"  # one Redis: the cache outlives the process that filled it
+    # the same trained files under another recall depth answer differently: the old answers must not be served
+    shallow = [(RECALL.model_copy(update={"depth": 2}), REAL_RULES[0][1]), REAL_RULES[1]]
+    with client_for(toy_dir, shallow) as other:
+        assert ids(other)[1]["path"] == "light"
 
 
 def test_admin_needs_the_key(online: TestClient, toy_dir) -> None:
