@@ -9,7 +9,7 @@ Python and tests. Errors in user input exit with code 2 and one line naming the 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
@@ -104,39 +104,58 @@ def evaluate(
     out: c.OutOpt = None,
 ) -> None:
     """Train (or reuse) every stage, then measure each stage and the fused result."""
-    from jobs.evaluate import evaluate_pipeline  # lazy: keeps `recsys --help` fast
+    from jobs.evaluate import evaluate_pipeline, require_bootstrap_users  # lazy: keeps `recsys --help` fast
     from jobs.train import DEFAULT_STAGES, train_stages, training_warnings  # lazy: keeps `recsys --help` fast
 
     settings = c.load_settings(config)
     art = c.artifact_dir(settings, data, artifacts)
     split = _prepare(data, fmt, art, k_core, synthetic_users, synthetic_items, settings)
+    try:
+        require_bootstrap_users(split)  # before any training: a split too small to evaluate wastes none
+    except ValueError as exc:
+        c.fail(str(exc))
     wanted = DEFAULT_STAGES + (("llm",) if _llm_enabled(settings) else ())
     if seeds > 1:
         from jobs.seeds import evaluate_seeds  # lazy: keeps `recsys --help` fast
 
-        c.write_report(evaluate_seeds(settings, art, split, n_seeds=seeds, stages=wanted, phase=phase,
-                                      retrain=retrain), out)
-        return
-    train_report = train_stages(settings, art, split, stages=wanted, force=retrain)
-    report = evaluate_pipeline(settings, art, split, phase=phase)
-    report["timings"]["train_s"] = {k: v.get("seconds") for k, v in train_report.items()}
-    report["warnings"] = training_warnings(settings, train_report)
-    if cold_items:
-        from jobs.cold_items import cold_item_report  # lazy: keeps `recsys --help` fast
+        report = evaluate_seeds(settings, art, split, n_seeds=seeds, stages=wanted, phase=phase, retrain=retrain)
+        runs = {f"seed {s}": r for s, r in report["per_seed"].items()}
+    else:
+        train_report = train_stages(settings, art, split, stages=wanted, force=retrain)
+        report = evaluate_pipeline(settings, art, split, phase=phase)
+        report["timings"]["train_s"] = {k: v.get("seconds") for k, v in train_report.items()}
+        report["warnings"] = training_warnings(settings, train_report)
+        if cold_items:
+            from jobs.cold_items import cold_item_report  # lazy: keeps `recsys --help` fast
 
-        report["cold_items"] = cold_item_report(settings, art, split, share=cold_share, phase=phase)
+            report["cold_items"] = cold_item_report(settings, art, split, share=cold_share, phase=phase)
+        runs = {"": report}
     c.write_report(report, out)
-    for warning in report["warnings"]:
-        typer.echo(f"warning: {warning}", err=True)
-    lists = report["lists"]
-    if lists["empty_share"] > EMPTY_LIST_LIMIT:
-        typer.echo(f"error: {lists['empty']} of {lists['users']} users ({lists['empty_share']:.1%}) got an empty "
-                   f"list (limit {EMPTY_LIST_LIMIT:.0%}); see 'lists' and 'policy_costs' in the report: a rule "
-                   "probably removes what this catalog cannot satisfy", err=True)
-        raise typer.Exit(1)
+    _warn_and_guard(runs)
 
 
 EMPTY_LIST_LIMIT = 0.01  # share of users with an empty final list above which `eval` fails
+
+
+def _warn_and_guard(runs: dict[str, dict[str, Any]]) -> None:
+    """Print each run's training warnings, then exit 1 when any run gave more than ``EMPTY_LIST_LIMIT``
+    of its users an empty final list (the README's guard: a rule set this catalog cannot satisfy).
+
+    ``runs`` maps a label to an eval report: ``""`` for a single run, ``"seed <s>"`` for each
+    ``per_seed`` report of ``--seeds N``, so both paths warn and fail alike. ``eval`` calls it after
+    writing the report, which a failing run still leaves for CI to read.
+    """
+    for label, run in runs.items():
+        for warning in run.get("warnings", []):
+            typer.echo(f"warning: {label + ': ' if label else ''}{warning}", err=True)
+    over = {label: run["lists"] for label, run in runs.items() if run["lists"]["empty_share"] > EMPTY_LIST_LIMIT}
+    if over:
+        counts = ", ".join(f"{x['empty']} of {x['users']} users ({x['empty_share']:.1%}){' in ' + label if label else ''}"
+                           for label, x in over.items())
+        where = "" if "" in runs else " under 'per_seed'"
+        typer.echo(f"error: {counts} got an empty list (limit {EMPTY_LIST_LIMIT:.0%}); see 'lists' and 'policy_costs'"
+                   f"{where} in the report: a rule probably removes what this catalog cannot satisfy", err=True)
+        raise typer.Exit(1)
 
 
 def _llm_enabled(settings: Settings) -> bool:

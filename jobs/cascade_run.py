@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from offline.bootstrap import paired_bootstrap
+from offline.bootstrap import MIN_USERS, paired_bootstrap
 from offline.metrics import per_user_metrics
 from offline.split import Phase, Split
 from recsys.config import POLICY_KINDS
@@ -91,7 +91,8 @@ def slice_table(tops: dict[str, np.ndarray], targets: np.ndarray, stages: list[s
                 n_boot: int = 2000) -> dict[str, Any]:
     """NDCG@10 and Recall@10 of each stage's top-10 ``tops[stage]`` (rows = the slice's users) and the
     paired-bootstrap CI of each stage against the one before it in ``stages`` (and of final against
-    coarse when a stage sits between them: the LLM path against the light path's order)."""
+    coarse when a stage sits between them: the LLM path against the light path's order). A slice of
+    fewer than ``offline.bootstrap.MIN_USERS`` users has its metrics and no deltas (no interval exists)."""
     if len(targets) == 0:
         return {"users": 0, "stages": {}, "deltas": {}}
     metrics = {s: per_user_metrics(tops[s], targets, K) for s in stages}
@@ -101,7 +102,7 @@ def slice_table(tops: dict[str, np.ndarray], targets: np.ndarray, stages: list[s
     pairs = list(zip(stages, stages[1:], strict=False))
     if "coarse" in stages and "final" in stages and ("coarse", "final") not in pairs:
         pairs.append(("coarse", "final"))  # what the LLM path changes against the light path's ranking
-    for before, after in pairs:
+    for before, after in pairs if len(targets) >= MIN_USERS else []:
         r = paired_bootstrap(metrics[before][f"ndcg@{K}"], metrics[after][f"ndcg@{K}"], n_boot=n_boot, seed=seed)
         out["deltas"][f"{after}_vs_{before}"] = {"mean": round(r["mean"], 5), "ci95": [round(x, 5) for x in r["ci95"]]}
     return out

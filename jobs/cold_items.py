@@ -35,8 +35,8 @@ import numpy as np
 from cascade.registry import build_pipeline
 from cascade.settings import Settings
 from jobs.cascade_run import SCORED, memoised, requests_for_user, run_cascade, slice_table
+from jobs.evaluate import stage_candidate_recall
 from jobs.train import DEFAULT_STAGES, split_id, train_stages
-from offline.metrics import candidate_recall as share_found
 from offline.metrics import candidates_found, per_user_metrics
 from offline.split import Split
 from recsys.atomic import atomic_write_json
@@ -91,17 +91,6 @@ def prepare_cold(artifact_dir: Path, split: Split, share: float = 0.1) -> tuple[
     return cold_dir, cold
 
 
-def candidate_recall(candidates: dict[str, list[np.ndarray]], targets: np.ndarray, users: np.ndarray
-                     ) -> dict[str, float]:
-    """Share of ``users`` whose target is among the candidates each scored stage received.
-
-    >>> candidate_recall({"recall": [np.array([1, 2]), np.array([3])]}, np.array([2, 4]), np.array([0, 1]))
-    {'recall': 0.5}
-    """
-    return {s: round(share_found([c[u] for u in users], targets[users]), 5) if len(users) else 0.0
-            for s, c in candidates.items() if any(len(x) for x in c)}
-
-
 def cold_item_report(settings: Settings, artifact_dir: Path, split: Split, *, share: float = 0.1,
                      phase: str = "test", n_boot: int = 2000, progress: bool = True) -> dict[str, Any]:
     """Train the cold cascade (or reuse it) and measure every stage on the cold- and warm-item slices."""
@@ -148,7 +137,8 @@ def measure_cold(settings: Settings, cold_dir: Path, cold: Split, *, phase: str 
                  progress: bool = True, per_user: dict[str, dict[str, np.ndarray]] | None = None,
                  users: np.ndarray | None = None) -> dict[str, Any]:
     """Run the pipeline of ``settings`` over the cold cascade's ``phase`` requests; per slice (cold item,
-    warm item) and stage: NDCG@10, Recall@10, paired CIs, and each stage's candidate recall.
+    warm item) and stage: NDCG@10, Recall@10, paired CIs, and the candidate recall of each stage that ran,
+    keyed as the main report's (``recall@200``, ``jobs.evaluate.stage_candidate_recall``).
     ``per_user``, when given, receives each slice's per-user NDCG@10 by stage, and per scored stage
     ``candidates:<stage>`` (1 when the target was among the candidates it received), for paired CIs
     between pipelines (``jobs.cold_sources``). ``users`` (ascending user indices) measures only those
@@ -173,7 +163,7 @@ def measure_cold(settings: Settings, cold_dir: Path, cold: Split, *, phase: str 
         "item_side_knowledge": item_side_knowledge(settings),
         "slices": {name: {**slice_table({s: run["tops"][s][users] for s in stages}, targets[users], stages,
                                         seed=settings.seed, n_boot=n_boot),
-                          "candidate_recall": candidate_recall(run["candidates"], targets, users)}
+                          "candidate_recall": stage_candidate_recall(settings, run, targets, users)}
                    for name, users in slices.items()},
         "new_items_among_candidates": {s: round(float(np.mean([np.isin(c, cold.unseen_items).sum()
                                                                 for c in run["candidates"][s]])), 3)

@@ -38,7 +38,7 @@ from jobs.cascade_run import (
     slice_table,
 )
 from offline.baselines import evaluate_rankings_per_user, popularity_rankings
-from offline.bootstrap import paired_bootstrap
+from offline.bootstrap import MIN_USERS, paired_bootstrap
 from offline.metrics import candidate_recall, coverage, summarize
 from offline.split import Phase, Split
 from recsys.config import POLICY_KINDS
@@ -123,11 +123,48 @@ def _pct(values: list[float] | np.ndarray) -> dict[str, float]:
             "mean": round(float(v.mean()), 3)}
 
 
+def require_bootstrap_users(split: Split) -> None:
+    """Refuse a split with fewer users than the paired bootstrap needs (``offline.bootstrap.MIN_USERS``).
+
+    Every eval report carries paired CIs over all the split's users (stage deltas, policy costs),
+    so such a split cannot be evaluated. ``recsys eval`` calls this before it trains anything: a
+    one-user dataset (``--k-core 1``) otherwise trains every stage and only then fails.
+    """
+    if split.n_users < MIN_USERS:
+        raise ValueError(f"eval needs at least {MIN_USERS} users for its paired bootstrap confidence intervals; "
+                         f"dataset {split.name!r} has {split.n_users}")
+
+
+def stage_candidate_recall(settings: Settings, run: dict[str, Any], targets: np.ndarray,
+                           users: np.ndarray | None = None) -> dict[str, float]:
+    """Candidate recall of every scored stage that ran, keyed ``<stage>@<depth>`` (``recall@200``).
+
+    The share of ``users`` (rows of ``run_cascade``'s ``run``; default: all of them) whose target
+    is among what the stage handed on. The depth is the stage's configured one, else the longest
+    list it handed on. A stage with no ``ok`` request is left out: the pipeline still shows a
+    skipped (disabled) stage its input, which would read as its own candidates. The main report
+    and the cold-item slices (``jobs.cold_items``) both call this, so their keys agree.
+    """
+    depths = {s.name: s.depth for s in settings.pipeline.stages}
+    ran = {name for name, st in run["status"].items() if st.get("ok", 0) > 0}
+    rows = np.arange(len(targets)) if users is None else np.asarray(users, dtype=np.int64)
+    out: dict[str, float] = {}
+    for name in SCORED:
+        if name not in ran:
+            continue
+        cands = run["candidates"][name]
+        depth = depths.get(name) or len(max(cands, key=len))
+        found = candidate_recall([cands[u] for u in rows], targets[rows]) if len(rows) else 0.0
+        out[f"{name}@{depth}"] = round(found, 5)
+    return out
+
+
 def evaluate_pipeline(
     settings: Settings, artifact_dir: Path, split: Split, *, phase: Phase = "test", progress: bool = True,
     n_boot: int = 2000,
 ) -> dict[str, Any]:
     """Measure every stage on ``phase`` and return the eval report (see issue #3's format)."""
+    require_bootstrap_users(split)
     t0 = time.perf_counter()
     pipeline = memoised(build_pipeline(settings, artifact_dir))  # policy passes replay the scorers
     load_s = time.perf_counter() - t0
@@ -154,12 +191,10 @@ def evaluate_pipeline(
         deltas["final_vs_coarse"] = delta("coarse", "final")
     if "llm" in per_user:
         deltas["llm_vs_coarse"] = delta("coarse", "llm")
-    depths = {s.name: s.depth for s in settings.pipeline.stages}
-    cand_recall = {f"{name}@{depths.get(name) or len(max(run['candidates'][name], key=len))}":
-                   round(candidate_recall(run["candidates"][name], targets), 5) for name in SCORED if name in ran}
+    cand_recall = stage_candidate_recall(settings, run, targets)
     report_extra: dict[str, Any] = {}
     if "llm" in ran:
-        report_extra["llm_cost"] = llm_cost(pipeline, split, phase, run, depths.get("llm"))
+        report_extra["llm_cost"] = llm_cost(pipeline, split, phase, run, settings.pipeline.stage("llm").depth)
     recall_stage = next((st for spec, st in pipeline.stages if spec.enabled and spec.kind == "recall"), None)
     if recall_stage is not None and hasattr(recall_stage, "channel_lists"):
         from recall.extra_channels import channel_candidate_recall  # lazy: imports scipy

@@ -8,7 +8,8 @@ goes to ``seed-<s>/eval_<phase>.json``; the returned report holds, for every num
 of the sections in ``SUMMARISED`` (stage metrics, deltas, candidate recall, per-channel
 candidate recall, rule and fusion costs, training seconds), its mean, sample sd and the
 per-seed values, and for each delta whether its mean exceeds the seeds' sd (``beyond_sd``):
-one seed's lift of the size of the run-to-run spread is not a lift.
+one seed's lift of the size of the run-to-run spread is not a lift. Each ``per_seed`` entry
+keeps its ``lists`` and training ``warnings``, which ``recsys eval`` checks as for one run.
 
 Deliberately left out: parallel seeds (the stages already use the cores) and re-splitting
 the data per seed (the spread measured is the training's, not the split's).
@@ -24,7 +25,7 @@ import numpy as np
 
 from cascade.settings import MAX_SEED, Settings
 from jobs.evaluate import evaluate_pipeline
-from jobs.train import train_stages
+from jobs.train import train_stages, training_warnings
 from offline.split import Split
 from recsys.atomic import atomic_write_json
 
@@ -62,6 +63,7 @@ def evaluate_seeds(
         trained = train_stages(seeded, directory, split, stages=stages, force=retrain, progress=progress)
         report = evaluate_pipeline(seeded, directory, split, phase=phase, progress=progress)  # type: ignore[arg-type]
         report["train_s"] = {k: v.get("seconds") for k, v in trained.items()}
+        report["warnings"] = training_warnings(seeded, trained)  # `recsys eval` prints them, as for one seed
         report["recall_train"] = {k: {f: trained[k].get(f) for f in ("train_s", "channels")}
                                   for k in ("recall", "recall_holdout") if k in trained}
         coarse = trained.get("coarse", {})
@@ -100,5 +102,5 @@ def _leaves(tree: Any, prefix: str = "") -> Any:
 
 
 def _compact(report: dict[str, Any]) -> dict[str, Any]:
-    keep = (*SUMMARISED, "recall_train", "coarse_importance", "lists", "timings")
+    keep = (*SUMMARISED, "recall_train", "coarse_importance", "lists", "warnings", "timings")
     return {k: report[k] for k in keep if k in report}

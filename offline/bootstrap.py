@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 _MAX_CHUNK_ELEMENTS = 4_000_000  # resample-index matrix chunk: 32 MB of int64
+MIN_USERS = 2  # resampling one user gives one mean every time: no interval (scipy refuses it too, less plainly)
 
 
 def paired_bootstrap(
@@ -38,8 +39,8 @@ def paired_bootstrap(
     b = np.asarray(b, dtype=np.float64)
     if a.ndim != 1 or a.shape != b.shape:
         raise ValueError(f"paired_bootstrap: a and b must be 1-D of equal length, got {a.shape} and {b.shape}")
-    if len(a) == 0:
-        raise ValueError("paired_bootstrap: no users")
+    if len(a) < MIN_USERS:
+        raise ValueError(f"paired_bootstrap: a confidence interval needs at least {MIN_USERS} users, got {len(a)}")
     if n_boot < 1:
         raise ValueError(f"paired_bootstrap: n_boot must be >= 1, got {n_boot}")
     if not 0.0 < alpha < 1.0:

@@ -309,3 +309,82 @@ def test_serve_refuses_stages_trained_on_another_split_before_starting(tmp_path:
     res = runner.invoke(app, ["serve", "--artifacts", str(tmp_path)])
     _one_line_error(res, "stage(s) ['recall'] were trained on another split", "run `recsys train`")
     assert started == []  # used to start, and answer 503 to every request
+
+
+def _fake_training_and_eval(monkeypatch: pytest.MonkeyPatch, empty_for_seeds: set[int]) -> list[int]:
+    """Stand-ins for training and measuring (both eval paths call them): every fit hits the wall-clock
+    cap, so it warns, and a seed in ``empty_for_seeds`` gives every user an empty list. Returns the
+    seeds trained, in order."""
+    import numpy as np
+
+    import jobs.evaluate
+    import jobs.seeds
+    import jobs.train
+    from jobs.cascade_run import list_completeness
+
+    trained: list[int] = []
+
+    def train_stages(settings, art, split, **kwargs):
+        trained.append(settings.seed)
+        return {"recall": {"seconds": 1.0, "out_of_time": True, "epochs": 3}}
+
+    def evaluate_pipeline(settings, art, split, **kwargs):
+        served = np.full(split.n_users, 0 if settings.seed in empty_for_seeds else 10)
+        return {"lists": list_completeness({"served": served, "short_reasons": {}}), "timings": {}}
+
+    for module in (jobs.train, jobs.seeds):
+        monkeypatch.setattr(module, "train_stages", train_stages)
+    for module in (jobs.evaluate, jobs.seeds):
+        monkeypatch.setattr(module, "evaluate_pipeline", evaluate_pipeline)
+    return trained
+
+
+@pytest.mark.parametrize("seeds", [1, 3])
+def test_eval_warns_and_fails_on_empty_lists_alike_with_one_seed_or_more(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seeds: int
+) -> None:
+    """README: eval "exits 1 when more than 1% get an empty list", after writing the report, and prints
+    the training warnings. ``--seeds N`` used to skip both and exit 0; it now names the seeds at fault."""
+    trained = _fake_training_and_eval(monkeypatch, empty_for_seeds={42, 43})
+    out = tmp_path / "eval.json"
+    args = ["eval", "--seeds", str(seeds), "--no-cold-items", "--synthetic-users", "40", "--synthetic-items", "80",
+            "--artifacts", str(tmp_path / "art"), "--out", str(out)]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 1, res.output
+    assert trained == [42, 43, 44][:seeds]
+    report = json.loads(out.read_text())  # written before the guard fails
+    n = (report if seeds == 1 else report["per_seed"]["42"])["lists"]["users"]
+    labels = [""] if seeds == 1 else ["seed 42: ", "seed 43: ", "seed 44: "]
+    warnings = [ln for ln in res.stderr.splitlines() if ln.startswith("warning: ")]
+    assert [w.partition("recall: the wall-clock cap")[0] for w in warnings] == [f"warning: {x}" for x in labels]
+    [error] = [ln for ln in res.stderr.splitlines() if ln.startswith("error: ")]
+    broken = f"{n} of {n} users (100.0%)"
+    if seeds == 1:
+        assert error.startswith(f"error: {broken} got an empty list (limit 1%); see 'lists' and 'policy_costs' in "
+                                "the report: a rule probably"), error
+    else:  # seed 44 kept its lists: only the two that broke the limit are named
+        assert error.startswith(f"error: {broken} in seed 42, {broken} in seed 43 got an empty list (limit 1%); "
+                                "see 'lists' and 'policy_costs' under 'per_seed' in the report"), error
+
+    _fake_training_and_eval(monkeypatch, empty_for_seeds=set())
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0 and "error:" not in res.stderr, res.output
+
+
+@pytest.mark.parametrize("seeds", ["1", "2"])
+def test_eval_on_a_one_user_dataset_is_refused_before_any_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seeds: str
+) -> None:
+    """The paired bootstrap CIs need two users. It used to train every stage, then fail with scipy's
+    "each sample in `data` must contain two or more observations"."""
+    trained = _fake_training_and_eval(monkeypatch, empty_for_seeds=set())
+    data = tmp_path / "solo"
+    data.mkdir()
+    (data / "items.csv").write_text("item_id,title,categories\n" + "".join(f"i{i},Title {i},A\n" for i in range(30)))
+    (data / "interactions.csv").write_text("user_id,item_id,rating,timestamp\n"
+                                           + "".join(f"solo,i{i},3,{1_600_000_000 + 100 * i}\n" for i in range(20)))
+    res = runner.invoke(app, ["eval", "--seeds", seeds, "--no-cold-items", "--k-core", "1", "--data", str(data),
+                              "--artifacts", str(tmp_path / "art")])
+    _one_line_error(res, "eval needs at least 2 users for its paired bootstrap confidence intervals",
+                    "dataset 'solo' has 1")
+    assert trained == []

@@ -5,8 +5,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import jobs.cold_items
 from cascade.settings import Settings
-from jobs.cold_items import cold_item_report, cold_split, first_seen, new_items, prepare_cold
+from jobs.cascade_run import SCORED
+from jobs.cold_items import (
+    cold_item_report,
+    cold_split,
+    first_seen,
+    item_slices,
+    measure_cold,
+    new_items,
+    prepare_cold,
+)
 from jobs.train import prepare
 from tests.jobs.test_train import TINY
 
@@ -58,10 +68,35 @@ def test_cold_item_report_trains_a_cold_cascade_and_slices_by_the_test_item(synt
     for row in slices.values():
         assert {"recall", "coarse", "final"} <= set(row["stages"])
         assert set(row["deltas"]) == {"coarse_vs_recall", "final_vs_coarse"}
-        assert {"recall", "coarse"} <= set(row["candidate_recall"])
+        assert set(row["candidate_recall"]) == {"recall@200", "coarse@50"}  # as the main report's; the LLM is off
         assert all(0.0 <= v <= 1.0 for v in row["candidate_recall"].values())
     # unknown to every model, new items still reach recall's candidates through their content
     assert report["new_items_among_candidates"]["recall"] > 0
     assert report["new_items"] == len(cold.unseen_items) and report["item_side_knowledge"]["text"] is False
     again = cold_item_report(settings, art, split, share=0.1, n_boot=200, progress=False)
     assert again["slices"] == slices  # the cold cascade is reused, not retrained
+
+
+def test_cold_slices_report_candidate_recall_of_the_stages_that_ran_keyed_by_depth(
+    synthetic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default LLM stage is off, yet the pipeline shows it coarse's lists (status ``skipped``): the
+    slices used to report them as an ``llm`` candidate recall, under keys without depths
+    (``recall``, ``coarse``, ``llm``) unlike the main report's ``recall@200``, ``coarse@50``."""
+    _, split = synthetic
+    cold = cold_split(split, share=0.1)
+    targets = cold.targets("test")
+    n = len(targets)
+    kept = np.arange(n) % 2 == 0  # coarse keeps the target for even rows
+    lists = {"recall": [np.array([t]) for t in targets],
+             "coarse": [np.array([t] if k else [], dtype=np.int64) for t, k in zip(targets, kept, strict=True)]}
+    lists["llm"] = lists["coarse"]
+    run = {"tops": {s: np.full((n, 10), -1, dtype=np.int64) for s in (*SCORED, "final")}, "candidates": lists,
+           "status": {"recall": {"ok": n}, "coarse": {"ok": n}, "llm": {"skipped": n}, "rules": {"ok": n}}}
+    monkeypatch.setattr(jobs.cold_items, "build_pipeline", lambda settings, directory: None)
+    monkeypatch.setattr(jobs.cold_items, "memoised", lambda pipeline: pipeline)
+    monkeypatch.setattr(jobs.cold_items, "run_cascade", lambda *args, **kwargs: run)
+    report = measure_cold(Settings.build({}), Path("unused"), cold, n_boot=20, progress=False)
+    for name, users in item_slices(cold, targets).items():
+        assert report["slices"][name]["candidate_recall"] == {"recall@200": 1.0,
+                                                              "coarse@50": round(float(kept[users].mean()), 5)}

@@ -49,3 +49,11 @@ def test_significant_difference_and_bad_input() -> None:
         paired_bootstrap(np.zeros(3), np.zeros(4))
     with pytest.raises(ValueError, match="alpha"):
         paired_bootstrap(np.zeros(3), np.zeros(3), alpha=1.5)
+
+
+@pytest.mark.parametrize("n", [0, 1])
+def test_fewer_than_two_users_are_refused_by_name(n: int) -> None:
+    """One user resamples to the same mean every time: there is no interval. scipy's own refusal
+    ("each sample in `data` must contain two or more observations") named neither users nor the bootstrap."""
+    with pytest.raises(ValueError, match=f"paired_bootstrap: a confidence interval needs at least 2 users, got {n}$"):
+        paired_bootstrap(np.zeros(n), np.ones(n))
