@@ -29,7 +29,7 @@ from tests.llm_rerank.factories import PopularityStage, save_tiny_llm, tiny_spli
 
 REQUEST_BUDGET_MS = 2000.0
 LLM_BUDGET_MS = 600.0
-COARSE = StageSpec(name="coarse", kind="recall", depth=50, on_error="fail")
+COARSE = StageSpec(name="recall", kind="recall", depth=50, on_error="fail")  # stands in for coarse
 LLM = StageSpec(name="llm", kind="llm", depth=20, budget_ms=LLM_BUDGET_MS)
 
 
