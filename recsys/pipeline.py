@@ -120,15 +120,16 @@ class Pipeline:
         cands = Candidates.empty()
         traces: list[StageTrace] = []
         tails: list[tuple[str, np.ndarray]] = []  # what each ranking stage's depth cut off, for backfill
-        judged: set[int] = set()  # items a policy stage has already seen: backfill never re-judges them
+        removed: set[int] = set()  # items a policy stage removed: backfill never offers them again
         for spec, stage in self.stages:
             if not spec.enabled or spec.name in skip:
                 why = "disabled" if not spec.enabled else "skipped by request policy"
                 traces.append(StageTrace(spec.name, "skipped", 0.0, len(cands), len(cands), why))
             else:
-                if spec.kind in POLICY_KINDS:
-                    judged.update(cands.items.tolist())
+                before = cands.items
                 cands = self._run_stage(spec, stage, request, cands, traces, tails)
+                if spec.kind in POLICY_KINDS:  # what it kept may still be cut by a later depth: a tail, not removed
+                    removed.update(before[~np.isin(before, cands.items)].tolist())
             if observe is not None:
                 observe(spec.name, cands)
             if until is not None and spec.name == until:
@@ -136,14 +137,14 @@ class Pipeline:
         final = cands.head(request.k)
         short_reason = ""
         if len(final) < request.k:
-            final, short_reason = self._backfill(request, final, tails, skip, traces, judged)
+            final, short_reason = self._backfill(request, final, tails, skip, traces, removed)
         short_by = request.k - len(final)
         return PipelineResult(candidates=final, traces=traces, versions=self.versions(), short_by=short_by,
                               short_reason=short_reason if short_by else "")
 
     def _backfill(
         self, request: Request, served: Candidates, tails: list[tuple[str, np.ndarray]], skip: set[str],
-        traces: list[StageTrace], judged: set[int],
+        traces: list[StageTrace], removed: set[int],
     ) -> tuple[Candidates, str]:
         """Fill a list the policy stages left short: reach deeper, best source first.
 
@@ -160,9 +161,9 @@ class Pipeline:
                     if spec.enabled and spec.name not in skip and spec.kind in POLICY_KINDS]
         t0 = time.perf_counter()
         blocks = _backfill_blocks(request, tails, self.stages, skip)
-        seen = set(served.items.tolist()) | set(np.asarray(request.excluded).tolist()) | set(judged)
-        ruled_out = bool(set(judged) - set(served.items.tolist()))  # a policy stage removed something
-        out, added, reason = served, 0, ""
+        seen = set(served.items.tolist()) | set(np.asarray(request.excluded).tolist()) | removed
+        ruled_out = bool(removed)  # a policy stage removed something in the main run
+        out, reason = served, ""
         for items in blocks:
             if request.remaining_s() <= 0:
                 reason = "request deadline reached while backfilling"
@@ -174,13 +175,12 @@ class Pipeline:
             trial = _append(out, fresh)
             for _spec, stage in policies:
                 trial = stage.run(request, trial)
-            added += len(trial) - len(out)
             ruled_out |= len(trial) < len(out) + len(fresh)
             out = trial.head(request.k)
             if len(out) >= request.k:
                 break
         traces.append(StageTrace("backfill", "ok", (time.perf_counter() - t0) * 1000, len(served), len(out),
-                                 f"{added} items added from deeper candidates"))
+                                 f"{len(out) - len(served)} items added from deeper candidates"))
         if len(out) >= request.k:
             return out, ""
         return out, reason or (SHORT_RULES if ruled_out else SHORT_EXHAUSTED)

@@ -237,6 +237,17 @@ def test_what_a_re_ranker_drops_is_backfilled_before_the_deeper_tails():
     assert result.candidates.items.tolist() == [0, 2, 4] and result.complete
 
 
+def test_items_the_rules_kept_but_a_later_depth_cut_are_backfilled_first():
+    # filters before the ranker: rules keep 0, 2, 4, 6, 8 of recall's 10; coarse keeps 3 and cuts 6 and 8
+    pipe = Pipeline([(spec("recall", "recall", depth=10, on_error="fail"), ListRecall()),
+                     (spec("rules", "rules", on_error="fail"), DropOdd()),
+                     (spec("coarse", "coarse", depth=3), ParityScorer())])
+    result = pipe.run(Request(user_id="u", k=6))
+    # they used to count as judged: skipped for recall's tail (10, 12, 14) and a short list blamed on the rules
+    assert result.candidates.items.tolist() == [0, 2, 4, 6, 8, 10] and result.complete
+    assert result.traces[-1].reason == "3 items added from deeper candidates"
+
+
 def test_a_list_the_catalog_cannot_fill_says_so_without_blaming_the_rules():
     pipe = Pipeline([(spec("recall", "recall", on_error="fail"), ListRecall(n_items=6)),
                      (spec("rules", "rules", on_error="fail"), ParityScorer(name="rules"))])
