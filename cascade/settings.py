@@ -29,11 +29,11 @@ from pydantic_settings import (
 )
 
 from cascade.serving_config import ServingConfig
-from coarse_rank.config import CoarseConfig
+from coarse_rank.config import CoarseConfig, stage_subdir
 from fusion.stage import FusionConfig
 from llm_rerank.config import LLMConfig
 from recall.config import RecallConfig
-from recsys.config import PipelineConfig
+from recsys.config import POLICY_KINDS, PipelineConfig
 from recsys.documents import DocumentError, read_document
 from recsys.experiments import ExperimentsConfig
 from rules.config import RulesConfig
@@ -75,10 +75,12 @@ class Settings(BaseSettings):
         # params.apply is refused with the config, not when fusion first builds the pipeline; so are
         # recall, LLM and fusion params that are not keys of their section (or bad values for them)
         for i, spec in enumerate(self.pipeline.stages):
-            if spec.kind == "rules" and spec.enabled:
+            if spec.kind in POLICY_KINDS and spec.enabled:
                 self.rules.check_stage_params(spec.name, dict(spec.params))
             try:
-                if spec.kind in ("recall", "recall_llm"):
+                if spec.kind == "coarse":
+                    stage_subdir(spec.name, dict(spec.params))
+                elif spec.kind in ("recall", "recall_llm"):
                     self.recall.for_stage(spec.kind, spec.params)
                 elif spec.kind == "llm":
                     self.llm.with_overrides(dict(spec.params))
@@ -129,6 +131,12 @@ class Settings(BaseSettings):
         if unknown:  # pydantic-settings reads known names only: a misspelt section would pass unseen
             raise ConfigError(f"environment variable {unknown[0]}: no settings section "
                               f"{unknown[0][len(ENV_PREFIX):].split('__')[0].lower()!r}; known: {sorted(cls.model_fields)}")
+        scalars = {name for name, f in cls.model_fields.items() if not _is_section(f.annotation)}
+        if nested := sorted(key for key in os.environ if key.upper().startswith(ENV_PREFIX) and ENV_NESTED in key
+                            and key[len(ENV_PREFIX):].split(ENV_NESTED)[0].lower() in scalars):
+            top = nested[0][len(ENV_PREFIX):].split(ENV_NESTED)[0].upper()
+            raise ConfigError(f"environment variable {nested[0]}: {top.lower()} is a single value, not a section "
+                              f"(it would be ignored); set {ENV_PREFIX}{top}")
         for layer, where in ((data, source), (overrides, "overrides")):
             if odd := [k for k in layer if not isinstance(k, str)]:  # YAML `1:`, `null:`, `yes:`, a date
                 raise ConfigError(f"{where}: invalid configuration\n  {odd[0]!r}: a section name must be a string, "
@@ -177,9 +185,10 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
         if env is not None:
             where = f" (from environment variable {env})"
             whole = ENV_PREFIX + ENV_NESTED.join(str(p) for p in err["loc"]).upper()
-            if env.upper().startswith(whole + ENV_NESTED) or env.upper() == whole + ENV_NESTED:
+            if env.upper().startswith(whole + ENV_NESTED):
+                what = "a list or mapping in JSON" if err["type"] in ("list_type", "dict_type", "model_type") else "the value"
                 where = (f" (from environment variable {env}: it names a key inside {loc}, which is set whole: "
-                         f"use {whole}, a list or mapping in JSON)")
+                         f"set {whole} to {what})")
         lines.append(f"  {loc}: {err['msg']}{where}")
     return "\n".join(lines)
 
@@ -240,6 +249,11 @@ def _boolean_for_number(value: Any, ann: Any, where: str) -> str | None:
             return next((f for i, v in enumerate(value) if (f := _boolean_for_number(v, args[0], f"{where}.{i}"))),
                         None)
     return None
+
+
+def _is_section(ann: Any) -> bool:
+    """Whether a Settings field holds a section (a pydantic model) rather than a single value."""
+    return isinstance(ann, type) and issubclass(ann, BaseModel)
 
 
 def _is_number(ann: Any) -> bool:

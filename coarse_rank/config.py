@@ -8,7 +8,12 @@ The seed is not here: trainers take the root ``Settings.seed``.
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DEFAULT_SUBDIR = "coarse"
 
 
 class CoarseConfig(BaseModel):
@@ -85,3 +90,12 @@ class CoarseConfig(BaseModel):
                 " LambdaRank would ignore pairs the metric counts"
             )
         return self
+
+
+def stage_subdir(stage: str, params: dict[str, Any]) -> str:
+    """The trained copy a coarse stage's ``params`` select (``subdir``, default ``coarse``); anything
+    else in them is refused by name (checked when the config loads and when the stage is built)."""
+    subdir = params.get("subdir", DEFAULT_SUBDIR)
+    if set(params) - {"subdir"} or not isinstance(subdir, str) or not subdir or Path(subdir).name != subdir:
+        raise ValueError(f"stage {stage!r}: params must be at most {{subdir: <directory name>}}, got {params}")
+    return subdir

@@ -19,12 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from coarse_rank.config import CoarseConfig
+from coarse_rank.config import CoarseConfig, stage_subdir
 from coarse_rank.features import FeatureBuilder
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request, StageError
-
-DEFAULT_SUBDIR = "coarse"
 
 
 class CoarseStage:
@@ -47,12 +45,7 @@ class CoarseStage:
         # one request scores at most a few hundred rows: extra threads only add hand-off cost
         # and oversubscribe the cores under concurrent requests (batch scoring keeps the config)
         self.num_threads = 1
-        unknown = set(spec.params) - {"subdir"}
-        subdir = spec.params.get("subdir", DEFAULT_SUBDIR)
-        if unknown or not isinstance(subdir, str) or not subdir or Path(subdir).name != subdir:
-            raise ValueError(f"stage {spec.name!r}: params must be at most {{subdir: <directory name>}}, "
-                             f"got {spec.params}")
-        self.subdir = subdir
+        self.subdir = stage_subdir(spec.name, dict(spec.params))
         self._booster: Any = None
         self._builder: FeatureBuilder | None = None
         self._version = "unloaded"

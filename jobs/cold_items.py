@@ -158,7 +158,7 @@ def measure_cold(settings: Settings, cold_dir: Path, cold: Split, *, phase: str 
         for name, users in slices.items():
             per_user[name] = {s: per_user_metrics(run["tops"][s][users], targets[users])["ndcg@10"] for s in stages}
             per_user[name].update({f"candidates:{s}": candidates_found([c[u] for u in users], targets[users])
-                                   for s, c in run["candidates"].items() if s in SCORED and any(len(x) for x in c)})
+                                   for s, c in run["candidates"].items() if s in SCORED and s in ok})
     return {
         "item_side_knowledge": item_side_knowledge(settings),
         "slices": {name: {**slice_table({s: run["tops"][s][users] for s in stages}, targets[users], stages,

@@ -32,7 +32,7 @@ from jobs.llm_adapt import train_llm
 from offline.loaders import load_dataset
 from offline.protocol import make_split
 from offline.split import Split, split_id
-from recall.stage import RecallStage
+from recall.stage import DEFAULT_DEPTH, RecallStage
 from recsys.atomic import atomic_write_json, json_default
 from recsys.digest import file_sha256
 from recsys.pipeline import PipelineStage
@@ -172,15 +172,17 @@ def _config_id(settings: Settings, stage: str) -> str:
     recall channel switched on) retrains the stage instead of serving stale artifacts.
 
     For the two-towers that is the recall section with the recall stage's ``params`` on top (what
-    the stage serves: a channel switched off there changes the candidates coarse learns from); for
-    coarse, its section and the recall depth its training candidates were cut at. A stage
-    retrained for either reason makes the stages trained on its output stale too (``DEPENDS_ON``).
+    the stage serves: a channel switched off there changes the candidates coarse learns from) and
+    the recall depth (the channel shares are gated at it, and coarse learns from candidates cut
+    at it); a stage retrained for either reason makes the stages trained on its output stale too
+    (``DEPENDS_ON``). The default depth adds nothing to the digest, so artifacts trained before the
+    depth was recorded keep theirs.
     """
     config: Any
     if stage in ("recall", "recall_holdout"):
-        config = _recall_config(settings).model_dump(mode="json")
-    elif stage == "coarse":
-        config = {**settings.coarse.model_dump(mode="json"), "recall_depth": settings.pipeline.stage("recall").depth}
+        depth = _recall_depth(settings)
+        config = {**_recall_config(settings).model_dump(mode="json"),
+                  **({"stage_depth": depth} if depth != DEFAULT_DEPTH else {})}
     else:
         section = getattr(settings, stage, None)
         config = section.model_dump(mode="json") if section is not None else None
@@ -192,6 +194,11 @@ def _recall_config(settings: Settings) -> Any:
     """The ``RecallConfig`` the recall stage serves: ``settings.recall`` with its ``params`` on top."""
     spec = settings.pipeline.stage("recall")
     return settings.recall.for_stage(spec.kind, spec.params)
+
+
+def _recall_depth(settings: Settings) -> int:
+    """The recall stage's depth (what its channel shares are gated at)."""
+    return settings.pipeline.stage("recall").depth or DEFAULT_DEPTH
 
 
 # the stages whose trained output a stage learns from: retraining one of them (in any command, e.g. the
@@ -223,7 +230,7 @@ def _train_recall(settings: Settings, artifact_dir: Path, split: Split, progress
     from recall.train import train_two_tower  # lazy: imports torch
 
     return train_two_tower(split, artifact_dir / "recall", _recall_config(settings), progress=progress,
-                           seed=settings.seed)
+                           seed=settings.seed, depth=_recall_depth(settings))
 
 
 def _train_recall_holdout(settings: Settings, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
@@ -233,6 +240,7 @@ def _train_recall_holdout(settings: Settings, artifact_dir: Path, split: Split, 
     return train_two_tower(
         split, artifact_dir / "recall_holdout", _recall_config(settings),
         sequences=seqs, early_stop_targets=targets, progress=progress, seed=settings.seed,
+        depth=_recall_depth(settings),
     )
 
 

@@ -33,6 +33,7 @@ fail-closed stage failed) propagates to the caller.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
 import uuid
@@ -294,8 +295,15 @@ class ServiceSlot:
         return f"service {self.status}" if self.status == "ready" else "service not ready: loading artifacts"
 
 
+# the serving settings an answer depends on (which path a user takes, what history it reads); the rest
+# (where to listen, limits, timeouts, Redis plumbing) does not change an answer
+ANSWER_SERVING_KEYS = frozenset({"llm_share", "policy_salt", "history_max_len", "history_event_types"})
+
+
 def settings_digest(settings: Settings) -> str:
-    """A digest of every setting but where things live (``artifacts_dir``, ``redis_url``): two
-    processes share cached answers only when they would compute the same ones."""
-    blob = settings.model_dump_json(exclude={"artifacts_dir", "redis_url"})
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    """A digest of the settings answers depend on: every section but where things live
+    (``artifacts_dir``, ``redis_url``) and the serving plumbing (``ANSWER_SERVING_KEYS`` kept), key
+    order ignored; two processes share cached answers only when they would compute the same ones."""
+    data = settings.model_dump(mode="json", exclude={"artifacts_dir", "redis_url"})
+    data["serving"] = {k: v for k, v in data["serving"].items() if k in ANSWER_SERVING_KEYS}
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]

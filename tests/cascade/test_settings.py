@@ -45,6 +45,12 @@ def test_default_yaml_validates_with_default_depths():
         ({"pipeline": {"stages": [{"name": "recall", "kind": "recall", "on_error": "fail"},
                                   {"name": "llm", "kind": "llm", "params": {"candidatez": 5}}]}},
          "pipeline.stages[1] (llm) params: candidatez"),
+        ({"pipeline": {"stages": [{"name": "recall", "kind": "recall", "on_error": "fail"},
+                                  {"name": "coarse", "kind": "coarse", "params": {"nonsense": 1}}]}},
+         "stage 'coarse': params must be at most {subdir"),
+        ({"pipeline": {"stages": [{"name": "recall", "kind": "recall", "on_error": "fail"},
+                                  {"name": "rules", "kind": "rules_tagged", "params": {"apply": "bogus"}}]}},
+         "stage 'rules': params.apply must be all, filters or caps"),
     ],
 )
 def test_bad_keys_are_named(data, needle):
@@ -82,7 +88,15 @@ def test_a_variable_nested_below_a_list_or_value_is_named_not_the_file(monkeypat
     with pytest.raises(ConfigError) as err:
         Settings.from_yaml()
     assert f"from environment variable {variable}: it names a key inside" in str(err.value)
-    assert f"use {whole}," in str(err.value)
+    assert f"set {whole} to " in str(err.value)
+
+
+@pytest.mark.parametrize("variable", ["RECSYS_SEED__", "RECSYS_SEED__X", "RECSYS_ARTIFACTS_DIR__", "RECSYS_REDIS_URL__"])
+def test_a_single_value_setting_written_as_a_section_is_refused_not_ignored(monkeypatch, variable):
+    monkeypatch.setenv(variable, "7")  # pydantic-settings reads no such name: the run silently kept seed 42
+    name = variable[len("RECSYS_"):].split("__")[0]
+    with pytest.raises(ConfigError, match=f"environment variable {variable}: {name.lower()} is a single value"):
+        Settings.from_yaml()
 
 
 def test_a_misspelt_section_in_the_environment_is_refused_by_name(monkeypatch):

@@ -96,7 +96,10 @@ def test_cold_slices_report_candidate_recall_of_the_stages_that_ran_keyed_by_dep
     monkeypatch.setattr(jobs.cold_items, "build_pipeline", lambda settings, directory: None)
     monkeypatch.setattr(jobs.cold_items, "memoised", lambda pipeline: pipeline)
     monkeypatch.setattr(jobs.cold_items, "run_cascade", lambda *args, **kwargs: run)
-    report = measure_cold(Settings.build({}), Path("unused"), cold, n_boot=20, progress=False)
+    per_user: dict = {}
+    report = measure_cold(Settings.build({}), Path("unused"), cold, n_boot=20, progress=False, per_user=per_user)
     for name, users in item_slices(cold, targets).items():
         assert report["slices"][name]["candidate_recall"] == {"recall@200": 1.0,
                                                               "coarse@50": round(float(kept[users].mean()), 5)}
+        # the per-user table jobs.cold_sources compares between variants skips it too
+        assert {k for k in per_user[name] if k.startswith("candidates:")} == {"candidates:recall", "candidates:coarse"}

@@ -78,13 +78,15 @@ def test_tiny_cascade_trains_evaluates_and_is_reused(tmp_path: Path):
                                            "rules": {"ruleset": str(mine)}}), art, split)
     assert retuned["recall"]["reused"] and retuned["coarse"]["reused"] and not retuned["fusion"].get("reused")
 
-    # coarse learnt from candidates cut at the recall depth: a new depth retrains it (and fusion), not the
-    # two-towers; it was reused before, and its model stayed the one trained on the old candidates
+    # the channel shares are gated at the recall depth and coarse learns from candidates cut at it: a new
+    # depth retrains the cascade (it used to retrain only fusion, and the shares stayed gated at 200)
     base = {**TINY, "recall": {**TINY["recall"], "popularity_share": 0.2}, "rules": {"ruleset": str(mine)}}
     stages = [sp.model_dump() for sp in Settings.build(base).pipeline.stages]
     stages[0]["depth"] = 100
     deeper = train_stages(Settings.build({**base, "pipeline": {"stages": stages}}), art, split)
-    assert [k for k, r in deeper.items() if not r.get("reused")] == ["coarse", "fusion"]
+    assert not any(r.get("reused") for r in deeper.values())
+    assert set(deeper["recall"]["channels"]["own_recall"]) == {f"{c}@100" for c in ("two_tower", "covisit",
+                                                                                   "item_model", "popularity")}
     # a recall stage's params are what it serves: switching a channel off there retrains the whole cascade
     stages[0]["params"] = {"covisit_channel": False}
     off = train_stages(Settings.build({**base, "pipeline": {"stages": stages}}), art, split)

@@ -93,6 +93,9 @@ def test_answers_cached_under_one_config_are_not_served_under_another(toy_dir) -
     shallow = [(RECALL.model_copy(update={"depth": 2}), REAL_RULES[0][1]), REAL_RULES[1]]
     with client_for(toy_dir, shallow) as other:
         assert ids(other)[1]["path"] == "light"
+    # ... while a replica that differs only in where it listens shares them
+    with client_for(toy_dir, REAL_RULES, port=8123, ready_timeout_s=61.0) as replica:
+        assert ids(replica)[1]["path"] == "cache"
 
 
 def test_admin_needs_the_key(online: TestClient, toy_dir) -> None:
