@@ -11,6 +11,7 @@ Called once at start-up by the server, the evaluator and the CLI; never per requ
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from pydantic import BaseModel
 from cascade.settings import Settings
 from fusion.stage import weights_key_for
 from offline.split import split_id
+from recall.config import DEFAULT_DEPTH
 from recsys.config import STAGE_KINDS, StageSpec
 from recsys.contract import Stage
 from recsys.pipeline import Pipeline
@@ -147,3 +149,58 @@ def check_trained_on_split(pipeline: Pipeline, artifact_dir: Path) -> None:
     if stale:
         raise StaleArtifacts(f"{artifact_dir}: stage(s) {stale} were trained on another split than the one in "
                              f"{artifact_dir / 'split'} (it was prepared again since); run `recsys train` to retrain them")
+
+
+def config_id(settings: Settings, stage: str) -> str:
+    """Digest of the config a stage is trained from: a changed setting (or a new default, e.g. a
+    recall channel switched on) retrains the stage instead of serving stale artifacts.
+
+    For the two-towers that is the recall section with the recall stage's ``params`` on top (what
+    the stage serves: a channel switched off there changes the candidates coarse learns from) and
+    the recall depth (the channel shares are gated at it, and coarse learns from candidates cut
+    at it); a stage retrained for either reason makes the stages trained on its output stale too
+    (``jobs.train.DEPENDS_ON``). The default depth adds nothing to the digest, so artifacts trained before the
+    depth was recorded keep theirs.
+    """
+    config: Any
+    if stage in ("recall", "recall_holdout"):
+        depth = recall_depth(settings)
+        config = {**recall_config(settings).model_dump(mode="json"),
+                  **({"stage_depth": depth} if depth != DEFAULT_DEPTH else {})}
+    else:
+        section = getattr(settings, stage, None)
+        config = section.model_dump(mode="json") if section is not None else None
+    blob = json.dumps(config, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def recall_config(settings: Settings) -> Any:
+    """The ``RecallConfig`` the recall stage serves: ``settings.recall`` with its ``params`` on top."""
+    spec = settings.pipeline.stage("recall")
+    return settings.recall.for_stage(spec.kind, spec.params)
+
+
+def recall_depth(settings: Settings) -> int:
+    """The recall stage's depth (what its channel shares are gated at)."""
+    return settings.pipeline.stage("recall").depth or DEFAULT_DEPTH
+
+
+def trained_under_other_settings(settings: Settings, artifact_dir: Path) -> list[str]:
+    """The served recall and coarse stages whose ``stage.json`` records another ``config_id`` than
+    ``settings`` give them: ``serve`` and ``recommend`` serve them as trained (a training-only knob
+    changed, e.g. ``recall.max_epochs`` for a quick run, is harmless) but say so, since a changed
+    recall depth or ``params`` makes them serve a cascade that ``train`` would retrain. Stages without
+    a recorded id (older artifacts) or in another subdir are not compared."""
+    out = []
+    for spec in settings.pipeline.stages:
+        if not spec.enabled or spec.kind not in ("recall", "recall_llm", "coarse") or spec.params.get("subdir"):
+            continue
+        stage = "recall" if spec.kind != "coarse" else "coarse"
+        path = Path(artifact_dir) / stage / "stage.json"
+        try:
+            recorded = json.loads(path.read_text()).get("config_id") if path.is_file() else None
+        except (OSError, ValueError):
+            recorded = None
+        if recorded and recorded != config_id(settings, stage):
+            out.append(spec.name)
+    return out

@@ -15,7 +15,6 @@ Deliberately left out: evaluation (``jobs.evaluate``), LLM adaptation (``jobs.ll
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -25,14 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from cascade.registry import build_pipeline, weights_key
+from cascade.registry import build_pipeline, config_id, recall_config, recall_depth, weights_key
 from cascade.settings import Settings
 from jobs.fusion_gate import tune_fusion
 from jobs.llm_adapt import train_llm
 from offline.loaders import load_dataset
 from offline.protocol import make_split
 from offline.split import Split, split_id
-from recall.stage import DEFAULT_DEPTH, RecallStage
+from recall.stage import RecallStage
 from recsys.atomic import atomic_write_json, json_default
 from recsys.digest import file_sha256
 from recsys.pipeline import PipelineStage
@@ -114,10 +113,10 @@ def train_stages(
     for stage in (s for s in STAGE_ORDER if s in stages):
         stage_dir = _stage_dir(settings, artifact_dir, stage)
         meta = _read_meta(stage_dir)
-        config_id = _config_id(settings, stage)
+        cid = config_id(settings, stage)
         upstream = _upstream(settings, artifact_dir, stage)
         if (not force and meta is not None and meta.get("split_id") == current
-                and meta.get("config_id") == config_id
+                and meta.get("config_id") == cid
                 and meta.get("upstream", upstream) == upstream):  # stage.json before session 9: no record
             report[stage] = {"reused": True, **meta.get("report", {})}
             continue
@@ -125,7 +124,7 @@ def train_stages(
         rep = _TRAINERS[stage](settings, artifact_dir, split, progress)
         rep["seconds"] = round(time.perf_counter() - t0, 2)
         report[stage] = rep
-        _write_meta(stage_dir, rep, current, config_id, upstream)
+        _write_meta(stage_dir, rep, current, cid, upstream)
         force = True  # a retrained stage invalidates every stage trained on its output
     return report
 
@@ -167,40 +166,6 @@ def _read_meta(directory: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def _config_id(settings: Settings, stage: str) -> str:
-    """Digest of the config a stage is trained from: a changed setting (or a new default, e.g. a
-    recall channel switched on) retrains the stage instead of serving stale artifacts.
-
-    For the two-towers that is the recall section with the recall stage's ``params`` on top (what
-    the stage serves: a channel switched off there changes the candidates coarse learns from) and
-    the recall depth (the channel shares are gated at it, and coarse learns from candidates cut
-    at it); a stage retrained for either reason makes the stages trained on its output stale too
-    (``DEPENDS_ON``). The default depth adds nothing to the digest, so artifacts trained before the
-    depth was recorded keep theirs.
-    """
-    config: Any
-    if stage in ("recall", "recall_holdout"):
-        depth = _recall_depth(settings)
-        config = {**_recall_config(settings).model_dump(mode="json"),
-                  **({"stage_depth": depth} if depth != DEFAULT_DEPTH else {})}
-    else:
-        section = getattr(settings, stage, None)
-        config = section.model_dump(mode="json") if section is not None else None
-    blob = json.dumps(config, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def _recall_config(settings: Settings) -> Any:
-    """The ``RecallConfig`` the recall stage serves: ``settings.recall`` with its ``params`` on top."""
-    spec = settings.pipeline.stage("recall")
-    return settings.recall.for_stage(spec.kind, spec.params)
-
-
-def _recall_depth(settings: Settings) -> int:
-    """The recall stage's depth (what its channel shares are gated at)."""
-    return settings.pipeline.stage("recall").depth or DEFAULT_DEPTH
-
-
 # the stages whose trained output a stage learns from: retraining one of them (in any command, e.g. the
 # LLM probe retraining a stale coarse) makes the stages below it stale too
 DEPENDS_ON = {"recall": (), "recall_holdout": (), "coarse": ("recall", "recall_holdout"),
@@ -229,8 +194,8 @@ def _write_meta(directory: Path, report: dict[str, Any], split_id: str, config_i
 def _train_recall(settings: Settings, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
     from recall.train import train_two_tower  # lazy: imports torch
 
-    return train_two_tower(split, artifact_dir / "recall", _recall_config(settings), progress=progress,
-                           seed=settings.seed, depth=_recall_depth(settings))
+    return train_two_tower(split, artifact_dir / "recall", recall_config(settings), progress=progress,
+                           seed=settings.seed, depth=recall_depth(settings))
 
 
 def _train_recall_holdout(settings: Settings, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
@@ -238,9 +203,9 @@ def _train_recall_holdout(settings: Settings, artifact_dir: Path, split: Split, 
 
     seqs, targets = holdout_sequences(split, settings.coarse.train_positions)
     return train_two_tower(
-        split, artifact_dir / "recall_holdout", _recall_config(settings),
+        split, artifact_dir / "recall_holdout", recall_config(settings),
         sequences=seqs, early_stop_targets=targets, progress=progress, seed=settings.seed,
-        depth=_recall_depth(settings),
+        depth=recall_depth(settings),
     )
 
 

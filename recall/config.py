@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+DEFAULT_DEPTH = 200  # the recall stage's depth when its spec gives none
+
 # params of a ``recall_llm`` stage (recall.llm_channel) that are the LLM channel's, not RecallConfig keys
 LLM_CHANNEL_PARAMS = ("llm_share", "llm_window")
 

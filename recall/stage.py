@@ -34,13 +34,11 @@ import numpy as np
 
 from offline.split import Split
 from recall.channels import TWO_TOWER, Channel, PopularityChannel, merge_channels
-from recall.config import RecallConfig
+from recall.config import DEFAULT_DEPTH, RecallConfig
 from recall.features import UserVocab
 from recall.index import ItemIndex
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request
-
-DEFAULT_DEPTH = 200
 
 
 class RecallStage:

@@ -72,12 +72,11 @@ from tqdm import tqdm
 
 from offline.protocol import SALT_EARLY_STOP, SALT_TEST_REPORT, user_sample
 from offline.split import Split
-from recall.config import RecallConfig
+from recall.config import DEFAULT_DEPTH, RecallConfig
 from recall.extra_channels import train_channels
 from recall.features import ItemFeatures, UserVocab
 from recall.index import ItemIndex
 from recall.scoring import full_ranking_metrics, user_vectors
-from recall.stage import DEFAULT_DEPTH
 from recall.text import embed_items
 from recall.towers import BOS, PAD, ItemTower, UserTower
 from recsys.atomic import atomic_write, atomic_write_json

@@ -22,7 +22,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from cascade.registry import build_pipeline, check_trained_on_split
+from cascade.registry import build_pipeline, check_trained_on_split, trained_under_other_settings
 from cascade.settings import Settings
 from recsys.contract import Candidates, Request, StageError
 from recsys.pipeline import Pipeline
@@ -68,6 +68,10 @@ def load_pipeline(settings: Settings, artifact_dir: Path) -> Pipeline:
         torch.set_num_threads(1)
     built = build_pipeline(settings, Path(artifact_dir), load=False)
     check_trained_on_split(built, Path(artifact_dir))  # before any load: their index errors would not say why
+    if stale := trained_under_other_settings(settings, Path(artifact_dir)):
+        log.warning("stage(s) %s were trained under other settings than these (a recall depth, params or section, "
+                    "or a coarse setting, changed since); serving them as trained: run `recsys train` to retrain",
+                    stale)
     pairs = []
     for spec, stage in built.stages:
         if spec.enabled:

@@ -93,3 +93,25 @@ def test_stages_trained_on_another_split_are_named_before_anything_loads(tmp_pat
     trained(tmp_path / "coarse_tags", "0ld")
     with pytest.raises(StaleArtifacts, match=r"\['coarse'\]"):
         check_trained_on_split(build_pipeline(tags, tmp_path, load=False), tmp_path)
+
+
+def test_serving_names_stages_trained_under_other_settings(tmp_path: Path) -> None:
+    import json
+
+    from cascade.registry import config_id, trained_under_other_settings
+
+    trained = Settings.build({})
+    for stage in ("recall", "coarse"):
+        (tmp_path / stage).mkdir()
+        (tmp_path / stage / "stage.json").write_text(json.dumps({"config_id": config_id(trained, stage)}))
+    assert trained_under_other_settings(trained, tmp_path) == []
+    # serve and recommend used to serve these silently, although `train` retrains them
+    stages = [s.model_dump() for s in trained.pipeline.stages]
+    stages[0]["params"] = {"covisit_channel": False}
+    assert trained_under_other_settings(Settings.build({"pipeline": {"stages": stages}}), tmp_path) == ["recall"]
+    assert trained_under_other_settings(Settings.build({"coarse": {"n_estimators": 7}}), tmp_path) == ["coarse"]
+    # the default depth adds nothing to the digest: artifacts that recorded none keep matching
+    stages[0]["params"], stages[0]["depth"] = {}, 200
+    assert trained_under_other_settings(Settings.build({"pipeline": {"stages": stages}}), tmp_path) == []
+    (tmp_path / "coarse" / "stage.json").write_text("{}")  # older artifacts: nothing recorded, nothing said
+    assert trained_under_other_settings(Settings.build({"coarse": {"n_estimators": 7}}), tmp_path) == []
