@@ -11,7 +11,6 @@ Called once at start-up by the server, the evaluator and the CLI; never per requ
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
 from collections.abc import Callable
@@ -23,9 +22,10 @@ from pydantic import BaseModel
 from cascade.settings import Settings
 from fusion.stage import weights_key_for
 from offline.split import split_id
-from recall.config import DEFAULT_DEPTH
+from recall.config import DEFAULT_DEPTH, RecallConfig
 from recsys.config import STAGE_KINDS, StageSpec
 from recsys.contract import Stage
+from recsys.digest import json_sha256
 from recsys.pipeline import Pipeline
 
 # kind -> the Settings section its stage is built with, as Cls(spec, section, **stage_context(kind, settings))
@@ -112,13 +112,13 @@ def build_pipeline(
     return Pipeline(pairs, request_budget_ms=settings.pipeline.request_budget_ms)
 
 
-def _trained_on(meta: Path) -> str | None:
-    """The ``split_id`` a ``stage.json`` records; None when there is none or it cannot be read."""
+def _recorded(meta: Path, key: str = "split_id") -> str | None:
+    """What a ``stage.json`` records under ``key``; None when there is none or it cannot be read."""
     try:
         recorded = json.loads(meta.read_text())
     except (OSError, ValueError):  # absent, unreadable, not UTF-8, not JSON
         return None
-    return recorded.get("split_id") if isinstance(recorded, dict) else None
+    return recorded.get(key) if isinstance(recorded, dict) else None
 
 
 class StaleArtifacts(ValueError):
@@ -143,7 +143,7 @@ def check_trained_on_split(pipeline: Pipeline, artifact_dir: Path) -> None:
     current = split_id(artifact_dir)
     stale = []
     for spec, stage in pipeline.stages:
-        if spec.enabled and spec.kind in INDEXED_KINDS and _trained_on(
+        if spec.enabled and spec.kind in INDEXED_KINDS and _recorded(
                 artifact_dir / str(getattr(stage, "subdir", spec.kind)) / "stage.json") not in (None, current):
             stale.append(spec.name)
     if stale:
@@ -170,11 +170,10 @@ def config_id(settings: Settings, stage: str) -> str:
     else:
         section = getattr(settings, stage, None)
         config = section.model_dump(mode="json") if section is not None else None
-    blob = json.dumps(config, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return json_sha256(config)[:16]
 
 
-def recall_config(settings: Settings) -> Any:
+def recall_config(settings: Settings) -> RecallConfig:
     """The ``RecallConfig`` the recall stage serves: ``settings.recall`` with its ``params`` on top."""
     spec = settings.pipeline.stage("recall")
     return settings.recall.for_stage(spec.kind, spec.params)
@@ -196,11 +195,7 @@ def trained_under_other_settings(settings: Settings, artifact_dir: Path) -> list
         if not spec.enabled or spec.kind not in ("recall", "recall_llm", "coarse") or spec.params.get("subdir"):
             continue
         stage = "recall" if spec.kind != "coarse" else "coarse"
-        path = Path(artifact_dir) / stage / "stage.json"
-        try:
-            recorded = json.loads(path.read_text()).get("config_id") if path.is_file() else None
-        except (OSError, ValueError):
-            recorded = None
+        recorded = _recorded(Path(artifact_dir) / stage / "stage.json", "config_id")
         if recorded and recorded != config_id(settings, stage):
             out.append(spec.name)
     return out

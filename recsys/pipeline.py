@@ -219,7 +219,7 @@ class Pipeline:
             if spec.on_error == "passthrough":
                 return self._fallback(spec, cands, traces, ms, reason, tails)
             # a required stage (recall, rules) has no safe previous order: a late answer beats none
-        if tails is not None and spec.kind not in POLICY_KINDS:  # what a rule removed is never backfilled
+        if tails is not None:
             _keep_tail(tails, spec, cands, out)
         if spec.depth is not None:
             out = out.head(spec.depth)
@@ -234,7 +234,7 @@ class Pipeline:
         if spec.on_error == "fail":
             traces.append(StageTrace(spec.name, "error", ms, len(cands), 0, reason))
             raise PipelineError(spec.name, reason, traces)
-        if tails is not None and spec.kind not in POLICY_KINDS:
+        if tails is not None:
             _keep_tail(tails, spec, cands, cands)  # the previous order, cut at this stage's depth
         out = cands.head(spec.depth) if spec.depth is not None else cands
         traces.append(StageTrace(spec.name, "fallback", ms, len(cands), len(out), reason))
@@ -324,8 +324,9 @@ SHORT_EXHAUSTED = "no more candidates: every item the stages can reach is alread
 
 
 def _keep_tail(tails: list[tuple[str, np.ndarray]], spec: StageSpec, given: Candidates, out: Candidates) -> None:
-    """Record what ``spec``'s depth cuts off ``out`` (the module doc's tail): ``out`` past the
-    depth, then the items of ``given`` that ``out`` does not hold, in ``given``'s order.
+    """Record what ranking stage ``spec``'s depth cuts off ``out`` (the module doc's tail): ``out``
+    past the depth, then the items of ``given`` that ``out`` does not hold, in ``given``'s order.
+    A policy stage records none: what it removed is never backfilled.
 
     >>> tails = []
     >>> _keep_tail(tails, StageSpec(name="llm", kind="llm", depth=2),
@@ -333,6 +334,8 @@ def _keep_tail(tails: list[tuple[str, np.ndarray]], spec: StageSpec, given: Cand
     >>> [(name, t.tolist()) for name, t in tails]
     [('llm', [7, 8])]
     """
+    if spec.kind in POLICY_KINDS:
+        return
     past = out.items[spec.depth:] if spec.depth is not None else out.items[:0]
     dropped = given.items[~np.isin(given.items, out.items)]
     tail = np.concatenate([past, dropped]).astype(np.int64)

@@ -32,8 +32,6 @@ fail-closed stage failed) propagates to the caller.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import time
 import uuid
@@ -48,6 +46,7 @@ from pydantic import ValidationError
 from cascade.registry import build_stage
 from cascade.settings import Settings
 from recsys.contract import Request, StageTrace
+from recsys.digest import json_sha256
 from recsys.experiments import Assignment, ExperimentsConfig, active_experiment, assign
 from recsys.pipeline import Pipeline, PipelineResult
 from recsys.redis_state import RedisUnavailable
@@ -306,4 +305,4 @@ def settings_digest(settings: Settings) -> str:
     order ignored; two processes share cached answers only when they would compute the same ones."""
     data = settings.model_dump(mode="json", exclude={"artifacts_dir", "redis_url"})
     data["serving"] = {k: v for k, v in data["serving"].items() if k in ANSWER_SERVING_KEYS}
-    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return json_sha256(data)[:16]
