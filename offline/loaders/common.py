@@ -42,14 +42,14 @@ def describe(title: str, categories: Sequence[str], tags: Sequence[str] = ()) ->
 def interactions(
     table: Table,
     *,
-    items: pd.Series,
-    items_file: str,
+    items: pd.Series | None,
+    items_file: str = "",
     users: pd.Series | None = None,
     users_file: str = "",
 ) -> pd.DataFrame:
     """Validated canonical interactions from ``table`` columns user_id, item_id[, rating], timestamp.
 
-    Every item must be in ``items`` (and every user in ``users`` when given); a missing
+    Every item must be in ``items`` when given (and every user in ``users`` when given); a missing
     ``rating`` column means implicit feedback (``IMPLICIT_RATING``). Ratings may use any finite
     numeric scale (1-5 stars, 0.5-5 half stars, 0-10): the protocol treats every interaction as
     one positive and records the scale it saw (``offline.protocol``).
@@ -57,7 +57,8 @@ def interactions(
     checks.require_file_rows(table)
     user = checks.ids(table, "user_id", "user id")
     item = checks.ids(table, "item_id", "item id")
-    checks.known(table, item, pd.Index(items), "item id", items_file)
+    if items is not None:
+        checks.known(table, item, pd.Index(items), "item id", items_file)
     if users is not None:
         checks.known(table, user, pd.Index(users), "user id", users_file)
     if table.has("rating"):
@@ -73,3 +74,15 @@ def interactions(
 def users_seen(interactions_df: pd.DataFrame) -> pd.DataFrame:
     """A users table with only ids (in first-seen order) for datasets without user files."""
     return pd.DataFrame({"user_id": pd.unique(interactions_df["user_id"])})
+
+
+def items_seen(interactions_df: pd.DataFrame) -> pd.DataFrame:
+    """An items table with only ids (in first-seen order) for an interaction log without an
+    items file: each item titled by its id, no categories, the text built from the title.
+
+    >>> items_seen(pd.DataFrame({"item_id": ["b", "a", "b"]}))[["item_id", "title", "text"]].values.tolist()
+    [['b', 'b', 'b.'], ['a', 'a', 'a.']]
+    """
+    ids = pd.unique(interactions_df["item_id"])
+    return pd.DataFrame({"item_id": ids, "title": ids, "text": [describe(str(i), []) for i in ids],
+                         "categories": [[] for _ in ids], "attributes": ["{}"] * len(ids)})

@@ -5,9 +5,12 @@ Files in one directory (each ``.csv`` or ``.parquet``):
 - ``interactions``: ``user_id, item_id[, rating], timestamp``. No rating column means
   implicit feedback (every event rated ``common.IMPLICIT_RATING``). A timestamp is required
   (unix seconds or ISO-8601) because the leave-one-out protocol orders events by time.
-- ``items`` (required): ``item_id[, title, text, categories, audience, risk_level, year,
+- ``items`` (optional): ``item_id[, title, text, categories, audience, risk_level, year,
   attributes]``; categories as a '|'-joined string or a list; an empty text is built from the
-  title and categories. Columns outside the schema are kept in the ``attributes`` JSON.
+  title and categories. Columns outside the schema are kept in the ``attributes`` JSON. When
+  given, every interaction's item must be in it (a typo is an error, not a new item); without
+  it the items are those the log names, each titled by its id (no content for the item tower
+  or the LLM to read, so a new item cannot be recommended before its first interaction).
 - ``users`` (optional): ``user_id[, age, gender, occupation, zip, risk_tolerance,
   attributes]``, extra columns likewise. Without it the users table holds ids only.
 
@@ -31,7 +34,8 @@ from recsys.atomic import json_default
 
 def load_generic(directory: Path) -> Dataset:
     directory = Path(directory)
-    items = _items(read_table(_need(directory, "items"), ("item_id",)))
+    items_path = find_table_file(directory, "items")
+    items = _items(read_table(items_path, ("item_id",))) if items_path else None
     users_path = find_table_file(directory, "users")
     users = _users(read_table(users_path, ("user_id",))) if users_path else None
     table = read_table(_need(directory, "interactions"), ("user_id", "item_id"))
@@ -41,10 +45,11 @@ def load_generic(directory: Path) -> Dataset:
             "the evaluation protocol needs each user's events in time order"
         )
     events = common.interactions(
-        table, items=items["item_id"], items_file=_name(directory, "items"),
+        table, items=None if items is None else items["item_id"], items_file=items_path.name if items_path else "",
         users=None if users is None else users["user_id"], users_file=users_path.name if users_path else "",
     )
-    return Dataset(directory.name, events, items, common.users_seen(events) if users is None else users)
+    return Dataset(directory.name, events, common.items_seen(events) if items is None else items,
+                   common.users_seen(events) if users is None else users)
 
 
 def _need(directory: Path, stem: str) -> Path:
@@ -52,11 +57,6 @@ def _need(directory: Path, stem: str) -> Path:
     if path is None:
         raise DataError(f"{directory}: neither {stem}.csv nor {stem}.parquet found")
     return path
-
-
-def _name(directory: Path, stem: str) -> str:
-    path = find_table_file(directory, stem)
-    return path.name if path else f"{stem}.csv"
 
 
 def _items(table: Table) -> pd.DataFrame:

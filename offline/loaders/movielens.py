@@ -50,7 +50,7 @@ def load_ml100k(directory: Path) -> Dataset:
     events = common.interactions(
         table, items=items["item_id"], items_file="u.item", users=users["user_id"], users_file="u.user",
     )
-    return Dataset("ml-100k", events, items, users)
+    return Dataset(directory.name, events, items, users)
 
 
 def _ml100k_genres(path: Path) -> list[str]:
@@ -121,7 +121,7 @@ def load_ml1m(directory: Path) -> Dataset:
         table, items=items["item_id"], items_file="movies.dat",
         users=None if users is None else users["user_id"], users_file="users.dat",
     )
-    return Dataset("ml-1m", events, items, common.users_seen(events) if users is None else users)
+    return Dataset(directory.name, events, items, common.users_seen(events) if users is None else users)
 
 
 def movie_items(item_id: pd.Series, titles: pd.Series, genres: pd.Series,

@@ -182,10 +182,19 @@ def test_generic_malformed(tmp_path: Path, files: dict[str, str], message: str) 
     assert message in str(err.value)
 
 
-def test_generic_without_items_names_both_candidates(tmp_path: Path) -> None:
+def test_generic_without_items_takes_the_items_the_log_names(tmp_path: Path) -> None:
     root = write_generic(tmp_path / "g")
     (root / "items.csv").unlink()
-    with pytest.raises(DataError, match="neither items.csv nor items.parquet found"):
+    ds = load_dataset(root)
+    assert ds.items["item_id"].tolist() == list(dict.fromkeys(ds.interactions["item_id"]))
+    assert ds.items["title"].tolist() == ds.items["item_id"].tolist()
+    assert all(cats == [] for cats in ds.items["categories"])
+
+
+def test_generic_without_interactions_names_both_candidates(tmp_path: Path) -> None:
+    root = write_generic(tmp_path / "g")
+    (root / "interactions.csv").rename(root / "events.csv")
+    with pytest.raises(DataError, match="unknown dataset layout|neither interactions.csv nor interactions.parquet"):
         load_dataset(root)
 
 

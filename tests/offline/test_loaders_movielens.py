@@ -38,7 +38,7 @@ def test_ml100k_layout_reads_a_non_ascii_id_alike_in_every_file(tmp_path: Path) 
 
 def test_ml100k_tiny_loads_exact_rows(tmp_path: Path) -> None:
     ds = load_dataset(write_ml100k(tmp_path / "ml"))
-    assert ds.name == "ml-100k"
+    assert ds.name == "ml"  # the directory's name, as every layout names its dataset
     expected = pd.DataFrame({"user_id": ["1", "1", "2"], "item_id": ["1", "2", "1"],
                              "rating": [5.0, 3.0, 4.0], "timestamp": [881250949, 881250950, 881250000]})
     assert ds.interactions.astype({"rating": float, "user_id": object, "item_id": object}).to_dict("list") == (
@@ -109,7 +109,7 @@ def write_ml1m(root: Path, with_users: bool = True, ratings: str | None = None) 
 
 def test_ml1m_tiny_loads_exact_rows(tmp_path: Path) -> None:
     ds = load_dataset(write_ml1m(tmp_path / "one"))
-    assert ds.name == "ml-1m"
+    assert ds.name == "one"  # the directory's name, not the layout's
     assert ds.interactions["user_id"].tolist() == ["1", "1", "2"]
     assert ds.interactions["item_id"].tolist() == ["1", "2", "2"]
     assert ds.interactions["rating"].tolist() == [5.0, 3.0, 4.0]
