@@ -29,7 +29,7 @@ from cascade.settings import Settings
 from jobs.fusion_gate import tune_fusion
 from jobs.llm_adapt import train_llm
 from offline.loaders import load_dataset
-from offline.protocol import make_split
+from offline.protocol import make_split, outside_users
 from offline.split import Split, split_id
 from recall.stage import RecallStage
 from recsys.atomic import atomic_write_json, json_default
@@ -70,7 +70,12 @@ def prepare(
     fp = _fingerprint(data, fmt, k_core, synthetic)
     fp_path = split_dir / "source.json"
     if not force and fp_path.exists() and json.loads(fp_path.read_text()) == fp:
-        return Split.load(split_dir)
+        split = Split.load(split_dir)
+        if split.outside is None:  # saved before the outside users were kept: add them, same split id
+            split.outside = outside_users(load_dataset(data, fmt, **synthetic), split.users["user_id"],
+                                          split.items["item_id"])
+            split.save_outside(split_dir)
+        return split
     ds = load_dataset(data, fmt, **synthetic)
     split = make_split(ds, k_core=k_core)
     # the old fingerprint goes before the split is rewritten: an interrupted prepare leaves no

@@ -14,7 +14,12 @@ Rules fixed here (and recorded in ``Split.protocol``):
   ``user_idx`` follows the users-table order, then users absent from it in order of first
   appearance in the interactions (they get an empty attribute row);
 - short users: a user needs >= 3 interactions (train, valid, test); with ``k < 3`` shorter
-  users are filtered with the k-core (users need max(k, 3), items need k).
+  users are filtered with the k-core (users need max(k, 3), items need k);
+- users outside the k-core (too few events, or listed in the users table with none) are not
+  evaluated, but serving must still know them: ``Split.outside`` keeps their attributes and
+  their history on the catalog's items (``outside_users``), so an adult with three purchases
+  is not served as an anonymous stranger; the protocol records how many users and items the
+  filter left out (``n_users_outside``, ``n_items_outside``).
 
 Deliberately left out: metrics (``offline.metrics``), baselines (``offline.baselines``),
 reading files (``offline.loaders``).
@@ -22,6 +27,7 @@ reading files (``offline.loaders``).
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -116,12 +122,15 @@ def make_split(ds: Dataset, k_core: int = 5) -> Split:
     train_mask[valid_rows] = False
     train = pd.DataFrame({"user_idx": user_idx[train_mask], "item_idx": item_idx[train_mask],
                           "rating": rating[train_mask], "timestamp": ts[train_mask]})
+    outside = outside_users(ds, users["user_id"], items["item_id"])
     protocol = {
         "k_core": k, "split": "leave-one-out", "ranking": "full", "exclude": "history",
         "dedup": "latest (user, item) kept", "tie_break": "timestamp, then input row order",
         "min_user_interactions": user_k, "n_users_dropped_short": int(n_short),
         "n_interactions": len(order), "n_users": len(users), "n_items": len(items),
         "n_interactions_raw": len(inter),
+        # left out by the filter: outside users are served from Split.outside, outside items not at all
+        "n_users_outside": len(outside), "n_items_outside": int(len(ds.items) - len(items)),
         # any numeric scale is accepted: every interaction counts as one positive (implicit feedback)
         "rating_scale": [float(rating.min()), float(rating.max())] if len(rating) else None,
     }
@@ -129,8 +138,38 @@ def make_split(ds: Dataset, k_core: int = 5) -> Split:
         name=ds.name, vocab=Vocab.build(users["user_id"], items["item_id"]),
         items=items, users=users, train=train,
         valid=item_idx[valid_rows], test=item_idx[test_rows],
-        valid_ts=ts[valid_rows], test_ts=ts[test_rows], protocol=protocol,
+        valid_ts=ts[valid_rows], test_ts=ts[test_rows], protocol=protocol, outside=outside,
     )
+
+
+def outside_users(ds: Dataset, kept_users: pd.Series, catalog: pd.Series) -> pd.DataFrame:
+    """The users of ``ds`` (log or users table) that are not ``kept_users``: their canonical
+    users-table row plus ``history``, their item indices in ``catalog`` order oldest first
+    (duplicates collapsed to the latest, ties in input order, items outside the catalog
+    dropped), for serving; users-table order, then first appearance in the log.
+
+    >>> ds = Dataset("d", pd.DataFrame({"user_id": ["a", "b", "b", "b"], "item_id": ["x", "y", "x", "y"],
+    ...                                 "rating": 1.0, "timestamp": [1, 1, 2, 3]}),
+    ...              pd.DataFrame({"item_id": ["x", "y", "z"]}), pd.DataFrame({"user_id": ["c", "b"], "age": [40, 30]}))
+    >>> out = outside_users(ds, pd.Series(["a"]), pd.Series(["x", "y"]))
+    >>> out["user_id"].tolist(), [h.tolist() for h in out["history"]], out["age"].tolist()
+    (['c', 'b'], [[], [0, 1]], [40, 30])
+    """
+    inter = ds.interactions.reset_index(drop=True)
+    inter = inter.loc[~inter["user_id"].isin(kept_users)]
+    listed = ds.users.loc[~ds.users["user_id"].isin(kept_users), "user_id"]
+    order = pd.Index(pd.unique(pd.concat([listed, inter["user_id"]], ignore_index=True)), name="user_id")
+    table = normalise_users(ds.users.drop_duplicates("user_id").set_index("user_id").reindex(order).reset_index())
+    inter = inter.loc[inter["item_id"].isin(catalog)]
+    item_idx = pd.Index(catalog).get_indexer(inter["item_id"]).astype(np.int64)
+    user_pos = order.get_indexer(inter["user_id"]).astype(np.int64)
+    keep = _latest_per_pair(inter, user_pos, item_idx, max(len(catalog), 1))
+    ts = inter["timestamp"].to_numpy(np.int64)
+    rows = np.flatnonzero(keep)
+    rows = rows[np.lexsort((rows, ts[rows], user_pos[rows]))]
+    bounds = np.searchsorted(user_pos[rows], np.arange(len(order) + 1))
+    table["history"] = [item_idx[rows[a:b]] for a, b in itertools.pairwise(bounds)]
+    return table
 
 
 def _encoded_items(ds: Dataset, kept: pd.DataFrame) -> pd.DataFrame:

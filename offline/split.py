@@ -31,6 +31,7 @@ from recsys.atomic import atomic_write, atomic_write_json
 from recsys.contract import Request
 
 Phase = Literal["train", "valid", "test"]
+OUTSIDE_FILE = "outside_users.parquet"
 
 
 @dataclass
@@ -45,6 +46,9 @@ class Split:
     valid_ts: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     test_ts: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     protocol: dict = field(default_factory=dict)  # e.g. {"k_core": 5, "split": "leave-one-out"}
+    # users outside the k-core, for serving only: users-table columns + "history" (item indices,
+    # oldest first); None for a split saved before it existed (``offline.protocol.outside_users``)
+    outside: pd.DataFrame | None = None
     _seqs: list[np.ndarray] | None = field(default=None, repr=False)
     _attrs: list[dict[str, Any]] | None = field(default=None, repr=False)
 
@@ -137,7 +141,15 @@ class Split:
         for name, frame in (("items", self.items), ("users", self.users), ("train", self.train),
                             ("holdout", holdout)):
             atomic_write(directory / f"{name}.parquet", partial(_write_parquet, frame))
+        if self.outside is not None:
+            self.save_outside(directory)
         atomic_write_json(directory / "split.json", {"name": self.name, "protocol": self.protocol})
+
+    def save_outside(self, directory: Path) -> None:
+        """Write ``outside`` alone (``outside_users.parquet``): not part of the split's identity
+        (``split_id``), so adding it to a split saved before it existed retrains nothing."""
+        frame = self.outside.assign(history=[np.asarray(h, np.int64) for h in self.outside["history"]])
+        atomic_write(Path(directory) / OUTSIDE_FILE, partial(_write_parquet, frame))
 
     @classmethod
     def load(cls, directory: Path) -> Split:
@@ -155,6 +167,7 @@ class Split:
             valid=hold["valid"].to_numpy(np.int64), test=hold["test"].to_numpy(np.int64),
             valid_ts=hold["valid_ts"].to_numpy(np.int64), test_ts=hold["test_ts"].to_numpy(np.int64),
             protocol=meta["protocol"],
+            outside=pd.read_parquet(directory / OUTSIDE_FILE) if (directory / OUTSIDE_FILE).exists() else None,
         )
 
 

@@ -6,6 +6,10 @@ work on, and turns one API call into a ``recsys.contract.Request``:
 - a known user gets its ``user_idx``, its attributes and its full observed history
   (training sequence + valid item + test item, oldest first: serving sees everything the
   split observed, unlike the offline evaluator which hides the held-out items);
+- a user outside the split's k-core (too few events to evaluate, or listed in the users table
+  with none: ``Split.outside``) is unknown to the trained models (``user_idx`` None) but not a
+  stranger: the request carries their attributes (so the adult gate sees their age) and their
+  history on the catalog, which is also never recommended back;
 - an unknown user is a cold start: ``user_idx`` None, empty history, no attributes.
 
 Histories sit behind the small ``HistoryStore`` protocol; ``SplitHistories`` is the
@@ -69,6 +73,7 @@ class CatalogState:
         titles: np.ndarray,
         attrs: list[dict[str, Any]],
         histories: HistoryStore,
+        outside: Mapping[str, tuple[dict[str, Any], np.ndarray]] | None = None,
     ):
         if len(user_ids) != len(attrs):
             raise ValueError(f"CatalogState: {len(user_ids)} user ids but {len(attrs)} attribute rows")
@@ -81,6 +86,9 @@ class CatalogState:
         self.titles = np.asarray(titles, dtype=object)
         self.attrs = attrs
         self.histories = histories
+        # outside users by the one spelling requests arrive in; a split user of the same id wins
+        self.outside = {canonical(uid): v for uid, v in (outside or {}).items()
+                        if canonical(uid) not in self.user_index}
 
     @classmethod
     def from_split(cls, split: Split, histories: HistoryStore | None = None) -> CatalogState:
@@ -90,6 +98,10 @@ class CatalogState:
             titles=split.items["title"].to_numpy(dtype=object),
             attrs=user_attributes(split.users),
             histories=histories if histories is not None else SplitHistories.from_split(split),
+            outside=None if split.outside is None else dict(zip(
+                split.outside["user_id"].astype(str),
+                zip(user_attributes(split.outside), (np.asarray(h, np.int64) for h in split.outside["history"]),
+                    strict=True), strict=True)),
         )
 
     @classmethod
@@ -123,8 +135,11 @@ class CatalogState:
         common: dict[str, Any] = {"user_id": user_id, "k": k, "context": dict(context or {}), "debug": debug,
                                   "request_id": request_id, "deadline": deadline, "variant": variant}
         if user_idx is None:
-            history = online_history if online_history is not None else np.zeros(0, dtype=np.int64)
-            return Request(history=history, **common)
+            online = online_history if online_history is not None else np.zeros(0, dtype=np.int64)
+            if (known := self.outside.get(canonical(user_id))) is None:
+                return Request(history=online, **common)
+            attrs, seen = known  # Redis never seeds an unknown user: its online list holds new events only
+            return Request(history=np.concatenate([seen, online]), user_attrs=dict(attrs), **common)
         seen = self.histories.history(user_idx)
         if online_history is None:
             return Request(user_idx=user_idx, history=seen, user_attrs=dict(self.attrs[user_idx]), **common)

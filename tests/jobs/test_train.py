@@ -184,3 +184,14 @@ def test_an_interrupted_prepare_leaves_no_split_rather_than_a_mixed_one(tmp_path
     assert Split.load(art / "split").vocab.item_ids.tolist() == again.vocab.item_ids.tolist()
     assert prepare(None, art, n_users=30, n_items=40, seed=4).train.equals(again.train)  # and is reused
     assert not again.items.equals(old.items)
+
+
+def test_prepare_adds_the_outside_users_to_a_split_saved_before_them_and_keeps_its_id(tmp_path: Path) -> None:
+    from offline.split import OUTSIDE_FILE, split_id
+
+    art = tmp_path / "synthetic"
+    prepare(None, art, n_users=30, n_items=40, seed=3)
+    before = split_id(art)
+    (art / "split" / OUTSIDE_FILE).unlink()  # as a split saved by an earlier release
+    assert prepare(None, art, n_users=30, n_items=40, seed=3).outside is not None
+    assert (art / "split" / OUTSIDE_FILE).is_file() and split_id(art) == before  # no stage goes stale

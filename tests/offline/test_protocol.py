@@ -147,3 +147,18 @@ def test_ml100k_five_core_counts(ml100k_dir) -> None:
     split = make_split(load_dataset(ml100k_dir), k_core=5)
     assert (split.n_users, split.n_items) == (943, 1349)
     assert len(split.train) + 2 * 943 == split.protocol["n_interactions"] == 99287
+
+
+def test_users_outside_the_k_core_are_kept_for_serving_with_their_history(tmp_path) -> None:
+    base = _tiny_dataset()
+    users = pd.concat([base.users, pd.DataFrame({"user_id": ["u9", "u4"], "age": [54, 41]})], ignore_index=True)
+    split = make_split(Dataset(name="tiny", interactions=base.interactions, items=base.items, users=users), k_core=1)
+    assert "u4" not in split.vocab.user_ids.tolist()  # two events: not evaluated ...
+    out = split.outside
+    assert out["user_id"].tolist() == ["u9", "u4"]  # ... but known: listed order, then the log's
+    assert [h.tolist() for h in out["history"]] == [[], [1, 2]]  # i1 then i2, as catalog indices
+    assert user_attributes(out) == [{"age": 54}, {"age": 41}]
+    assert (split.protocol["n_users_outside"], split.protocol["n_items_outside"]) == (2, 1)  # u9 u4; i4 unseen
+    split.save(tmp_path / "split")
+    loaded = Split.load(tmp_path / "split").outside
+    assert loaded["user_id"].tolist() == ["u9", "u4"] and [h.tolist() for h in loaded["history"]] == [[], [1, 2]]

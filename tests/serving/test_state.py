@@ -58,3 +58,25 @@ def test_split_histories_refuses_unknown_index() -> None:
 def test_catalog_state_refuses_misaligned_tables() -> None:
     with pytest.raises(ValueError, match="2 user ids but 1 attribute rows"):
         CatalogState(np.array(["a", "b"]), np.array(["x"]), np.array(["X"]), [{}], SplitHistories([]))
+
+
+def test_a_user_outside_the_k_core_keeps_attributes_and_history() -> None:
+    import pandas as pd
+
+    from offline.protocol import make_split
+    from tests.serving.toy import toy_dataset
+
+    ds = toy_dataset()
+    ds.users = pd.concat([ds.users, pd.DataFrame({"user_id": ["listed-only"], "age": [54]})], ignore_index=True)
+    first = ds.interactions.iloc[0]
+    ds.interactions = pd.concat([ds.interactions, pd.DataFrame(
+        {"user_id": ["short"], "item_id": [first["item_id"]], "rating": [1.0], "timestamp": [first["timestamp"]]})],
+        ignore_index=True)
+    state = CatalogState.from_split(make_split(ds, k_core=1))
+    listed = state.request_for("listed-only", 5)
+    assert listed.user_idx is None and dict(listed.user_attrs) == {"age": 54} and listed.history.tolist() == []
+    short = state.request_for("short", 5, online_history=np.array([2]))
+    item = state.item_index[first["item_id"]]
+    assert short.user_idx is None and short.history.tolist() == [item, 2]  # stored, then new events
+    assert item in short.excluded.tolist()
+    assert dict(state.request_for("nobody", 5).user_attrs) == {}
