@@ -32,14 +32,34 @@ STAGES_HELP = ("Stages to train, comma-separated, from recall,recall_holdout,coa
                "('all' = recall,recall_holdout,coarse,fusion).")
 
 
-def _prepare(data: Path | None, fmt: str | None, artifacts: Path, k_core: int, users: int, items: int,
-             settings: Settings, force: bool = False) -> Split:
-    from jobs.train import prepare  # lazy: keeps `recsys --help` fast
+def _prepare(data: Path | None, fmt: str | None, artifacts: Path, k_core: int | None, users: int | None,
+             items: int | None, settings: Settings, force: bool = False) -> Split:
+    """The split of ``artifacts``, prepared when missing or when its inputs changed.
+
+    An option left unset (None) takes the value the existing split was prepared with (``recsys
+    prepare --k-core 3`` then ``recsys train`` keeps the 3-core), else the default (5-core, the
+    detected format, 600 x 1200 synthetic); one given that differs rebuilds the split, said on stderr.
+    """
+    from jobs.train import dataset_name, prepare, recorded_source  # lazy: keeps `recsys --help` fast
     from offline.schema import DataError  # lazy: keeps `recsys --help` fast
 
+    before = recorded_source(artifacts)
+    same = before.get("data") == dataset_name(data)
+    synth = before.get("synthetic", {}) if same else {}
+    chosen = {"k_core": k_core if k_core is not None else before.get("k_core", 5) if same else 5,
+              "format": fmt if fmt is not None else before.get("format") if same else None,
+              "n_users": users if users is not None else synth.get("n_users", 600),
+              "n_items": items if items is not None else synth.get("n_items", 1200)}
+    changed = [f"{key} {before[key]} -> {chosen[key]}" for key in ("k_core", "format")
+               if same and key in before and before[key] != chosen[key]]
+    changed += [f"synthetic {key} {synth[key]} -> {chosen[key]}" for key in ("n_users", "n_items")
+                if data is None and key in synth and synth[key] != chosen[key]]
+    if changed and not force:
+        typer.echo(f"note: {artifacts}: the split is rebuilt ({', '.join(changed)}); stages trained on the old "
+                   "one retrain", err=True)
     try:
-        return prepare(data, artifacts, fmt=fmt, k_core=k_core, force=force,
-                       **c.synthetic_kwargs(data, users, items, settings.seed))
+        return prepare(data, artifacts, fmt=chosen["format"], k_core=chosen["k_core"], force=force,
+                       **c.synthetic_kwargs(data, chosen["n_users"], chosen["n_items"], settings.seed))
     except (DataError, FileNotFoundError) as exc:
         return c.fail(str(exc))
 
@@ -47,7 +67,7 @@ def _prepare(data: Path | None, fmt: str | None, artifacts: Path, k_core: int, u
 @app.command()
 def prepare(
     data: c.DataOpt = None, fmt: c.FormatOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
-    k_core: c.KCoreOpt = 5, synthetic_users: c.SynthUsersOpt = 600, synthetic_items: c.SynthItemsOpt = 1200,
+    k_core: c.KCoreOpt = None, synthetic_users: c.SynthUsersOpt = None, synthetic_items: c.SynthItemsOpt = None,
     force: Annotated[bool, typer.Option(help="Rebuild even when the inputs are unchanged.")] = False,
     out: c.OutOpt = None,
 ) -> None:
@@ -63,7 +83,7 @@ def prepare(
 def train(
     stages: Annotated[str, typer.Argument(help=STAGES_HELP)] = "all",
     data: c.DataOpt = None, fmt: c.FormatOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
-    k_core: c.KCoreOpt = 5, synthetic_users: c.SynthUsersOpt = 600, synthetic_items: c.SynthItemsOpt = 1200,
+    k_core: c.KCoreOpt = None, synthetic_users: c.SynthUsersOpt = None, synthetic_items: c.SynthItemsOpt = None,
     force: Annotated[bool, typer.Option(help="Retrain stages whose artifacts exist.")] = False,
     out: c.OutOpt = None,
 ) -> None:
@@ -91,7 +111,7 @@ def train(
 @app.command("eval")
 def evaluate(
     data: c.DataOpt = None, fmt: c.FormatOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
-    k_core: c.KCoreOpt = 5, synthetic_users: c.SynthUsersOpt = 600, synthetic_items: c.SynthItemsOpt = 1200,
+    k_core: c.KCoreOpt = None, synthetic_users: c.SynthUsersOpt = None, synthetic_items: c.SynthItemsOpt = None,
     phase: Annotated[Literal["valid", "test"], typer.Option(help="The split part measured.")] = "test",
     retrain: Annotated[bool, typer.Option(help="Retrain every stage first.")] = False,
     seeds: Annotated[int, typer.Option(min=1, help="Train and evaluate N times (seeds s, s+1, ... in "

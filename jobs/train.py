@@ -61,6 +61,15 @@ def _fingerprint(data: Path | None, fmt: str | None, k_core: int, synthetic: dic
             "synthetic": synthetic if data is None else {}, "files": files}
 
 
+def recorded_source(artifact_dir: Path) -> dict[str, Any]:
+    """What the split under ``artifact_dir`` was prepared from (``_fingerprint``); {} when none."""
+    path = Path(artifact_dir) / "split" / "source.json"
+    try:
+        return json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+
+
 def prepare(
     data: Path | None, artifact_dir: Path, *, fmt: str | None = None, k_core: int = 5,
     force: bool = False, **synthetic: Any,

@@ -213,13 +213,17 @@ def float32s(table: Table, column: str, what: str) -> np.ndarray:
     return values.astype(np.float32)
 
 
+_ZONED = r"\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?\s*(?:[zZ]|[+-]\d{2}(?::?\d{2})?)$"  # a time, then Z or an offset
+
+
 def timestamps(table: Table, column: str) -> np.ndarray:
     """Unix seconds (int64) from whole numbers, or from ISO-8601 date-times when not numeric.
 
     A fractional number of seconds is refused (the schema keeps whole seconds and the README
     says unix seconds: round them before loading if that is meant); an ISO-8601 date-time's
     fraction of a second is floored. Outside ``TIMESTAMP_MIN``..``TIMESTAMP_MAX`` is refused,
-    as is a column mixing unix seconds and ISO-8601.
+    as is a column mixing unix seconds and ISO-8601, or date-times with a time zone and without
+    (the naive ones would be taken as UTC).
     """
     col = table.rows[column]
     if pd.api.types.is_datetime64_any_dtype(col):  # a typed Parquet column
@@ -241,6 +245,12 @@ def timestamps(table: Table, column: str) -> np.ndarray:
         table.fail_first(numeric.notna().to_numpy(), lambda pos: (
             f"timestamp {raw.iat[pos]!r} is a number (unix seconds) but {table.where(first_date)} holds "
             f"{raw.iat[first_date]!r}; use one form (unix seconds or ISO-8601) throughout"))
+    zoned = raw.str.strip().str.contains(_ZONED, regex=True).to_numpy()
+    if zoned.any() and not zoned.all():  # naive ones would be read as UTC: hours apart, events reordered
+        first = int(np.flatnonzero(zoned)[0])
+        table.fail_first(~zoned, lambda pos: (
+            f"timestamp {raw.iat[pos]!r} has no time zone but {table.where(first)} holds {raw.iat[first]!r}; "
+            "give every ISO-8601 date-time a zone (Z or +hh:mm) or none"))
     parsed = pd.to_datetime(raw, errors="coerce", utc=True, format="ISO8601")
     table.fail_first(
         parsed.isna().to_numpy(),

@@ -39,6 +39,19 @@ def test_prepare_synthetic_writes_a_report(tmp_path: Path):
     assert (art / "split" / "train.parquet").stat().st_mtime_ns == mtime
 
 
+def test_a_prepared_k_core_and_size_hold_until_an_option_changes_them(tmp_path: Path):
+    art = ["--artifacts", str(tmp_path / "art")]
+    first = ["prepare", *art, "--synthetic-users", "60", "--synthetic-items", "120", "--k-core", "3"]
+    assert runner.invoke(app, first).exit_code == 0
+    mtime = (tmp_path / "art" / "split" / "train.parquet").stat().st_mtime_ns
+    again = runner.invoke(app, ["prepare", *art, "--out", str(tmp_path / "p.json")])  # as train and eval do
+    assert again.exit_code == 0 and "rebuilt" not in again.output, again.output
+    assert json.loads((tmp_path / "p.json").read_text())["protocol"]["k_core"] == 3
+    assert (tmp_path / "art" / "split" / "train.parquet").stat().st_mtime_ns == mtime  # reused, not rebuilt
+    changed = runner.invoke(app, ["prepare", *art, "--k-core", "5"])
+    assert changed.exit_code == 0 and "the split is rebuilt (k_core 3 -> 5)" in changed.output
+
+
 def test_prepare_reports_malformed_data_by_file_and_line(tmp_path: Path):
     data = tmp_path / "d"
     data.mkdir()

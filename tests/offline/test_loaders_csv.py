@@ -174,6 +174,9 @@ def test_generic_parquet_errors_name_the_row(tmp_path: Path) -> None:
         ({"interactions.csv": "user_id,item_id,timestamp\nx,a,2021-01-01T00:00:00Z\nx,b,100\n"},
          "interactions.csv line 3: timestamp '100' is a number (unix seconds) but interactions.csv line 2 holds "
          "'2021-01-01T00:00:00Z'; use one form"),
+        ({"interactions.csv": "user_id,item_id,timestamp\nx,a,2021-03-01T10:00:00+05:00\nx,b,2021-03-01T10:00:01\n"},
+         "interactions.csv line 3: timestamp '2021-03-01T10:00:01' has no time zone but interactions.csv line 2 "
+         "holds '2021-03-01T10:00:00+05:00'"),
     ],
 )
 def test_generic_malformed(tmp_path: Path, files: dict[str, str], message: str) -> None:
