@@ -21,21 +21,32 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, WithJsonSchema
 
 from cascade.serving_config import EVENT_TYPES
 from cascade.settings import Settings
 from recsys.documents import MAX_VERSION_CHARS, VERSION_PATTERN
-from recsys.names import FORBIDDEN, MAX_ID_CHARS, canonical
+from recsys.names import FORBIDDEN, MAX_ID_CHARS, canonical, forbidden_character
 from serving.policy import RouteReason
 
 # ids as the loaders read them (offline.loaders.checks.ids): surrounding whitespace stripped, no
 # control or invisible format characters, in NFC (recsys.names), so " u01" is the dataset's "u01"
 ID_PATTERN = VERSION_PATTERN
+
+
+def _allowed_id(value: str) -> str:
+    if (why := forbidden_character(value)) is not None:
+        raise ValueError(f"contains {why}")
+    return value
+
+
 # NFC first (a BeforeValidator runs before the constraints), so the bound is on the canonical spelling
-ExternalId = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_ID_CHARS,
-                                              pattern=ID_PATTERN),
-                       BeforeValidator(lambda v: canonical(v) if isinstance(v, str) else v)]
+# The pattern is published in the schema (/docs); the check names the offending character instead
+# of echoing the pattern (the loaders' message, recsys.names.forbidden_character).
+ExternalId = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_ID_CHARS),
+                       BeforeValidator(lambda v: canonical(v) if isinstance(v, str) else v),
+                       AfterValidator(_allowed_id), WithJsonSchema({"type": "string", "minLength": 1,
+                                                                    "maxLength": MAX_ID_CHARS, "pattern": ID_PATTERN})]
 
 # "cache": a cached answer; "llm": the LLM re-ranker ran; "fallback": a stage fell back; "light": no LLM
 AnswerPath = Literal["cache", "light", "llm", "fallback"]
