@@ -121,10 +121,16 @@ def artifact_dir(settings: Settings, data: Path | None, explicit: Path | None) -
 
 def trained(config: Path | None, data: Path | None, artifacts: Path | None) -> tuple[Settings, Path]:
     """(settings, artifact dir) for a command that needs trained artifacts; exits 2 naming the dir if absent."""
+    from jobs.train import dataset_name, recorded_source  # lazy: keeps `recsys --help` fast
+
     settings = load_settings(config)
     art = artifact_dir(settings, data, artifacts)
     if not (art / "split").exists():
         fail(f"{art}: no trained artifacts here; run `recsys train --data ...` first")
+    prepared_from = recorded_source(art).get("data")
+    if data is not None and prepared_from is not None and prepared_from != dataset_name(data):
+        fail(f"{art} holds the cascade of dataset {prepared_from!r}, not of --data {data} "
+             f"({dataset_name(data)!r}); give one of --data and --artifacts, or both for the same dataset")
     return settings, art
 
 

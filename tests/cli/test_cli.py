@@ -131,6 +131,15 @@ def test_serve_and_recommend_need_trained_artifacts(tmp_path: Path):
         assert res.exit_code == 2 and "no trained artifacts here" in res.output
 
 
+def test_recommend_refuses_artifacts_of_another_dataset_than_data(tmp_path: Path):
+    art = tmp_path / "art"
+    assert runner.invoke(app, ["prepare", "--artifacts", str(art), "--synthetic-users", "60",
+                               "--synthetic-items", "120"]).exit_code == 0
+    (tmp_path / "wine").mkdir()
+    res = runner.invoke(app, ["recommend", "u1", "--data", str(tmp_path / "wine"), "--artifacts", str(art)])
+    _one_line_error(res, "holds the cascade of dataset 'synthetic', not of --data")
+
+
 def _one_line_error(res, *fragments: str) -> str:
     """The command refused with exit 2 and a single ``error:`` line naming the problem, no traceback."""
     assert res.exit_code == 2, res.output
