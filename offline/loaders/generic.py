@@ -20,6 +20,7 @@ Deliberately left out: MovieLens layouts (``movielens``, ``movielens_csv``), k-c
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,8 +29,10 @@ import pandas as pd
 
 from offline.loaders import checks, common
 from offline.loaders.reading import LINE, Table, find_table_file, read_table
-from offline.schema import AUDIENCES, ITEM_COLUMNS, RISK_LEVELS, USER_COLUMNS, DataError, Dataset
+from offline.schema import AUDIENCES, INTERACTION_COLUMNS, ITEM_COLUMNS, RISK_LEVELS, USER_COLUMNS, DataError, Dataset
 from recsys.atomic import json_default
+
+log = logging.getLogger(__name__)
 
 
 def load_generic(directory: Path) -> Dataset:
@@ -44,6 +47,10 @@ def load_generic(directory: Path) -> Dataset:
             f"{table.file}: no 'timestamp' column (unix seconds or ISO-8601); "
             "the evaluation protocol needs each user's events in time order"
         )
+    if ignored := [c for c in table.rows.columns if c not in INTERACTION_COLUMNS and c != LINE]:
+        log.warning("%s: column(s) %s not read: an event is user_id, item_id[, rating], timestamp, and every "
+                    "row counts as one positive (filter impressions or other event types out first)",
+                    table.file, ignored)
     events = common.interactions(
         table, items=None if items is None else items["item_id"], items_file=items_path.name if items_path else "",
         users=None if users is None else users["user_id"], users_file=users_path.name if users_path else "",

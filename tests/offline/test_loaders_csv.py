@@ -194,6 +194,15 @@ def test_generic_without_items_takes_the_items_the_log_names(tmp_path: Path) -> 
     assert all(cats == [] for cats in ds.items["categories"])
 
 
+def test_generic_says_which_interaction_columns_it_does_not_read(tmp_path: Path, caplog) -> None:
+    root = write_generic(tmp_path / "g")
+    text = (root / "interactions.csv").read_text().splitlines()
+    (root / "interactions.csv").write_text("\n".join([text[0] + ",device"] + [r + ",web" for r in text[1:]]) + "\n")
+    with caplog.at_level("WARNING"):
+        load_dataset(root)
+    assert "interactions.csv: column(s) ['device'] not read" in caplog.text
+
+
 def test_generic_without_interactions_names_both_candidates(tmp_path: Path) -> None:
     root = write_generic(tmp_path / "g")
     (root / "interactions.csv").rename(root / "events.csv")
