@@ -29,7 +29,15 @@ import pandas as pd
 
 from offline.loaders import checks, common
 from offline.loaders.reading import LINE, Table, find_table_file, read_table
-from offline.schema import AUDIENCES, INTERACTION_COLUMNS, ITEM_COLUMNS, RISK_LEVELS, USER_COLUMNS, DataError, Dataset
+from offline.schema import (
+    AUDIENCES,
+    INTERACTION_COLUMNS,
+    ITEM_COLUMNS,
+    RISK_LEVELS,
+    USER_COLUMNS,
+    DataError,
+    Dataset,
+)
 from recsys.atomic import json_default
 
 log = logging.getLogger(__name__)
