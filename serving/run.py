@@ -21,10 +21,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -85,7 +88,7 @@ def serve(
     if workers < 1:
         raise ValueError(f"serve: workers must be >= 1, got {workers}")
     check_rules(settings, Path(artifact_dir))
-    with shared_state(settings, workers) as settings:
+    with exit_on_sigterm(), shared_state(settings, workers) as settings:
         if workers == 1:
             uvicorn.run(create_app(settings, Path(artifact_dir)), host=host, port=port, log_config=log_config())
             return
@@ -103,6 +106,26 @@ def check_rules(settings: Settings, artifact_dir: Path) -> None:
                 build_stage(spec, settings).load(artifact_dir)
             except ValueError as exc:
                 raise type(exc)(f"stage {spec.name!r}: {exc}") from exc
+
+
+def _sigterm_exits(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+@contextmanager
+def exit_on_sigterm() -> Iterator[None]:
+    """SIGTERM ends the process by ``SystemExit`` (status 143) so the ``finally`` blocks and
+    ``atexit`` handlers run: uvicorn stops gracefully on SIGTERM and then raises it again with the
+    handler it found, and the default one killed the process on the spot, leaving the embedded
+    redis-server of ``shared_state`` running as an orphan after every ``kill``/``docker stop``."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread owns signals
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _sigterm_exits)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextmanager
