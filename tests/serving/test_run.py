@@ -92,18 +92,16 @@ def test_settings_travel_to_workers_through_env(toy_dir: Path) -> None:
 def test_sigterm_under_serve_unwinds_so_the_embedded_redis_is_stopped() -> None:
     """uvicorn re-raises SIGTERM after its graceful stop; the default action killed the process before
     ``shared_state`` could stop the embedded redis-server, orphaning it on every ``kill``."""
-    import os
     import signal
 
     from serving.run import exit_on_sigterm
 
     before = signal.getsignal(signal.SIGTERM)
     cleaned = []
-    with pytest.raises(SystemExit) as exited:
-        with exit_on_sigterm():
-            try:
-                signal.raise_signal(signal.SIGTERM)  # what uvicorn does once it has stopped
-            finally:
-                cleaned.append(True)
+    with pytest.raises(SystemExit) as exited, exit_on_sigterm():
+        try:
+            signal.raise_signal(signal.SIGTERM)  # what uvicorn does once it has stopped
+        finally:
+            cleaned.append(True)
     assert exited.value.code == 128 + signal.SIGTERM and cleaned == [True]
     assert signal.getsignal(signal.SIGTERM) is before  # restored once serve returns
