@@ -121,16 +121,16 @@ def artifact_dir(settings: Settings, data: Path | None, explicit: Path | None) -
 
 def trained(config: Path | None, data: Path | None, artifacts: Path | None) -> tuple[Settings, Path]:
     """(settings, artifact dir) for a command that needs trained artifacts; exits 2 naming the dir if absent."""
-    from jobs.train import dataset_name, recorded_source  # lazy: keeps `recsys --help` fast
+    from jobs.train import recorded_source, same_dataset  # lazy: keeps `recsys --help` fast
 
     settings = load_settings(config)
     art = artifact_dir(settings, data, artifacts)
     if not (art / "split").exists():
         fail(f"{art}: no trained artifacts here; run `recsys train --data ...` first")
-    prepared_from = recorded_source(art).get("data")
-    if data is not None and prepared_from is not None and prepared_from != dataset_name(data):
-        fail(f"{art} holds the cascade of dataset {prepared_from!r}, not of --data {data} "
-             f"({dataset_name(data)!r}); give one of --data and --artifacts, or both for the same dataset")
+    recorded = recorded_source(art)
+    if data is not None and recorded and not same_dataset(recorded, data):
+        fail(f"{art} holds the cascade of dataset {recorded.get('data')!r}, whose files differ from those of "
+             f"--data {data}; give one of --data and --artifacts, or both for the same dataset")
     return settings, art
 
 
@@ -140,10 +140,6 @@ def servable(settings: Settings, art: Path) -> None:
     from cascade.registry import build_pipeline, check_trained_on_split  # lazy: imports the stage modules
 
     check_trained_on_split(build_pipeline(settings, art, load=False), art)  # StaleArtifacts: exit 2
-
-
-def synthetic_kwargs(data: Path | None, users: int, items: int, seed: int) -> dict[str, Any]:
-    return {} if data is not None else {"n_users": users, "n_items": items, "seed": seed}
 
 
 def strict_json(value: Any) -> Any:

@@ -34,33 +34,15 @@ STAGES_HELP = ("Stages to train, comma-separated, from recall,recall_holdout,coa
 
 def _prepare(data: Path | None, fmt: str | None, artifacts: Path, k_core: int | None, users: int | None,
              items: int | None, settings: Settings, force: bool = False) -> Split:
-    """The split of ``artifacts``, prepared when missing or when its inputs changed.
-
-    An option left unset (None) takes the value the existing split was prepared with (``recsys
-    prepare --k-core 3`` then ``recsys train`` keeps the 3-core), else the default (5-core, the
-    detected format, 600 x 1200 synthetic); one given that differs rebuilds the split, said on stderr.
-    """
-    from jobs.train import dataset_name, prepare, recorded_source  # lazy: keeps `recsys --help` fast
+    """The split of ``artifacts`` (``jobs.train.prepare``: an option left unset keeps the value the
+    split was prepared with, when it was prepared from the same dataset); exit 2 on bad data."""
+    from jobs.train import prepare  # lazy: keeps `recsys --help` fast
     from offline.schema import DataError  # lazy: keeps `recsys --help` fast
 
-    before = recorded_source(artifacts)
-    same = before.get("data") == dataset_name(data)
-    synth = before.get("synthetic", {}) if same else {}
-    chosen = {"k_core": k_core if k_core is not None else before.get("k_core", 5) if same else 5,
-              "format": fmt if fmt is not None else before.get("format") if same else None,
-              "n_users": users if users is not None else synth.get("n_users", 600),
-              "n_items": items if items is not None else synth.get("n_items", 1200)}
-    changed = [f"{key} {before[key]} -> {chosen[key]}" for key in ("k_core", "format")
-               if same and key in before and before[key] != chosen[key]]
-    changed += [f"synthetic {key} {synth[key]} -> {chosen[key]}" for key in ("n_users", "n_items")
-                if data is None and key in synth and synth[key] != chosen[key]]
-    if changed and not force:
-        typer.echo(f"note: {artifacts}: the split is rebuilt ({', '.join(changed)}); stages trained on the old "
-                   "one retrain", err=True)
+    synthetic = {} if data is not None else {"n_users": users, "n_items": items, "seed": settings.seed}
     try:
-        return prepare(data, artifacts, fmt=chosen["format"], k_core=chosen["k_core"], force=force,
-                       **c.synthetic_kwargs(data, chosen["n_users"], chosen["n_items"], settings.seed))
-    except (DataError, FileNotFoundError) as exc:
+        return prepare(data, artifacts, fmt=fmt, k_core=k_core, force=force, **synthetic)
+    except (DataError, FileNotFoundError, ValueError) as exc:
         return c.fail(str(exc))
 
 

@@ -28,7 +28,7 @@ from cascade.registry import build_pipeline, config_id, recall_config, recall_de
 from cascade.settings import Settings
 from jobs.fusion_gate import tune_fusion
 from jobs.llm_adapt import train_llm
-from offline.loaders import load_dataset
+from offline.loaders import detect_format, load_dataset
 from offline.protocol import make_split, outside_users
 from offline.split import Split, split_id
 from recall.stage import RecallStage
@@ -38,6 +38,8 @@ from recsys.pipeline import PipelineStage
 
 log = logging.getLogger(__name__)
 
+DEFAULT_K_CORE = 5
+SYNTHETIC_DEFAULTS = {"n_users": 600, "n_items": 1200}  # the synthetic default dataset's size (CLI help)
 STAGE_ORDER = ("recall", "recall_holdout", "coarse", "llm", "fusion")
 DEFAULT_STAGES = ("recall", "recall_holdout", "coarse", "fusion")
 
@@ -62,23 +64,58 @@ def _fingerprint(data: Path | None, fmt: str | None, k_core: int, synthetic: dic
 
 
 def recorded_source(artifact_dir: Path) -> dict[str, Any]:
-    """What the split under ``artifact_dir`` was prepared from (``_fingerprint``); {} when none."""
+    """What the split under ``artifact_dir`` was prepared from (``_fingerprint``); {} when none,
+    or when the file is not such a record (unreadable, or not an object of the right types)."""
     path = Path(artifact_dir) / "split" / "source.json"
     try:
-        return json.loads(path.read_text()) if path.is_file() else {}
+        src = json.loads(path.read_text()) if path.is_file() else {}
     except (OSError, ValueError):
         return {}
+    typed = (isinstance(src, dict) and isinstance(src.get("files", {}), dict)
+             and isinstance(src.get("synthetic", {}), dict) and isinstance(src.get("data", ""), str)
+             and isinstance(src.get("k_core", 1), int) and not isinstance(src.get("k_core"), bool)
+             and (src.get("format") is None or isinstance(src["format"], str)))
+    return src if typed else {}
+
+
+def same_dataset(recorded: dict[str, Any], data: Path | None) -> bool:
+    """Whether ``recorded`` (``recorded_source``) was prepared from ``data``: the same files (names,
+    sizes, content digests) whatever the directory is called or where it lies; the synthetic set
+    when ``data`` is None."""
+    if not recorded:
+        return False
+    if data is None:
+        return recorded.get("data") == "synthetic" and not recorded.get("files")
+    return bool(recorded.get("files")) and recorded.get("files") == _fingerprint(data, None, 0, {})["files"]
 
 
 def prepare(
-    data: Path | None, artifact_dir: Path, *, fmt: str | None = None, k_core: int = 5,
+    data: Path | None, artifact_dir: Path, *, fmt: str | None = None, k_core: int | None = None,
     force: bool = False, **synthetic: Any,
 ) -> Split:
-    """Load the dataset, split it with the protocol and save it (reused when inputs are unchanged)."""
+    """Load the dataset, split it with the protocol and save it (reused when inputs are unchanged).
+
+    ``k_core``, ``fmt`` and the synthetic ``n_users``/``n_items`` left None take the values the
+    split already under ``artifact_dir`` was prepared with when it was prepared from the same
+    dataset (``same_dataset``), else the defaults (5-core, the detected layout, 600 x 1200); a
+    format given that is the one detected counts as not given. A rebuild over a split prepared
+    otherwise logs a ``note:`` warning naming what changed, once the new split is saved.
+    """
     split_dir = Path(artifact_dir) / "split"
+    before = recorded_source(artifact_dir)
+    same = same_dataset(before, data)
+    if fmt is None:
+        fmt = before.get("format") if same else None
+    elif data is not None and fmt == detect_format(Path(data)):
+        fmt = None  # the detected layout, named: the same split as when it is not
+    if k_core is None:
+        k_core = int(before.get("k_core", DEFAULT_K_CORE)) if same else DEFAULT_K_CORE
+    synthetic = {key: v for key, v in synthetic.items() if v is not None}
+    if data is None:
+        for key, default in SYNTHETIC_DEFAULTS.items():
+            synthetic.setdefault(key, before.get("synthetic", {}).get(key, default) if same else default)
     fp = _fingerprint(data, fmt, k_core, synthetic)
-    fp_path = split_dir / "source.json"
-    if not force and fp_path.exists() and json.loads(fp_path.read_text()) == fp:
+    if not force and before == fp:
         split = Split.load(split_dir)
         if split.outside is None:  # saved before the outside users were kept: add them, same split id
             split.outside = outside_users(load_dataset(data, fmt, **synthetic), split.users["user_id"],
@@ -89,10 +126,24 @@ def prepare(
     split = make_split(ds, k_core=k_core)
     # the old fingerprint goes before the split is rewritten: an interrupted prepare leaves no
     # split (the next one starts over), never a fingerprint vouching for half-new files
-    fp_path.unlink(missing_ok=True)
+    (split_dir / "source.json").unlink(missing_ok=True)
     split.save(split_dir)
-    atomic_write_json(fp_path, fp)
+    atomic_write_json(split_dir / "source.json", fp)
+    if before and (changed := _changes(before, fp, same)):
+        log.warning("note: %s: the split was rebuilt (%s); stages trained on the old one retrain",
+                    artifact_dir, ", ".join(changed))
     return split
+
+
+def _changes(before: dict[str, Any], after: dict[str, Any], same: bool) -> list[str]:
+    """What differs between two fingerprints, for the rebuild note."""
+    if not same:
+        return [f"dataset {before.get('data')!r} -> {after['data']!r}"
+                + (" (other files)" if before.get("data") == after["data"] else "")]
+    out = [f"{key} {before.get(key)} -> {after[key]}" for key in ("k_core", "format") if before.get(key) != after[key]]
+    old_synth = before.get("synthetic", {})
+    return out + [f"synthetic {key} {old_synth.get(key)} -> {v}" for key, v in after["synthetic"].items()
+                  if old_synth.get(key) != v]
 
 
 def holdout_sequences(split: Split, positions: int = 1) -> tuple[list[np.ndarray], np.ndarray]:

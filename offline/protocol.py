@@ -36,6 +36,7 @@ import pandas as pd
 from offline.bootstrap import paired_bootstrap
 from offline.schema import DataError, Dataset, Vocab, normalise_users
 from offline.split import Split
+from recsys.names import canonical
 
 MIN_USER_INTERACTIONS = 3  # one train, one valid, one test
 
@@ -155,11 +156,14 @@ def outside_users(ds: Dataset, kept_users: pd.Series, catalog: pd.Series) -> pd.
     >>> out["user_id"].tolist(), [h.tolist() for h in out["history"]], out["age"].tolist()
     (['c', 'b'], [[], [0, 1]], [40, 30])
     """
+    # the loaders give ids in the one spelling (recsys.names); a split saved before they did may hold another
+    kept_users, catalog = pd.Series(kept_users).map(canonical), pd.Series(catalog).map(canonical)
     inter = ds.interactions.reset_index(drop=True)
     inter = inter.loc[~inter["user_id"].isin(kept_users)]
-    listed = ds.users.loc[~ds.users["user_id"].isin(kept_users), "user_id"]
+    users = ds.users
+    listed = users.loc[~users["user_id"].isin(kept_users), "user_id"]
     order = pd.Index(pd.unique(pd.concat([listed, inter["user_id"]], ignore_index=True)), name="user_id")
-    table = normalise_users(ds.users.drop_duplicates("user_id").set_index("user_id").reindex(order).reset_index())
+    table = normalise_users(users.drop_duplicates("user_id").set_index("user_id").reindex(order).reset_index())
     inter = inter.loc[inter["item_id"].isin(catalog)]
     item_idx = pd.Index(catalog).get_indexer(inter["item_id"]).astype(np.int64)
     user_pos = order.get_indexer(inter["user_id"]).astype(np.int64)

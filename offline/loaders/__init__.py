@@ -77,7 +77,7 @@ def load_dataset(path: Path | None, fmt: str | None = None, **synthetic_kwargs: 
         raise ValueError(f"unknown dataset format {fmt!r}; known: {sorted(FORMATS) + [SYNTHETIC]}")
     if not Path(path).is_dir():
         raise DataError(f"{path}: no such directory")
-    return _loader(fmt)(Path(path))
+    return _loader(fmt)(Path(path).resolve())  # resolved: `--data .` names the dataset by its directory
 
 
 def _loader(fmt: str) -> Callable[[Path], Dataset]:

@@ -213,7 +213,7 @@ def float32s(table: Table, column: str, what: str) -> np.ndarray:
     return values.astype(np.float32)
 
 
-_ZONED = r"\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?\s*(?:[zZ]|[+-]\d{2}(?::?\d{2})?)$"  # a time, then Z or an offset
+_ZONED = r"[T ]\d[^T]*?(?:Z|[+-]\d{1,2}(?::?\d{2})?)$"  # a time (basic or extended), then Z or an offset
 
 
 def timestamps(table: Table, column: str) -> np.ndarray:
@@ -245,17 +245,18 @@ def timestamps(table: Table, column: str) -> np.ndarray:
         table.fail_first(numeric.notna().to_numpy(), lambda pos: (
             f"timestamp {raw.iat[pos]!r} is a number (unix seconds) but {table.where(first_date)} holds "
             f"{raw.iat[first_date]!r}; use one form (unix seconds or ISO-8601) throughout"))
-    zoned = raw.str.strip().str.contains(_ZONED, regex=True).to_numpy()
+    text = raw.str.strip().str.replace(r"(?<=\d)z$", "Z", regex=True)  # RFC 3339 allows a lowercase z
+    parsed = pd.to_datetime(text, errors="coerce", utc=True, format="ISO8601")
+    table.fail_first(
+        parsed.isna().to_numpy(),
+        lambda pos: f"timestamp {raw.iat[pos]!r} is neither a number (unix seconds) nor an ISO-8601 date-time",
+    )
+    zoned = text.str.contains(_ZONED, regex=True).to_numpy()
     if zoned.any() and not zoned.all():  # naive ones would be read as UTC: hours apart, events reordered
         first = int(np.flatnonzero(zoned)[0])
         table.fail_first(~zoned, lambda pos: (
             f"timestamp {raw.iat[pos]!r} has no time zone but {table.where(first)} holds {raw.iat[first]!r}; "
             "give every ISO-8601 date-time a zone (Z or +hh:mm) or none"))
-    parsed = pd.to_datetime(raw, errors="coerce", utc=True, format="ISO8601")
-    table.fail_first(
-        parsed.isna().to_numpy(),
-        lambda pos: f"timestamp {raw.iat[pos]!r} is neither a number (unix seconds) nor an ISO-8601 date-time",
-    )
     seconds = _unix_seconds(parsed)
     _in_range(table, seconds, lambda pos: raw.iat[pos], numeric=False)
     return seconds

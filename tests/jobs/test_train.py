@@ -195,3 +195,15 @@ def test_prepare_adds_the_outside_users_to_a_split_saved_before_them_and_keeps_i
     (art / "split" / OUTSIDE_FILE).unlink()  # as a split saved by an earlier release
     assert prepare(None, art, n_users=30, n_items=40, seed=3).outside is not None
     assert (art / "split" / OUTSIDE_FILE).is_file() and split_id(art) == before  # no stage goes stale
+
+
+@pytest.mark.parametrize("record", ["[]", '"x"', '{"data": "synthetic", "k_core": "3"}', '{"data": "synthetic", "k_'])
+def test_prepare_rebuilds_over_a_source_record_that_is_not_one(tmp_path: Path, record: str) -> None:
+    from jobs.train import recorded_source
+
+    art = tmp_path / "synthetic"
+    prepare(None, art, n_users=30, n_items=40, seed=3)
+    (art / "split" / "source.json").write_text(record)
+    assert recorded_source(art) == {}
+    assert prepare(None, art, n_users=30, n_items=40, seed=3).n_users > 0
+    assert recorded_source(art)["k_core"] == 5

@@ -174,6 +174,13 @@ def test_generic_parquet_errors_name_the_row(tmp_path: Path) -> None:
         ({"interactions.csv": "user_id,item_id,timestamp\nx,a,2021-01-01T00:00:00Z\nx,b,100\n"},
          "interactions.csv line 3: timestamp '100' is a number (unix seconds) but interactions.csv line 2 holds "
          "'2021-01-01T00:00:00Z'; use one form"),
+        ({"interactions.csv": "user_id,item_id,timestamp\nx,a,2021-03-01T10:00:00+05:30\nx,b,2021-03-01T10:00:01\n"},
+         "interactions.csv line 3: timestamp '2021-03-01T10:00:01' has no time zone but interactions.csv line 2 "
+         "holds '2021-03-01T10:00:00+05:30'"),
+        ({"interactions.csv": "user_id,item_id,timestamp\nx,a,2021-03-01T10:00:00\nx,b,20210301T120500+0530\n"},
+         "interactions.csv line 2: timestamp '2021-03-01T10:00:00' has no time zone but interactions.csv line 3"),
+        ({"interactions.csv": "user_id,item_id,timestamp\nx,a,2021-03-01T10:00:00Z\nx,b,yesterday\n"},
+         "interactions.csv line 3: timestamp 'yesterday' is neither a number (unix seconds) nor an ISO-8601"),
         ({"interactions.csv": "user_id,item_id,timestamp\nx,a,2021-03-01T10:00:00+05:00\nx,b,2021-03-01T10:00:01\n"},
          "interactions.csv line 3: timestamp '2021-03-01T10:00:01' has no time zone but interactions.csv line 2 "
          "holds '2021-03-01T10:00:00+05:00'"),
@@ -362,3 +369,13 @@ def test_generic_parquet_duplicate_columns_bytes_and_far_dates_are_refused(tmp_p
                    root / "interactions.parquet")
     with pytest.raises(DataError, match=r"interactions.parquet: duplicate column name\(s\) \['timestamp'\]"):
         load_dataset(root)
+
+
+def test_generic_reads_every_zoned_iso_form_alike(tmp_path: Path) -> None:
+    stamps = ["2021-03-01T10:00:00Z", "2021-03-01T10:00:01z", "20210301T153002+0530", "2021-03-01T10+00",
+              "2021-03-01 05:00:04 -05:00"]
+    rows = "\n".join(f"x,a{i},{t}" for i, t in enumerate(stamps))
+    ds = load_dataset(write_generic(tmp_path / "g", **{
+        "interactions.csv": "user_id,item_id,timestamp\n" + rows + "\n",
+        "items.csv": "item_id\n" + "\n".join(f"a{i}" for i in range(len(stamps))) + "\n"}))
+    assert (ds.interactions["timestamp"] - 1614592800).tolist() == [0, 1, 2, 0, 4]

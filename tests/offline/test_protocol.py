@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from offline.protocol import k_core, make_split
+from offline.protocol import k_core, make_split, outside_users
 from offline.schema import DataError, Dataset, user_attributes
 from offline.split import Split
 
@@ -162,3 +162,11 @@ def test_users_outside_the_k_core_are_kept_for_serving_with_their_history(tmp_pa
     split.save(tmp_path / "split")
     loaded = Split.load(tmp_path / "split").outside
     assert loaded["user_id"].tolist() == ["u9", "u4"] and [h.tolist() for h in loaded["history"]] == [[], [1, 2]]
+
+
+def test_outside_users_match_a_split_saved_in_another_spelling() -> None:
+    ds = Dataset(name="d", interactions=pd.DataFrame({"user_id": ["a", "b", "b"], "item_id": ["caf\u00e9", "caf\u00e9", "x"],
+                                                      "rating": 1.0, "timestamp": [1, 1, 2]}),
+                 items=pd.DataFrame({"item_id": ["caf\u00e9", "x"]}), users=pd.DataFrame({"user_id": ["a", "b"]}))
+    out = outside_users(ds, pd.Series(["a"]), pd.Series(["cafe\u0301", "x"]))  # an old split's NFD catalog
+    assert [h.tolist() for h in out["history"]] == [[0, 1]]
