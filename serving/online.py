@@ -136,16 +136,21 @@ class OnlineState:
         return np.asarray([int(i) for i in items], dtype=np.int64), int(version)
 
     def ingest(
-        self, event_id: str, user_id: str, user_idx: int | None, item_idx: int | None, fields: dict[str, str]
+        self, event_id: str, user_id: str, user_idx: int | None, item_idx: int | None, fields: dict[str, str],
+        *, known: bool = False,
     ) -> IngestResult:
-        """Record one event once: stream entry plus, when ``item_idx`` is given, a history append."""
+        """Record one event once: stream entry plus, when ``item_idx`` is given, a history append.
+
+        An unknown user's history expires after ``unknown_history_ttl_s``, unless ``known``: a user the
+        catalog knows outside the split (``serving.state.CatalogState.outside``) keeps it, as a split user does.
+        """
         seed = self._seed(user_idx) if item_idx is not None else []
         keys = [f"{self.ns}:seen:{event_id}", f"{self.ns}:events",
                 f"{self.ns}:hist:{user_id}", f"{self.ns}:hver:{user_id}"]
         pairs = [v for kv in fields.items() for v in kv]
         args = [self.dedup_ttl_s, self.stream_maxlen, self.history_max_len,
                 "" if item_idx is None else int(item_idx), len(seed),
-                self.unknown_history_ttl_s if user_idx is None else 0, *seed, *pairs]
+                self.unknown_history_ttl_s if user_idx is None and not known else 0, *seed, *pairs]
         status, stream_id, version = self.guard.call(lambda: self._ingest(keys=keys, args=args))
         status = status.decode()
         return IngestResult(

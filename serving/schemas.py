@@ -30,6 +30,7 @@ from pydantic import (
     StringConstraints,
     WithJsonSchema,
 )
+from pydantic_core import PydanticCustomError
 
 from cascade.serving_config import EVENT_TYPES
 from cascade.settings import Settings
@@ -43,8 +44,8 @@ ID_PATTERN = VERSION_PATTERN
 
 
 def _allowed_id(value: str) -> str:
-    if (why := forbidden_character(value)) is not None:
-        raise ValueError(f"contains {why}")
+    if (why := forbidden_character(value)) is not None:  # the position counts in the stripped, NFC id
+        raise PydanticCustomError("id_character", "contains {why}", {"why": why})
     return value
 
 

@@ -53,7 +53,8 @@ async def post_event(body: EventRequest, recommender: RecommenderDep, settings: 
     user_idx = recommender.catalog.user_index.get(body.user_id)
     try:
         result = await run_in_threadpool(online.ingest, body.event_id, body.user_id, user_idx,
-                                         item_idx if appends else None, fields)
+                                         item_idx if appends else None, fields,
+                                         known=body.user_id in recommender.catalog.outside)
     except RedisUnavailable as exc:
         metrics.events.labels(body.type, "unavailable").inc()
         metrics.redis_errors.inc()

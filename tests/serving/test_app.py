@@ -139,7 +139,7 @@ def test_event_model_refuses_ids_with_control_characters(field: str) -> None:
     event = {"event_id": "e", "user_id": "u1", "item_id": "m1", "type": "click", field: "u\n1"}
     with pytest.raises(ValidationError) as err:
         EventRequest.model_validate(event)
-    assert [(e["type"], e["loc"]) for e in err.value.errors()] == [("value_error", (field,))]
+    assert [(e["type"], e["loc"]) for e in err.value.errors()] == [("id_character", (field,))]
     assert "contains a control character ('\\n' at 1)" in str(err.value)  # named, not the pattern echoed
 
 

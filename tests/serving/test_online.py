@@ -85,9 +85,10 @@ def test_unknown_users_history_expires_after_their_last_event(redis_env: str) ->
                         stream_maxlen=100, dedup_ttl_s=60, unknown_history_ttl_s=120)
     state.ingest("e1", "stranger", None, 3, {"type": "click"})
     state.ingest("e2", "alice", 0, 4, {"type": "click"})
+    state.ingest("e4", "short", None, 4, {"type": "click"}, known=True)  # outside the split, not a stranger
     for key in ("hist", "hver"):
         assert 0 < client.ttl(f"{state.ns}:{key}:stranger") <= 120
-        assert client.ttl(f"{state.ns}:{key}:alice") == -1  # no expiry
+        assert client.ttl(f"{state.ns}:{key}:alice") == client.ttl(f"{state.ns}:{key}:short") == -1  # no expiry
     client.expire(f"{state.ns}:hist:stranger", 5)
     client.expire(f"{state.ns}:hver:stranger", 5)
     state.ingest("e3", "stranger", None, 8, {"type": "click"})  # each event renews it
