@@ -205,10 +205,12 @@ def demo(
 ) -> None:
     """Synthetic data -> train every stage -> start the server -> send a request -> stop."""
     from cli.demo import run_demo  # lazy: keeps `recsys --help` fast
+    from jobs.train import SYNTHETIC_DEFAULTS  # lazy: keeps `recsys --help` fast
 
     settings = c.load_settings(config)
     art = c.artifact_dir(settings, None, artifacts)
-    run_demo(settings, art, config, synthetic_users, synthetic_items)
+    run_demo(settings, art, config, synthetic_users or SYNTHETIC_DEFAULTS["n_users"],
+             synthetic_items or SYNTHETIC_DEFAULTS["n_items"])
 
 
 def main() -> None:

@@ -148,6 +148,8 @@ class Split:
     def save_outside(self, directory: Path) -> None:
         """Write ``outside`` alone (``outside_users.parquet``): not part of the split's identity
         (``split_id``), so adding it to a split saved before it existed retrains nothing."""
+        if self.outside is None:
+            raise ValueError("Split.save_outside: this split has no outside users table")
         frame = self.outside.assign(history=[np.asarray(h, np.int64) for h in self.outside["history"]])
         atomic_write(Path(directory) / OUTSIDE_FILE, partial(_write_parquet, frame))
 
