@@ -53,17 +53,24 @@ class PeakRss:
 
     def __init__(self, every_s: float = 0.2) -> None:
         self.every_s, self.current, self._stop = every_s, 0.0, threading.Event()
+        self._lock, self._period = threading.Lock(), 0
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.current = max(self.current, _rss_mib())
+            period = self._period
+            sample = _rss_mib()
+            with self._lock:  # a sample taken before a mark belongs to the period that mark closed
+                if period == self._period:
+                    self.current = max(self.current, sample)
             time.sleep(self.every_s)
 
     def mark(self) -> float:
         """The peak since the previous mark (or start); resets it."""
-        peak, self.current = max(self.current, _rss_mib()), 0.0
+        with self._lock:
+            self._period += 1
+            peak, self.current = max(self.current, _rss_mib()), 0.0
         return round(peak, 1)
 
 
