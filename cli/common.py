@@ -95,13 +95,13 @@ OutOpt = Annotated[Path | None, typer.Option("--out", help="Write the JSON repor
                                              callback=writable_path)]
 KCoreOpt = Annotated[int | None, typer.Option(
     "--k-core", min=1, show_default=False,
-    help="Iterative k-core filter [default: the prepared split's, else 5].")]
+    help="Iterative k-core filter (default: the prepared split's, else 5).")]
 SynthUsersOpt = Annotated[int | None, typer.Option(
     "--synthetic-users", min=10, show_default=False,
-    help="Synthetic default: users [default: the prepared split's, else 600].")]
+    help="Synthetic default: users (default: the prepared split's, else 600).")]
 SynthItemsOpt = Annotated[int | None, typer.Option(
     "--synthetic-items", min=20, show_default=False,
-    help="Synthetic default: items [default: the prepared split's, else 1200].")]
+    help="Synthetic default: items (default: the prepared split's, else 1200).")]
 
 
 def load_settings(config: Path | None) -> Settings:
