@@ -30,6 +30,7 @@ from jobs.fusion_gate import tune_fusion
 from jobs.llm_adapt import train_llm
 from offline.loaders import detect_format, load_dataset
 from offline.protocol import make_split, outside_users
+from offline.schema import Dataset
 from offline.split import Split, split_id
 from recall.stage import RecallStage
 from recsys.atomic import atomic_write_json, json_default
@@ -132,7 +133,30 @@ def prepare(
     if before and (changed := _changes(before, fp, same)):
         log.warning("note: %s: the split was rebuilt (%s); stages trained on the old one retrain",
                     artifact_dir, ", ".join(changed))
+    if left_out := catalog_left_out(ds, split):
+        log.warning("note: %s", left_out)
     return split
+
+
+def catalog_left_out(ds: Dataset, split: Split) -> str:
+    """What the k-core left out of the catalog, in words ("" when nothing): such items are
+    never recommended, and a listed item's content does not bring it back.
+
+    >>> from types import SimpleNamespace
+    >>> import pandas as pd
+    >>> log = pd.DataFrame({"user_id": ["u"] * 3, "item_id": ["a", "a", "b"], "rating": 1.0, "timestamp": 1})
+    >>> ds = Dataset("d", log, pd.DataFrame({"item_id": ["a", "b", "c"]}), pd.DataFrame({"user_id": ["u"]}))
+    >>> catalog_left_out(ds, SimpleNamespace(items=pd.DataFrame({"item_id": ["a"]}), protocol={"k_core": 2}))
+    '2 of 3 listed items are left out of the catalog and are never recommended: 1 with no event, 1 removed by the 2-core filter (--k-core sets it)'
+    """
+    listed = ds.items["item_id"]
+    out = listed.loc[~listed.isin(split.items["item_id"])]
+    if out.empty:
+        return ""
+    k = split.protocol["k_core"]
+    none = int((~out.isin(ds.interactions["item_id"])).sum())
+    return (f"{len(out):,} of {len(listed):,} listed items are left out of the catalog and are never recommended: "
+            f"{none:,} with no event, {len(out) - none:,} removed by the {k}-core filter (--k-core sets it)")
 
 
 def _changes(before: dict[str, Any], after: dict[str, Any], same: bool) -> list[str]:

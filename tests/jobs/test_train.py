@@ -207,3 +207,30 @@ def test_prepare_rebuilds_over_a_source_record_that_is_not_one(tmp_path: Path, r
     assert recorded_source(art) == {}
     assert prepare(None, art, n_users=30, n_items=40, seed=3).n_users > 0
     assert recorded_source(art)["k_core"] == 5
+
+
+def test_catalog_left_out_docstring() -> None:
+    import doctest
+
+    import jobs.train
+
+    tests = doctest.DocTestFinder().find(jobs.train.catalog_left_out, "catalog_left_out", globs=vars(jobs.train))
+    assert tests and all(doctest.DocTestRunner().run(t).failed == 0 for t in tests)  # pytest runs no doctests
+
+
+def test_prepare_says_which_listed_items_the_catalog_leaves_out(tmp_path: Path, caplog) -> None:
+    data = tmp_path / "shop"
+    data.mkdir()
+    rows = [f"u{u},i{(u + j) % 8},{100 * u + j}" for u in range(12) for j in range(6)]
+    (data / "interactions.csv").write_text("user_id,item_id,timestamp\n" + "\n".join([*rows, "u0,rare,9999"]) + "\n")
+    (data / "items.csv").write_text("item_id,title\n" + "".join(f"i{i},Item {i}\n" for i in range(8))
+                                    + "rare,Rare\nnew,Brand new\n")
+    with caplog.at_level("WARNING"):
+        split = prepare(data, tmp_path / "art")
+    assert split.n_items == 8
+    assert ("2 of 10 listed items are left out of the catalog and are never recommended: 1 with no event, "
+            "1 removed by the 5-core filter") in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        prepare(data, tmp_path / "art")  # reused: said once, when the split is built
+    assert "left out" not in caplog.text
