@@ -83,7 +83,7 @@ def build_response(request: Request, result: PipelineResult, catalog: CatalogSta
     arm = served.arm
     debug = {"debug": _debug_block(request, cands, catalog, served.handoffs)} if request.debug else {}
     return RecommendResponse(
-        request_id=request.request_id, user_id=request.user_id, cold_start=request.user_idx is None,
+        request_id=request.request_id, user_id=request.user_id, cold_start=not len(request.history),
         items=items, stages=stages, versions={**result.versions, **served.extra_versions},
         fallbacks=list(result.fallbacks), path=answer_path(result.traces, llm_stages),
         complete=result.complete, short_by=result.short_by, short_reason=result.short_reason or None,

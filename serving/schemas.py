@@ -169,7 +169,8 @@ class DebugInfo(BaseModel):
 class RecommendResponse(BaseModel):
     request_id: str
     user_id: str
-    cold_start: bool
+    cold_start: bool = Field(description="No history is known for this user (not in the catalog's users and no "
+                             "events yet): recall leans on popularity and the user's attributes.")
     items: list[RecommendedItem]
     stages: list[StageInfo]
     versions: dict[str, str]

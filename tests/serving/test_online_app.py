@@ -43,6 +43,13 @@ def test_event_changes_the_next_recommendation_and_retires_the_cache(online: Tes
     assert after == ["m5", "m6"] and data["path"] == "light"  # new history version: recomputed
 
 
+def test_a_stranger_with_an_event_is_no_longer_a_cold_start(online: TestClient) -> None:
+    assert ids(online, user="walk-in")[1]["cold_start"] is True
+    assert event(online, "ev-walk-in", item="m2", user="walk-in").json()["appended_to_history"] is True
+    items, data = ids(online, user="walk-in")
+    assert data["cold_start"] is False and "m2" not in items
+
+
 def test_duplicate_and_impression_events(online: TestClient) -> None:
     assert event(online, "ev-2").json()["status"] == "accepted"
     dup = event(online, "ev-2").json()
