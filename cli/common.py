@@ -20,7 +20,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 import typer
@@ -96,6 +96,11 @@ OutOpt = Annotated[Path | None, typer.Option("--out", help="Write the JSON repor
 KCoreOpt = Annotated[int | None, typer.Option(
     "--k-core", min=1, show_default=False,
     help="Iterative k-core filter (default: the prepared split's, else 5).")]
+CatalogOpt = Annotated[Literal["interacted", "listed"] | None, typer.Option(
+    "--catalog", show_default=False,
+    help="Which items are served and ranked: interacted (those the k-core keeps, as published protocols rank) "
+    "or listed (also every item the items file lists with no event yet, a new item placed by its content) "
+    "(default: the prepared split's, else interacted).")]
 SynthUsersOpt = Annotated[int | None, typer.Option(
     "--synthetic-users", min=10, show_default=False,
     help="Synthetic default: users (default: the prepared split's, else 600).")]

@@ -33,7 +33,7 @@ STAGES_HELP = ("Stages to train, comma-separated, from recall,recall_holdout,coa
 
 
 def _prepare(data: Path | None, fmt: str | None, artifacts: Path, k_core: int | None, users: int | None,
-             items: int | None, settings: Settings, force: bool = False) -> Split:
+             items: int | None, settings: Settings, force: bool = False, catalog: str | None = None) -> Split:
     """The split of ``artifacts`` (``jobs.train.prepare``: an option left unset keeps the value the
     split was prepared with, when it was prepared from the same dataset); exit 2 on bad data."""
     from jobs.train import prepare  # lazy: keeps `recsys --help` fast
@@ -41,7 +41,7 @@ def _prepare(data: Path | None, fmt: str | None, artifacts: Path, k_core: int | 
 
     synthetic = {} if data is not None else {"n_users": users, "n_items": items, "seed": settings.seed}
     try:
-        return prepare(data, artifacts, fmt=fmt, k_core=k_core, force=force, **synthetic)
+        return prepare(data, artifacts, fmt=fmt, k_core=k_core, catalog=catalog, force=force, **synthetic)
     except (DataError, FileNotFoundError, ValueError) as exc:
         return c.fail(str(exc))
 
@@ -49,14 +49,15 @@ def _prepare(data: Path | None, fmt: str | None, artifacts: Path, k_core: int | 
 @app.command()
 def prepare(
     data: c.DataOpt = None, fmt: c.FormatOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
-    k_core: c.KCoreOpt = None, synthetic_users: c.SynthUsersOpt = None, synthetic_items: c.SynthItemsOpt = None,
+    k_core: c.KCoreOpt = None, catalog: c.CatalogOpt = None, synthetic_users: c.SynthUsersOpt = None,
+    synthetic_items: c.SynthItemsOpt = None,
     force: Annotated[bool, typer.Option(help="Rebuild even when the inputs are unchanged.")] = False,
     out: c.OutOpt = None,
 ) -> None:
     """Load a dataset, apply the protocol (k-core, leave-one-out) and save the split."""
     settings = c.load_settings(config)
     art = c.artifact_dir(settings, data, artifacts)
-    split = _prepare(data, fmt, art, k_core, synthetic_users, synthetic_items, settings, force)
+    split = _prepare(data, fmt, art, k_core, synthetic_users, synthetic_items, settings, force, catalog)
     c.write_report({"dataset": split.name, "artifacts": str(art), "n_users": split.n_users,
                     "n_items": split.n_items, "n_train": len(split.train), "protocol": split.protocol}, out)
 
@@ -65,7 +66,8 @@ def prepare(
 def train(
     stages: Annotated[str, typer.Argument(help=STAGES_HELP)] = "all",
     data: c.DataOpt = None, fmt: c.FormatOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
-    k_core: c.KCoreOpt = None, synthetic_users: c.SynthUsersOpt = None, synthetic_items: c.SynthItemsOpt = None,
+    k_core: c.KCoreOpt = None, catalog: c.CatalogOpt = None, synthetic_users: c.SynthUsersOpt = None,
+    synthetic_items: c.SynthItemsOpt = None,
     force: Annotated[bool, typer.Option(help="Retrain stages whose artifacts exist.")] = False,
     out: c.OutOpt = None,
 ) -> None:
@@ -83,7 +85,7 @@ def train(
     if bad:
         c.fail(f"unknown stage(s) {bad}; choose from {list(STAGE_ORDER)}")
     art = c.artifact_dir(settings, data, artifacts)
-    split = _prepare(data, fmt, art, k_core, synthetic_users, synthetic_items, settings)
+    split = _prepare(data, fmt, art, k_core, synthetic_users, synthetic_items, settings, catalog=catalog)
     report = train_stages(settings, art, split, stages=names, force=force)
     c.write_report(report, out)
     for warning in training_warnings(settings, report):
@@ -93,7 +95,8 @@ def train(
 @app.command("eval")
 def evaluate(
     data: c.DataOpt = None, fmt: c.FormatOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
-    k_core: c.KCoreOpt = None, synthetic_users: c.SynthUsersOpt = None, synthetic_items: c.SynthItemsOpt = None,
+    k_core: c.KCoreOpt = None, catalog: c.CatalogOpt = None, synthetic_users: c.SynthUsersOpt = None,
+    synthetic_items: c.SynthItemsOpt = None,
     phase: Annotated[Literal["valid", "test"], typer.Option(help="The split part measured.")] = "test",
     retrain: Annotated[bool, typer.Option(help="Retrain every stage first.")] = False,
     seeds: Annotated[int, typer.Option(min=1, help="Train and evaluate N times (seeds s, s+1, ... in "
@@ -111,7 +114,7 @@ def evaluate(
 
     settings = c.load_settings(config)
     art = c.artifact_dir(settings, data, artifacts)
-    split = _prepare(data, fmt, art, k_core, synthetic_users, synthetic_items, settings)
+    split = _prepare(data, fmt, art, k_core, synthetic_users, synthetic_items, settings, catalog=catalog)
     try:
         require_bootstrap_users(split)  # before any training: a split too small to evaluate wastes none
     except ValueError as exc:

@@ -29,7 +29,7 @@ from cascade.settings import Settings
 from jobs.fusion_gate import tune_fusion
 from jobs.llm_adapt import train_llm
 from offline.loaders import detect_format, load_dataset
-from offline.protocol import make_split, outside_users
+from offline.protocol import CATALOGS, make_split, outside_users
 from offline.schema import Dataset
 from offline.split import Split, split_id
 from recall.stage import RecallStage
@@ -40,6 +40,7 @@ from recsys.pipeline import PipelineStage
 log = logging.getLogger(__name__)
 
 DEFAULT_K_CORE = 5
+DEFAULT_CATALOG = "interacted"  # offline.protocol.CATALOGS: the k-core's items, as the published protocols rank
 SYNTHETIC_DEFAULTS = {"n_users": 600, "n_items": 1200}  # the synthetic default dataset's size (CLI help)
 STAGE_ORDER = ("recall", "recall_holdout", "coarse", "llm", "fusion")
 DEFAULT_STAGES = ("recall", "recall_holdout", "coarse", "fusion")
@@ -49,7 +50,8 @@ def dataset_name(data: Path | None) -> str:
     return "synthetic" if data is None else Path(data).resolve().name
 
 
-def _fingerprint(data: Path | None, fmt: str | None, k_core: int, synthetic: dict[str, Any]) -> dict[str, Any]:
+def _fingerprint(data: Path | None, fmt: str | None, k_core: int, synthetic: dict[str, Any],
+                 catalog: str = DEFAULT_CATALOG) -> dict[str, Any]:
     """What the split depends on: file names, sizes and content digests (never paths or mtimes).
 
     A dataset copied, restored or reached through another path keeps its fingerprint, so its
@@ -61,7 +63,9 @@ def _fingerprint(data: Path | None, fmt: str | None, k_core: int, synthetic: dic
             if f.is_file():
                 files[f.name] = [f.stat().st_size, file_sha256(f)[:20]]
     return {"data": dataset_name(data), "format": fmt, "k_core": k_core,
-            "synthetic": synthetic if data is None else {}, "files": files}
+            "synthetic": synthetic if data is None else {}, "files": files,
+            # only when not the default: a split prepared before the option keeps its fingerprint
+            **({"catalog": catalog} if catalog != DEFAULT_CATALOG else {})}
 
 
 def recorded_source(artifact_dir: Path) -> dict[str, Any]:
@@ -75,7 +79,8 @@ def recorded_source(artifact_dir: Path) -> dict[str, Any]:
     typed = (isinstance(src, dict) and isinstance(src.get("files", {}), dict)
              and isinstance(src.get("synthetic", {}), dict) and isinstance(src.get("data", ""), str)
              and isinstance(src.get("k_core", 1), int) and not isinstance(src.get("k_core"), bool)
-             and (src.get("format") is None or isinstance(src["format"], str)))
+             and (src.get("format") is None or isinstance(src["format"], str))
+             and src.get("catalog", DEFAULT_CATALOG) in CATALOGS)
     return src if typed else {}
 
 
@@ -92,13 +97,14 @@ def same_dataset(recorded: dict[str, Any], data: Path | None) -> bool:
 
 def prepare(
     data: Path | None, artifact_dir: Path, *, fmt: str | None = None, k_core: int | None = None,
-    force: bool = False, **synthetic: Any,
+    catalog: str | None = None, force: bool = False, **synthetic: Any,
 ) -> Split:
     """Load the dataset, split it with the protocol and save it (reused when inputs are unchanged).
 
-    ``k_core``, ``fmt`` and the synthetic ``n_users``/``n_items`` left None take the values the
-    split already under ``artifact_dir`` was prepared with when it was prepared from the same
-    dataset (``same_dataset``), else the defaults (5-core, the detected layout, 600 x 1200); a
+    ``k_core``, ``catalog`` (``offline.protocol.make_split``), ``fmt`` and the synthetic
+    ``n_users``/``n_items`` left None take the values the split already under ``artifact_dir``
+    was prepared with when it was prepared from the same dataset (``same_dataset``), else the
+    defaults (5-core, the interacted catalog, the detected layout, 600 x 1200); a
     format given that is the one detected counts as not given. A rebuild over a split prepared
     otherwise logs a ``note:`` warning naming what changed, once the new split is saved.
     """
@@ -111,11 +117,13 @@ def prepare(
         fmt = None  # the detected layout, named: the same split as when it is not
     if k_core is None:
         k_core = int(before.get("k_core", DEFAULT_K_CORE)) if same else DEFAULT_K_CORE
+    if catalog is None:
+        catalog = before.get("catalog", DEFAULT_CATALOG) if same else DEFAULT_CATALOG
     synthetic = {key: v for key, v in synthetic.items() if v is not None}
     if data is None:
         for key, default in SYNTHETIC_DEFAULTS.items():
             synthetic.setdefault(key, before.get("synthetic", {}).get(key, default) if same else default)
-    fp = _fingerprint(data, fmt, k_core, synthetic)
+    fp = _fingerprint(data, fmt, k_core, synthetic, catalog)
     if not force and before == fp:
         split = Split.load(split_dir)
         if split.outside is None:  # saved before the outside users were kept: add them, same split id
@@ -124,7 +132,7 @@ def prepare(
             split.save_outside(split_dir)
         return split
     ds = load_dataset(data, fmt, **synthetic)
-    split = make_split(ds, k_core=k_core)
+    split = make_split(ds, k_core=k_core, catalog=catalog)
     # the old fingerprint goes before the split is rewritten: an interrupted prepare leaves no
     # split (the next one starts over), never a fingerprint vouching for half-new files
     (split_dir / "source.json").unlink(missing_ok=True)
@@ -147,7 +155,7 @@ def catalog_left_out(ds: Dataset, split: Split) -> str:
     >>> log = pd.DataFrame({"user_id": ["u"] * 3, "item_id": ["a", "a", "b"], "rating": 1.0, "timestamp": 1})
     >>> ds = Dataset("d", log, pd.DataFrame({"item_id": ["a", "b", "c"]}), pd.DataFrame({"user_id": ["u"]}))
     >>> catalog_left_out(ds, SimpleNamespace(items=pd.DataFrame({"item_id": ["a"]}), protocol={"k_core": 2}))
-    '2 of 3 listed items are left out of the catalog and are never recommended: 1 with no event, 1 removed by the 2-core filter (--k-core sets it)'
+    '2 of 3 listed items are left out of the catalog and are never recommended: 1 with no event (--catalog listed keeps such items, as new ones), 1 removed by the 2-core filter (--k-core sets it)'
     """
     listed = ds.items["item_id"]
     out = listed.loc[~listed.isin(split.items["item_id"])]
@@ -155,8 +163,9 @@ def catalog_left_out(ds: Dataset, split: Split) -> str:
         return ""
     k = split.protocol["k_core"]
     none = int((~out.isin(ds.interactions["item_id"])).sum())
+    hint = " (--catalog listed keeps such items, as new ones)" if none else ""
     return (f"{len(out):,} of {len(listed):,} listed items are left out of the catalog and are never recommended: "
-            f"{none:,} with no event, {len(out) - none:,} removed by the {k}-core filter (--k-core sets it)")
+            f"{none:,} with no event{hint}, {len(out) - none:,} removed by the {k}-core filter (--k-core sets it)")
 
 
 def _changes(before: dict[str, Any], after: dict[str, Any], same: bool) -> list[str]:
@@ -165,6 +174,8 @@ def _changes(before: dict[str, Any], after: dict[str, Any], same: bool) -> list[
         return [f"dataset {before.get('data')!r} -> {after['data']!r}"
                 + (" (other files)" if before.get("data") == after["data"] else "")]
     out = [f"{key} {before.get(key)} -> {after[key]}" for key in ("k_core", "format") if before.get(key) != after[key]]
+    if (old := before.get("catalog", DEFAULT_CATALOG)) != (new := after.get("catalog", DEFAULT_CATALOG)):
+        out.append(f"catalog {old} -> {new}")
     old_synth = before.get("synthetic", {})
     return out + [f"synthetic {key} {old_synth.get(key)} -> {v}" for key, v in after["synthetic"].items()
                   if old_synth.get(key) != v]

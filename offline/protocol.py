@@ -19,7 +19,13 @@ Rules fixed here (and recorded in ``Split.protocol``):
   evaluated, but serving must still know them: ``Split.outside`` keeps their attributes and
   their history on the catalog's items (``outside_users``), so an adult with three purchases
   is not served as an anonymous stranger; the protocol records how many users and items the
-  filter left out (``n_users_outside``, ``n_items_outside``).
+  filter left out (``n_users_outside``, ``n_items_outside``);
+- catalog: the items the k-core keeps (``catalog="interacted"``, the published protocols'
+  catalog). ``catalog="listed"`` adds every item the items table lists that no interaction
+  names, after them (so the kept items' indices do not move): new items the two-tower places by
+  their content alone, ranked among the rest in evaluation too (never a target). An item with
+  events the k-core removed stays out either way (its events are gone from the users'
+  histories, so serving could not tell who already has it); a lower ``k_core`` keeps it.
 
 Deliberately left out: metrics (``offline.metrics``), baselines (``offline.baselines``),
 reading files (``offline.loaders``).
@@ -88,7 +94,10 @@ def _latest_per_pair(df: pd.DataFrame, users: np.ndarray, items: np.ndarray, n_i
     return keep
 
 
-def make_split(ds: Dataset, k_core: int = 5) -> Split:
+CATALOGS = ("interacted", "listed")
+
+
+def make_split(ds: Dataset, k_core: int = 5, catalog: str = "interacted") -> Split:
     """Filter ``ds`` to its ``k_core``, encode to contiguous indices and split leave-one-out.
 
     Called once per dataset by ``recsys prepare``; every trainer and evaluator then loads the
@@ -97,6 +106,8 @@ def make_split(ds: Dataset, k_core: int = 5) -> Split:
     k = k_core  # the parameter is named after the protocol key, the function is ``_k_core_fn``
     if k < 1:
         raise ValueError(f"make_split: k_core must be >= 1, got {k}")
+    if catalog not in CATALOGS:
+        raise ValueError(f"make_split: catalog must be one of {', '.join(CATALOGS)}, got {catalog!r}")
     inter = ds.interactions.reset_index(drop=True)
     user_k = max(k, MIN_USER_INTERACTIONS)
     kept = _k_core_fn(inter, k, min_user=user_k)
@@ -107,6 +118,10 @@ def make_split(ds: Dataset, k_core: int = 5) -> Split:
         raise DataError(f"make_split: dataset {ds.name!r} is empty after {k}-core filtering")
 
     items = _encoded_items(ds, kept)
+    n_new = 0
+    if catalog == "listed":  # items no event names, after the kept ones: their indices do not move
+        new = ds.items.loc[~ds.items["item_id"].isin(inter["item_id"])]
+        items, n_new = pd.concat([items, new], ignore_index=True), len(new)
     users = _encoded_users(ds, kept)
     item_idx = pd.Index(items["item_id"]).get_indexer(kept["item_id"]).astype(np.int64)
     user_idx = pd.Index(users["user_id"]).get_indexer(kept["user_id"]).astype(np.int64)
@@ -132,6 +147,8 @@ def make_split(ds: Dataset, k_core: int = 5) -> Split:
         "n_interactions_raw": len(inter),
         # left out by the filter: outside users are served from Split.outside, outside items not at all
         "n_users_outside": len(outside), "n_items_outside": int(len(ds.items) - len(items)),
+        # recorded only when not the default, so a split prepared before the option keeps its id
+        **({"catalog": catalog, "n_items_without_events": n_new} if catalog != "interacted" else {}),
         # any numeric scale is accepted: every interaction counts as one positive (implicit feedback)
         "rating_scale": [float(rating.min()), float(rating.max())] if len(rating) else None,
     }

@@ -228,9 +228,35 @@ def test_prepare_says_which_listed_items_the_catalog_leaves_out(tmp_path: Path, 
     with caplog.at_level("WARNING"):
         split = prepare(data, tmp_path / "art")
     assert split.n_items == 8
-    assert ("2 of 10 listed items are left out of the catalog and are never recommended: 1 with no event, "
-            "1 removed by the 5-core filter") in caplog.text
+    assert ("2 of 10 listed items are left out of the catalog and are never recommended: 1 with no event "
+            "(--catalog listed keeps such items, as new ones), 1 removed by the 5-core filter") in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING"):
         prepare(data, tmp_path / "art")  # reused: said once, when the split is built
     assert "left out" not in caplog.text
+
+
+def test_a_listed_catalog_is_kept_until_given_otherwise_and_its_new_items_are_recalled(tmp_path: Path, caplog) -> None:
+    from recall.stage import RecallStage
+    from recsys.config import StageSpec
+    from recsys.contract import Request
+
+    data = tmp_path / "shop"
+    data.mkdir()
+    rows = [f"u{u},i{(u + j) % 8},{100 * u + j}" for u in range(12) for j in range(6)]
+    (data / "interactions.csv").write_text("user_id,item_id,timestamp\n" + "\n".join(rows) + "\n")
+    (data / "items.csv").write_text("item_id,title,categories\n" + "".join(f"i{i},Item {i},A\n" for i in range(8))
+                                    + "new,Brand new,A\n")
+    art = tmp_path / "art"
+    assert prepare(data, art).n_items == 8
+    with caplog.at_level("WARNING"):
+        split = prepare(data, art, catalog="listed")
+    assert "catalog interacted -> listed" in caplog.text
+    assert split.n_items == 9 and split.items["item_id"].iloc[8] == "new"
+    assert prepare(data, art).n_items == 9  # train and eval without --catalog keep the prepared one
+    settings = Settings.build(TINY)  # recall's depth (200) is past the whole catalog
+    train_stages(settings, art, split, stages=("recall",))
+    recall = RecallStage(StageSpec(name="recall", kind="recall", on_error="fail"), settings.recall)
+    recall.load(art)
+    out = recall.run(Request(user_id="u0", user_idx=0, history=split.history(0, "test"), k=9), None)
+    assert 8 in out.items.tolist()  # the new item is in the index, reachable by its content

@@ -170,3 +170,25 @@ def test_outside_users_match_a_split_saved_in_another_spelling() -> None:
                  items=pd.DataFrame({"item_id": ["caf\u00e9", "x"]}), users=pd.DataFrame({"user_id": ["a", "b"]}))
     out = outside_users(ds, pd.Series(["a"]), pd.Series(["cafe\u0301", "x"]))  # an old split's NFD catalog
     assert [h.tolist() for h in out["history"]] == [[0, 1]]
+
+
+def test_a_listed_catalog_adds_items_no_event_names_after_the_kept_ones(tmp_path) -> None:
+    base = _tiny_dataset()
+    items = pd.concat([base.items, pd.DataFrame({"item_id": ["i9"], "title": ["Rare"]})], ignore_index=True)
+    inter = pd.concat([base.interactions, _inter([("u4", "i9", 3)])], ignore_index=True)  # i9: one event
+    ds = Dataset(name="tiny", interactions=inter, items=items, users=base.users)
+    kept = make_split(ds, k_core=2)
+    listed = make_split(ds, k_core=2, catalog="listed")
+    assert kept.items["item_id"].tolist() == ["i3", "i1", "i2"]
+    # i4 (no event) comes after them; i9 (an event the k-core removed, with u4) stays out
+    assert listed.items["item_id"].tolist() == ["i3", "i1", "i2", "i4"]
+    assert listed.items.loc[3, "title"] == "D"
+    pd.testing.assert_frame_equal(listed.train, kept.train)
+    np.testing.assert_array_equal(listed.test, kept.test)
+    assert "catalog" not in kept.protocol  # the default leaves a split's record (and id) as it was
+    assert (listed.protocol["catalog"], listed.protocol["n_items_without_events"]) == ("listed", 1)
+    assert (listed.protocol["n_items"], listed.protocol["n_items_outside"]) == (4, 1)
+    listed.save(tmp_path / "split")
+    assert Split.load(tmp_path / "split").items["item_id"].tolist() == ["i3", "i1", "i2", "i4"]
+    with pytest.raises(ValueError, match="catalog must be one of interacted, listed, got 'all'"):
+        make_split(ds, catalog="all")
