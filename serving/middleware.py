@@ -160,7 +160,9 @@ def json_body_problem(content_type: str | None, body: bytes, max_depth: int) -> 
     if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
         return BodyProblem(415, f"Content-Type must be application/json, got {content_type!r}", "unsupported_media_type")
     try:
-        text = body.decode("utf-8")
+        # utf-8-sig: a leading byte-order mark is dropped, as Starlette's json.loads(bytes) drops it before the
+        # route parses the body; decoded with the BOM kept, json.loads refused it and every check here was skipped
+        text = body.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         return BodyProblem(400, f"body is not valid UTF-8: byte {body[exc.start]:#04x} at offset {exc.start}",
                            "body_not_utf8")

@@ -99,6 +99,22 @@ def test_malformed_json_is_refused(client: TestClient) -> None:
     assert resp.json()["detail"][0]["type"] == "json_invalid"
 
 
+@pytest.mark.parametrize(("body", "status", "kind"), [
+    (b'{"user_id": "u1", "k": 5, "k": 50}', 422, "duplicate_key"),
+    (b'{"user_id": "u\\ud800x"}', 400, "surrogate"),
+    (b'{"user_id": "u1", "context": {"x": 1e309}}', 422, "finite_number"),
+])
+def test_a_byte_order_mark_does_not_switch_the_body_checks_off(client: TestClient, body: bytes, status: int,
+                                                               kind: str) -> None:
+    """Hostile pass 10: with a UTF-8 BOM the checks were skipped (the surrogate gave a 500, the rest a 200)."""
+    resp = client.post("/v1/recommend", content=b"\xef\xbb\xbf" + body, headers={"content-type": "application/json"})
+    assert resp.status_code == status, resp.text
+    assert kind in resp.text
+    ok = client.post("/v1/recommend", content=b'\xef\xbb\xbf{"user_id": "u1", "k": 2}',
+                     headers={"content-type": "application/json"})
+    assert ok.status_code == 200 and len(ok.json()["items"]) == 2
+
+
 def test_a_key_given_twice_is_422_naming_it(client: TestClient) -> None:
     """``{"k": 5, "k": 50}`` used to be served with k=50 (json.loads keeps the last value silently)."""
     resp = client.post("/v1/recommend", content=b'{"user_id": "u1", "k": 5, "k": 50}',
