@@ -3,8 +3,9 @@
 The event goes to the Redis stream and, for history event types (``serving.history_event_types``:
 clicks, ratings, purchases...; not impressions), onto the user's online history at once, so
 the user's next recommendation reflects it (its history version changes, which also retires
-its cached answers). With an active experiment the entry records it and the user's variant
-(derived from the user id when the client does not send one). An unknown ``item_id`` is a 422
+its cached answers). With an active experiment the entry records it and the user's variant,
+which the server derives from the user id: a client naming another arm gets a 422 (it would
+credit that arm with the user's clicks). An unknown ``item_id`` is a 422
 naming the field, and so is a ``value`` or ``ts`` that is not a finite number within bounds
 (``serving.schemas.EventRequest``: no NaN, no ``ts: 1e300``), so nothing absurd reaches the
 history or the stream; Redis down is a 503 (the event is not recorded, the client may retry
@@ -45,9 +46,14 @@ async def post_event(body: EventRequest, recommender: RecommenderDep, settings: 
     if body.value is not None:
         fields["value"] = repr(body.value)
     experiment = recommender.experiment
-    if experiment is not None:  # the variant is a pure function of the user: derive it when not sent
-        fields["experiment"] = experiment.name
-        fields["variant"] = body.variant or assign(experiment, body.user_id).variant
+    if experiment is not None:  # the variant is a pure function of the user: the server's, never the client's
+        arm = assign(experiment, body.user_id).variant
+        if body.variant and body.variant != arm:  # a client naming another arm would credit it with the click
+            err = {"type": "value_error", "loc": ("body", "variant"), "input": body.variant,
+                   "msg": f"variant {body.variant!r} is not the arm of user {body.user_id!r} in experiment "
+                          f"{experiment.name!r} ({arm!r}); send that one, or none"}
+            raise RequestValidationError([err], body=body.model_dump())
+        fields["experiment"], fields["variant"] = experiment.name, arm
     elif body.variant:  # "" is no variant, as null is: not an arm `recsys ab analyze` would count
         fields["variant"] = body.variant
     user_idx = recommender.catalog.user_index.get(body.user_id)

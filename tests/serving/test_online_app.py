@@ -239,3 +239,28 @@ def test_an_empty_variant_still_means_none_given(online: TestClient) -> None:
     state = online.app.state.slot.recommender.online
     fields = state.client.xrange(f"{state.ns}:events")[-1][1]
     assert fields[b"type"] == b"click" and b"variant" not in fields  # not an arm named "" for `ab analyze`
+
+
+def test_with_an_experiment_running_a_click_is_credited_to_the_users_own_arm_only(toy_dir) -> None:
+    """Hostile pass 10: a client could name any arm (even one that does not exist) and `ab analyze`
+    credited it with the click."""
+    from recsys.experiments import ExperimentsConfig, VariantSpec, assign
+    from serving.app import create_app
+    from tests.serving.conftest import REAL_RULES, toy_pipeline
+    from tests.serving.toy import toy_settings
+
+    experiments = ExperimentsConfig(enabled=True, name="exp-1", holdout=0.1, variants=[
+        VariantSpec(name="control", share=0.45), VariantSpec(name="treatment", share=0.45)])
+    settings = toy_settings(*(spec for spec, _ in REAL_RULES), admin_api_key=ADMIN_KEY).model_copy(
+        update={"experiments": experiments})
+    with TestClient(create_app(settings, toy_dir, pipeline=toy_pipeline(toy_dir, settings, REAL_RULES))) as client:
+        arm = assign(experiments, "u1").variant
+        other = next(v for v in ("control", "treatment", "bogus-arm") if v != arm)
+        body = {"event_id": "ev-arm", "user_id": "u1", "item_id": "m4", "type": "click"}
+        refused = client.post("/v1/events", json={**body, "variant": other})
+        assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["body", "variant"]
+        assert refused.json()["detail"][0]["msg"] == (f"variant {other!r} is not the arm of user 'u1' in experiment "
+                                                      f"'exp-1' ({arm!r}); send that one, or none")
+        assert ids(client)[0][0] == "m4"  # nothing recorded: m4 is still recommended
+        assert client.post("/v1/events", json={**body, "variant": arm}).json()["status"] == "accepted"
+        assert client.post("/v1/events", json={**body, "event_id": "ev-arm-2"}).json()["status"] == "accepted"
