@@ -59,14 +59,21 @@ def latest_analysis(artifact_dir: Path) -> dict[str, Any] | None:
     root = analyses_dir(artifact_dir)
     if not root.is_dir():
         return None
-    files = sorted(root.rglob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)[:_MAX_FILES]
-    for path in files:
+    stamped = [(modified, path) for path in root.rglob("*.json") if (modified := _modified(path)) is not None]
+    for modified, path in sorted(stamped, key=lambda pair: pair[0], reverse=True)[:_MAX_FILES]:
         report = _read_analysis(path)
         if report is not None:
             plots = sorted(p.name for p in path.parent.glob("online_*.png") if PLOT_NAME.fullmatch(p.name))
-            return {"file": str(path.relative_to(artifact_dir)), "modified": path.stat().st_mtime,
-                    "report": report, "plots": plots}
+            return {"file": str(path.relative_to(artifact_dir)), "modified": modified, "report": report, "plots": plots}
     return None
+
+
+def _modified(path: Path) -> float | None:
+    """``path``'s mtime; None for an entry that cannot be read (a broken link, a file renamed away since the listing)."""
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
 
 
 def plot_path(artifact_dir: Path, name: str) -> Path | None:

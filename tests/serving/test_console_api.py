@@ -157,6 +157,7 @@ def test_experiments_show_the_config_without_salt_and_the_latest_analysis(toy_di
             shutil.copy(REPO / "docs" / "ab" / "online_ml100k.json", folder / "online.json")
         shutil.copy(REPO / "docs" / "ab" / "online_rates.png", new / "online_rates.png")
         (new / "notes.json").write_text('{"not": "an analysis"}')
+        (new / "broken.json").symlink_to(toy_dir / "gone.json")  # or a file renamed away mid-listing: skipped, no 500
         os.utime(old / "online.json", (1, 1))  # the older one
         found = client.get("/console/api/experiments", headers=AUTH).json()["analysis"]
         assert (found["file"], found["plots"]) == ("ab/new/online.json", ["online_rates.png"])
