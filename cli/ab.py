@@ -9,7 +9,10 @@ log (Redis stream or Parquet) and tests CTR / conversion per variant with an SRM
 Reports are strict JSON: a number a run leaves undefined (NaN, an infinity) is written as
 ``null``. Bad input is one ``error:`` line and exit 2 (``cli.common.fail``): shares given to
 ``--expected`` that are not finite, negative or all zero, a Redis that cannot be reached or
-read, a simulation server that does not answer.
+read, a simulation server that does not answer or refuses every request, an event log with no
+arm but the holdout, and (``offline``) stages trained on another split than the one measured,
+as ``serve`` refuses them. Warnings (stages trained under other settings than a variant's
+config, empty or short lists, clicks without an impression) go to stderr and the report.
 """
 
 from __future__ import annotations
@@ -47,11 +50,19 @@ def offline(
     a: Annotated[Path, typer.Option("--a", exists=True, dir_okay=False, help="Pipeline YAML of variant A.")],
     b: Annotated[Path, typer.Option("--b", exists=True, dir_okay=False, help="Pipeline YAML of variant B.")],
     data: c.DataOpt = None, artifacts: c.ArtifactsOpt = None,
+    artifacts_b: Annotated[Path | None, typer.Option(
+        "--artifacts-b", exists=True, file_okay=False,
+        help="B's own trained artifacts (same split), when B changes a trained stage's settings "
+             "(default: A's).")] = None,
     names: Annotated[str, typer.Option(help="Names of the two variants, comma-separated.")] = "A,B",
     n_boot: Annotated[int, typer.Option(min=100, help="Bootstrap resamples.")] = 2000,
     out: c.OutOpt = None, report_dir: ReportDirOpt = None,
 ) -> None:
-    """Both configs on the same test users: metrics, latency, LLM cost, paired CIs of B - A."""
+    """Both configs on the same test users: metrics, lists, latency, LLM cost, paired CIs of B - A.
+
+    Refuses stages trained on another split (as `serve` does) and warns when a recall or coarse
+    stage was trained under other settings than a variant's config.
+    """
     from jobs.ab.compare import compare_offline  # lazy: keeps `recsys --help` fast
 
     settings_a, settings_b = c.load_settings(a), c.load_settings(b)
@@ -60,12 +71,17 @@ def offline(
         c.fail(f"--names takes two distinct names, got {names!r}")
     art = c.artifact_dir(settings_a, data, artifacts)
     split = _split_of(art)
-    report = compare_offline(settings_a, settings_b, art, split, names=pair, n_boot=n_boot,  # type: ignore[arg-type]
-                             progress=True)
+    try:
+        report = compare_offline(settings_a, settings_b, art, split, names=pair,  # type: ignore[arg-type]
+                                 n_boot=n_boot, progress=True, artifact_dir_b=artifacts_b)
+    except ValueError as exc:  # StaleArtifacts, B's artifacts on another split
+        c.fail(" ".join(str(exc).split()))
     latencies = report.pop("latencies_ms")
     report = c.strict_json(report)  # the Markdown and the JSON show the same (NaN -> None)
     for name, path in zip(pair, (a, b), strict=True):
         report["variants"][name]["config"] = str(path)
+    for warning in report["warnings"]:
+        typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)
     if report_dir is not None:
         from jobs.ab.report import write_offline_report  # lazy: keeps `recsys --help` fast
 

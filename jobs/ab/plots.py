@@ -70,8 +70,8 @@ def plot_rates(arms: Mapping[str, Mapping[str, Any]], path: Path) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(7, 3.2))
     for ax, metric in zip(axes, ("ctr", "conversion"), strict=True):
         rate = np.array([arms[n][metric]["rate"] or 0.0 for n in names])
-        lo = np.array([arms[n][metric]["ci95"][0] for n in names])
-        hi = np.array([arms[n][metric]["ci95"][1] for n in names])
+        cis = [arms[n][metric]["ci95"] or (r, r) for n, r in zip(names, rate, strict=True)]  # None: no rate
+        lo, hi = np.array([ci[0] for ci in cis]), np.array([ci[1] for ci in cis])
         ax.bar(names, rate, color="tab:blue", alpha=0.6)
         ax.errorbar(names, rate, yerr=[np.maximum(rate - lo, 0), np.maximum(hi - rate, 0)], fmt="none",
                     capsize=5, color="black")

@@ -28,6 +28,12 @@ def _ci(ci: Sequence[float] | None) -> str:
     return "" if not ci else f"[{ci[0]:+.5g}, {ci[1]:+.5g}]"
 
 
+def _p(d: dict[str, Any]) -> str | None:
+    """A p-value as reported; a bound (no bootstrap resample crossed 0) as ``< bound``."""
+    p = d.get("p_value")
+    return f"< {p:.2g}" if p is not None and d.get("p_value_is_bound") else p
+
+
 def write_offline_report(report: dict[str, Any], out_dir: Path,
                          latencies_ms: dict[str, np.ndarray] | None = None) -> Path:
     out_dir = Path(out_dir)
@@ -41,15 +47,23 @@ def write_offline_report(report: dict[str, Any], out_dir: Path,
         cfg = report["variants"][n].get("config")
         if cfg:
             lines.append(f"- **{n}**: `{cfg}`")
+    warnings = report.get("warnings") or []
+    lines += ([""] + [f"> **Warning**: {w}" for w in warnings]) if warnings else []
     metric_names = list(report["variants"][a]["metrics"])
     lines += ["", "## Metrics", ""]
     lines += _table(["metric", *names], [[m, *(report["variants"][n]["metrics"][m] for n in names)]
                                          for m in metric_names])
     lines += ["", "## Differences", ""]
     lines += _table(["metric", a, b, "diff", "95% CI", "p", "relative"],
-                    [[m, d["a"], d["b"], f"{d['diff']:+.5g}", _ci(d.get("ci95")), d.get("p_value"),
+                    [[m, d["a"], d["b"], f"{d['diff']:+.5g}", _ci(d.get("ci95")), _p(d),
                       None if d.get("relative") is None else f"{100 * d['relative']:+.2f}%"]
                      for m, d in report["differences"].items()])
+    lists = {n: v["lists"] for n, v in report["variants"].items() if "lists" in v}
+    if lists:
+        lines += ["", "## Lists", ""]
+        lines += _table(["variant", "users", "empty", "short", "complete", "short reasons"],
+                        [[n, x["users"], x["empty"], x["short"], x["complete"], x["short_reasons"] or ""]
+                         for n, x in lists.items()])
     lines += ["", "## Latency and LLM cost", ""]
     lines += _table(["variant", "p50 ms", "p95 ms", "p99 ms", "mean ms", "LLM calls", "prompt tokens",
                      "tokens/call"],

@@ -17,7 +17,10 @@ knows ends where the test phase's input ends (every stage reads the same train +
 interactions and popularity as in offline evaluation; only the served history shows the
 valid item twice). Targets come from the original split.
 
-Bounded by ``users`` and ``seconds``; refuses any URL that is not loopback.
+Bounded by ``users`` and ``seconds``; refuses any URL that is not loopback. A run in which
+every request was refused raises ``ValueError`` with the server's message (nothing was
+measured). Event ids carry a random run tag, so two runs never share one; an event the
+server reports as a duplicate is counted as ``<type>_duplicate``, not as sent.
 
 Deliberately left out: position bias and click noise (a user clicks their true next item
 wherever it is ranked) and users returning for a second session.
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -91,11 +95,12 @@ def simulate(
     base_url = check_loopback(base_url) if client is None else base_url
     if users < 1 or seconds <= 0 or k < 1:
         raise ValueError(f"simulate: need users >= 1, seconds > 0, k >= 1; got {users}, {seconds}, {k}")
-    tag = run_tag or f"sim{int(time.time())}"
+    tag = run_tag or f"sim-{uuid.uuid4().hex[:12]}"  # a clock tag repeats within a second: its events dropped
     order = np.random.default_rng(seed).permutation(split.n_users)[:users]
     targets = split.targets("test")
     counts: Counter[str] = Counter()
     variants: Counter[str] = Counter()
+    refusal = ""  # the server's first non-200 answer
     stop_at = time.monotonic() + seconds
     t0 = time.perf_counter()
     http = client if client is not None else httpx.Client(base_url=base_url, timeout=timeout_s)
@@ -110,6 +115,7 @@ def simulate(
             counts["requests"] += 1
             if resp.status_code != 200:
                 counts[f"http_{resp.status_code}"] += 1
+                refusal = refusal or f"HTTP {resp.status_code}: {server_message(resp)}"
                 continue
             answer = resp.json()
             variant = answer.get("variant")
@@ -123,6 +129,9 @@ def simulate(
     finally:
         if client is None:
             http.close()
+    if counts["requests"] and not variants:
+        raise ValueError(f"simulate: every one of the {counts['requests']} requests to {base_url}/v1/recommend "
+                         f"was refused; the first answer: {refusal}")
     return {"requests": counts.pop("requests", 0), "users_available": split.n_users, "variants": dict(variants),
             "events": dict(counts), "wall_s": round(time.perf_counter() - t0, 2), "run_tag": tag}
 
@@ -132,5 +141,21 @@ def _event(client: httpx.Client, event_id: str, user_id: str, item_id: str, kind
     body: dict[str, Any] = {"event_id": event_id, "user_id": user_id, "item_id": item_id, "type": kind}
     if variant is not None:
         body["variant"] = variant
-    status = client.post("/v1/events", json=body).status_code
-    counts[f"{kind}_{'sent' if status == 200 else f'http_{status}'}"] += 1
+    resp = client.post("/v1/events", json=body)
+    if resp.status_code != 200:
+        counts[f"{kind}_http_{resp.status_code}"] += 1
+    else:
+        counts[f"{kind}_{'duplicate' if resp.json().get('status') == 'duplicate' else 'sent'}"] += 1
+
+
+def server_message(resp: httpx.Response, limit: int = 300) -> str:
+    """The ``detail`` of an error answer on one line (each validation error as ``loc: msg``), at most ``limit`` chars."""
+    try:
+        detail = resp.json().get("detail", resp.text)
+    except (ValueError, AttributeError):  # not JSON, or JSON that is not an object
+        detail = resp.text
+    if isinstance(detail, list):
+        detail = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', []))}: {e.get('msg')}" if isinstance(e, dict)
+                           else str(e) for e in detail)
+    text = " ".join(str(detail).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -22,7 +22,8 @@ def ev(user: str, kind: str, variant: str | None, item: str = "m1") -> tuple[str
 
 def hand_log() -> pd.DataFrame:
     """control: u1, u2 see 4 items each (8 impressions), u1 clicks twice -> CTR 2/8, conversion 1/2.
-    treatment: u3, u4, u5 see 2 each (6), u3 and u4 click once, u6 clicks unexposed -> CTR 3/6, conv 2/3.
+    treatment: u3, u4, u5 see 2 each (6), u3 and u4 click once, u6 clicks unexposed (left out) -> CTR 2/6,
+    conv 2/3.
     """
     rows = [ev(u, "impression", "control", f"m{i}") for u in ("u1", "u2") for i in range(4)]
     rows += [ev("u1", "click", "control"), ev("u1", "click", "control", "m2")]
@@ -36,18 +37,52 @@ def test_exact_ctr_and_conversion_per_arm() -> None:
     report = analyze_events(hand_log(), {"control": 0.5, "treatment": 0.5})
     c, t = report["arms"]["control"], report["arms"]["treatment"]
     assert (c["impressions"], c["clicks"], c["users_exposed"], c["users_converted"]) == (8, 2, 2, 1)
-    assert (t["impressions"], t["clicks"], t["users_exposed"], t["users_converted"]) == (6, 3, 3, 2)
-    assert c["ctr"]["rate"] == 0.25 and t["ctr"]["rate"] == 0.5
+    assert (t["impressions"], t["clicks"], t["users_exposed"], t["users_converted"]) == (6, 2, 3, 2)
+    assert (c["clicks_without_impression"], t["clicks_without_impression"]) == (0, 1)
+    assert c["ctr"]["rate"] == 0.25 and t["ctr"]["rate"] == pytest.approx(1 / 3, abs=1e-6)
     assert c["conversion"]["rate"] == 0.5 and t["conversion"]["rate"] == pytest.approx(2 / 3, abs=1e-6)
     assert c["ctr"]["ci95"] == pytest.approx(list(wilson_interval(2, 8)), abs=1e-6)
     comp = report["comparisons"]["treatment"]["ctr"]
-    z, p = two_proportion_ztest(2, 8, 3, 6)
-    assert comp["diff"] == 0.25 and comp["relative_lift"] == 1.0
+    z, p = two_proportion_ztest(2, 8, 2, 6)
+    assert comp["diff"] == pytest.approx(1 / 3 - 1 / 4, abs=1e-6) and comp["relative_lift"] == pytest.approx(1 / 3, abs=1e-5)
     assert comp["z"] == pytest.approx(z, abs=1e-4) and comp["p_value"] == pytest.approx(p, abs=1e-6)
     assert report["control"] == "control"
     assert report["events_without_variant"] == 1
     assert report["experiments"] == ["exp1"]
-    assert not report["srm"]["mismatch"] and report["warnings"] == []
+    assert not report["srm"]["mismatch"]
+    assert report["warnings"] == ["click(s) by users with no impression in their arm, left out of CTR and "
+                                  "conversion: {'treatment': 1} (an impression logger down, bots, or clients "
+                                  "naming another arm)"]
+
+
+def test_clicks_without_impression_are_left_out_of_ctr_and_warned() -> None:
+    # each arm 5 impressions (5 users), 0 clicks by them; treatment also 30 clicks by 30 users never shown
+    # anything: the report said treatment CTR 1.0 (clamped), diff +1.0, p 0.0016, no warning
+    rows = [ev(f"{arm[0]}{i}", "impression", arm) for arm in ("control", "treatment") for i in range(5)]
+    rows += [ev(f"x{i}", "click", "treatment") for i in range(30)]
+    report = analyze_events(events_frame(rows))
+    t = report["arms"]["treatment"]
+    assert (t["clicks"], t["clicks_without_impression"], t["ctr"]["rate"]) == (0, 30, 0.0)
+    assert report["comparisons"]["treatment"]["ctr"]["diff"] == 0.0
+    assert report["comparisons"]["treatment"]["ctr"]["p_value"] == 1.0
+    assert any("{'treatment': 30}" in w for w in report["warnings"])
+
+
+def test_more_clicks_than_impressions_is_no_rate_not_a_clamped_one() -> None:
+    rows = [ev("c1", "impression", "control"), ev("c1", "click", "control")]
+    rows += [ev("t1", "impression", "treatment")] + [ev("t1", "click", "treatment")] * 3
+    report = analyze_events(events_frame(rows))
+    assert report["arms"]["treatment"]["ctr"] == {"rate": None, "ci95": None}
+    assert report["comparisons"]["treatment"]["ctr"] is None
+    assert report["comparisons"]["treatment"]["conversion"]["diff"] == 0.0
+    assert any("more clicks than impressions in {'treatment': '3 clicks / 1 impressions'}" in w
+               for w in report["warnings"])
+
+
+def test_a_log_of_the_holdout_alone_is_refused() -> None:
+    rows = [ev("u1", "impression", "holdout"), ev("u1", "click", "holdout")]
+    with pytest.raises(ValueError, match="no arm other than the holdout"):
+        analyze_events(events_frame(rows))
 
 
 def test_srm_warns_on_a_skewed_log() -> None:
@@ -104,10 +139,17 @@ def test_cli_analyze_from_parquet(tmp_path: Path) -> None:
                                     "--out", str(out), "--report-dir", str(tmp_path / "md")])
     assert skew.exit_code == 0, skew.output
     report = json.loads(out.read_text())
-    assert report["arms"]["treatment"]["ctr"]["rate"] == 0.5
+    assert report["arms"]["treatment"]["ctr"]["rate"] == pytest.approx(1 / 3, abs=1e-6)
+    assert "warning: click(s) by users with no impression" in skew.stderr
     assert (tmp_path / "md" / "online.md").exists()
     bad = CliRunner().invoke(app, ["ab", "analyze", "--out", str(out)])
     assert bad.exit_code == 2 and "exactly one of --redis-url" in bad.output
+    holdout = export_parquet(events_frame([ev("u1", "impression", "holdout"), ev("u1", "click", "holdout")]),
+                             tmp_path / "holdout.parquet")
+    alone = CliRunner().invoke(app, ["ab", "analyze", "--events", str(holdout)])
+    assert alone.exit_code == 2, alone.output
+    assert alone.stderr.strip().splitlines() == ["error: analyze_events: no arm other than the holdout ('holdout') "
+                                                 "has events; nothing to compare"]
 
 
 def test_nan_expected_shares_are_refused_not_a_silent_pass() -> None:

@@ -155,6 +155,41 @@ def test_fusion_override_reweights_only_that_variant(tmp_path: Path) -> None:
     assert out["b"].versions()["fusion"] != base.versions()["fusion"]
 
 
+def test_runs_never_share_event_ids_and_duplicates_are_not_counted_as_sent(tmp_path: Path,
+                                                                          redis_env: str) -> None:  # noqa: F811
+    # the run tag was the clock's second: a second run in that second reused every event id, the server
+    # dropped its events as duplicates, and the simulator counted them as sent
+    art = tmp_path / "art"
+    split = save_toy_split(art)
+    replay = replay_artifacts(art, tmp_path / f"{tmp_path.name}-replay")
+    settings = ExperimentSettings.build({"pipeline": {"max_k": 5, "stages": [s.model_dump() for s, _ in PAIRS]}})
+    app = create_app(settings, replay, pipeline=toy_pipeline(replay, settings, PAIRS))  # no experiment:
+    with TestClient(app) as client:  # the simulator posts the impressions itself
+        first = simulate("http://testserver", split, users=1, seconds=30, k=2, client=client)
+        second = simulate("http://testserver", split, users=1, seconds=30, k=2, client=client)
+        again = simulate("http://testserver", split, users=1, seconds=30, k=2, client=client,
+                         run_tag=first["run_tag"])
+    assert first["run_tag"] != second["run_tag"]
+    assert first["events"]["impression_sent"] == 2 and second["events"]["impression_sent"] >= 1
+    assert again["events"].get("impression_sent", 0) == 0 and again["events"]["impression_duplicate"] >= 1
+    log = read_stream(redis.Redis.from_url(redis_env), replay.name)
+    assert (log["type"] == "impression").sum() == first["events"]["impression_sent"] + second["events"]["impression_sent"]
+
+
+def test_a_simulation_whose_every_request_is_refused_fails_naming_the_server_message(
+        tmp_path: Path, redis_env: str) -> None:  # noqa: F811
+    # k above the server's max_k: every answer was a 422, and the run reported success (exit 0)
+    art = tmp_path / "art"
+    split = save_toy_split(art)
+    replay = replay_artifacts(art, tmp_path / f"{tmp_path.name}-replay")
+    with app_client(replay) as client, pytest.raises(ValueError) as refused:
+        simulate("http://testserver", split, users=10, seconds=30, k=1000, client=client)
+    message = str(refused.value)
+    assert message.startswith("simulate: every one of the 3 requests to http://testserver/v1/recommend was refused; "
+                              "the first answer: HTTP 422: body.k: "), message
+    assert "\n" not in message
+
+
 def test_simulator_refuses_non_loopback() -> None:
     assert check_loopback("http://127.0.0.1:8000/") == "http://127.0.0.1:8000"
     with pytest.raises(ValueError, match="not a loopback"):

@@ -51,12 +51,26 @@ def test_wilson_hand_values() -> None:
         wilson_interval(5, 3)
 
 
-def test_diff_interval_and_lift() -> None:
+def test_diff_interval_is_newcombes_hybrid_score_interval() -> None:
+    # Newcombe (Stat. Med. 1998) table II, method 10: 56/70 - 48/80 -> [0.0524, 0.3339]
+    assert diff_interval(48, 80, 56, 70) == pytest.approx((0.0524, 0.3339), abs=5e-5)
+    # by hand from the two Wilson intervals: d -/+ hypot of the distances to their bounds
+    la, ua = wilson_interval(100, 1000)
+    lb, ub = wilson_interval(130, 1000)
     lo, hi = diff_interval(100, 1000, 130, 1000)
-    se = math.sqrt(0.1 * 0.9 / 1000 + 0.13 * 0.87 / 1000)
-    assert (lo, hi) == pytest.approx((0.03 - 1.959964 * se, 0.03 + 1.959964 * se), abs=1e-6)
+    assert (lo, hi) == pytest.approx((0.03 - math.hypot(0.13 - lb, ua - 0.1), 0.03 + math.hypot(ub - 0.13, 0.1 - la)))
     assert relative_lift(0.1, 0.13) == pytest.approx(0.3)
     assert relative_lift(0.0, 0.1) is None
+
+
+@pytest.mark.parametrize(("x_a", "n_a", "x_b", "n_b"), [(0, 10, 3, 10), (1, 1, 0, 1), (0, 1, 1, 1), (0, 5, 0, 5)])
+def test_diff_interval_agrees_with_the_test_on_small_arms(x_a: int, n_a: int, x_b: int, n_b: int) -> None:
+    # the unpooled Wald interval gave 0/10 vs 3/10 [+0.016, +0.584] beside p = 0.060, and
+    # 1/1 vs 0/1 the zero-width [-1, -1] beside p = 0.157
+    _, p = two_proportion_ztest(x_a, n_a, x_b, n_b)
+    lo, hi = diff_interval(x_a, n_a, x_b, n_b)
+    assert p > 0.05 and lo < 0 < hi
+    assert hi - lo > 0.1
 
 
 def test_srm_fires_on_a_skewed_split_and_not_on_a_fair_one() -> None:
