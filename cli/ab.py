@@ -159,13 +159,15 @@ def analyze(
     if redis_url is not None and not namespace:
         c.fail("--redis-url needs --namespace (the serving namespace, e.g. the dataset name)")
     shares = _expected(config, expected)  # refused before anything is read or written
-    log = load_parquet(events) if events is not None else _read_redis(str(redis_url), str(namespace))
+    log, read_warnings = (load_parquet(events), []) if events is not None else _read_redis(str(redis_url),
+                                                                                            str(namespace))
     if export is not None:
         typer.echo(f"events exported to {export_parquet(log, export)}", err=True)
     try:
         report = c.strict_json(analyze_events(log, shares, control))
     except ValueError as exc:
         c.fail(str(exc))
+    report["warnings"] = [*read_warnings, *report["warnings"]]
     for warning in report["warnings"]:
         typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)
     if report_dir is not None:
@@ -187,15 +189,15 @@ def _redacted(url: str) -> str:
         return "<unparsable URL>"
 
 
-def _read_redis(url: str, namespace: str) -> Any:
-    """The events stream of ``namespace`` at ``url``; one ``error:`` line and exit 2 when Redis cannot be
-    reached or read."""
+def _read_redis(url: str, namespace: str) -> tuple[Any, list[str]]:
+    """The events stream of ``namespace`` at ``url`` and what to warn of it (trimmed); one ``error:`` line
+    and exit 2 when Redis cannot be reached or read."""
     import redis  # lazy: keeps `recsys --help` fast
     from redis.exceptions import ConnectionError as RedisConnectionError  # lazy: as redis
     from redis.exceptions import RedisError  # lazy: as redis
     from redis.exceptions import TimeoutError as RedisTimeoutError  # lazy: as redis
 
-    from jobs.ab.events import read_stream  # lazy: keeps `recsys --help` fast
+    from jobs.ab.events import read_stream, trimmed_warning  # lazy: keeps `recsys --help` fast
 
     shown = _redacted(url)
     try:
@@ -203,7 +205,8 @@ def _read_redis(url: str, namespace: str) -> Any:
     except ValueError as exc:
         return c.fail(f"--redis-url {shown}: {' '.join(str(exc).split())}")
     try:
-        return read_stream(client, namespace)
+        log = read_stream(client, namespace)
+        return log, [w] if (w := trimmed_warning(client, namespace, len(log))) else []
     except (RedisConnectionError, RedisTimeoutError) as exc:
         return c.fail(f"cannot reach Redis at {shown}: {' '.join(str(exc).split())}")
     except RedisError as exc:  # e.g. the key holds something other than a stream

@@ -46,6 +46,9 @@ from redis.retry import Retry
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# ``{namespace}:events:added``: every entry ever added to the events stream, which MAXLEN trims (Redis 6.2, the
+# embedded server's, keeps no such count itself); `recsys ab analyze` warns when the stream holds fewer
+EVENTS_ADDED = "events:added"
 DEFAULT_SOCKET_TIMEOUT_S = 0.25  # default of ServingConfig.redis_socket_timeout_s, the timeout of ``connect``
 REDIS_DOWN_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 # url -> the supervised embedded server of this process, so a backend given only the URL

@@ -12,6 +12,8 @@ Keys, all under the namespace ``ns`` (``serving.redis_namespace`` or the dataset
   keys exist only for the split's users and for users who sent events;
 - ``{ns}:events``: the event stream (``XADD ... MAXLEN ~ events_stream_maxlen``), also holding
   the impressions an active experiment logs (``log_impressions``);
+- ``{ns}:events:added``: how many entries were ever added to the stream (``INCR`` beside each
+  ``XADD``), so `recsys ab analyze` can tell when trimming dropped the oldest;
 - ``{ns}:seen:{event_id}``: duplicate guard (``SET NX EX event_dedup_ttl_s``);
 - ``{ns}:result:{digest}``: cached answers (``SETEX``), see ``serving.policy.result_cache_key``.
 
@@ -35,7 +37,7 @@ from typing import Any
 import numpy as np
 import redis
 
-from recsys.redis_state import RedisGuard
+from recsys.redis_state import EVENTS_ADDED, RedisGuard
 from serving.state import HistoryStore
 
 _PUSH = """
@@ -65,7 +67,7 @@ if not v then
 end
 return {v, redis.call('LRANGE', KEYS[1], 0, -1)}
 """
-# KEYS: seen, stream, hist, ver. ARGV: dedup ttl, stream maxlen, max_len, item to append ('' = none),
+# KEYS: seen, stream, hist, ver, the stream's added counter. ARGV: dedup ttl, stream maxlen, max_len, item to append ('' = none),
 # n_seed, history ttl in s (0 = none: a known user), seed items..., then the stream entry's field/value pairs.
 _INGEST = _PUSH + """
 if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then return {'duplicate', '', ''} end
@@ -74,6 +76,7 @@ local ttl = tonumber(ARGV[6])
 local fields = {}
 for i = 7 + n, #ARGV do fields[#fields + 1] = ARGV[i] end
 local id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', unpack(fields))
+redis.call('INCR', KEYS[5])
 local ver = ''
 if ARGV[4] ~= '' then
   local max_len = tonumber(ARGV[3])
@@ -146,7 +149,7 @@ class OnlineState:
         """
         seed = self._seed(user_idx) if item_idx is not None else []
         keys = [f"{self.ns}:seen:{event_id}", f"{self.ns}:events",
-                f"{self.ns}:hist:{user_id}", f"{self.ns}:hver:{user_id}"]
+                f"{self.ns}:hist:{user_id}", f"{self.ns}:hver:{user_id}", f"{self.ns}:{EVENTS_ADDED}"]
         pairs = [v for kv in fields.items() for v in kv]
         args = [self.dedup_ttl_s, self.stream_maxlen, self.history_max_len,
                 "" if item_idx is None else int(item_idx), len(seed),
@@ -167,6 +170,7 @@ class OnlineState:
             pipe = self.client.pipeline(transaction=False)
             for fields in entries:
                 pipe.xadd(key, fields, maxlen=self.stream_maxlen, approximate=True)  # type: ignore[arg-type]
+            pipe.incrby(f"{self.ns}:{EVENTS_ADDED}", len(entries))
             pipe.execute()
 
         self.guard.call(write)

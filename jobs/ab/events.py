@@ -20,6 +20,7 @@ import pandas as pd
 
 from recsys.atomic import atomic_write
 from recsys.names import canonical
+from recsys.redis_state import EVENTS_ADDED
 
 COLUMNS = ("stream_id", "ts", "type", "user_id", "item_id", "experiment", "variant", "request_id", "rank", "value")
 _PAGE = 10_000
@@ -50,6 +51,18 @@ def read_stream(client: Any, namespace: str, max_entries: int = 5_000_000) -> pd
             entries.append((_text(sid), {_text(k): _text(v) for k, v in fields.items()}))
         start = "(" + entries[-1][0]  # exclusive: continue after the last id read
     return events_frame(entries)
+
+
+def trimmed_warning(client: Any, namespace: str, n_read: int) -> str | None:
+    """A warning when ``{namespace}:events`` holds fewer entries than serving ever added to it
+    (``recsys.redis_state.EVENTS_ADDED``): ``MAXLEN`` trimmed the oldest, so the analysis covers
+    only the later part of the experiment (early users, and the impressions of clicks that remain)."""
+    added = client.get(f"{namespace}:{EVENTS_ADDED}")
+    if added is None or int(added) <= n_read:
+        return None
+    return (f"{namespace}:events holds {n_read:,} of the {int(added):,} events serving added: the stream's length cap "
+            "(serving.events_stream_maxlen) trimmed the oldest, so this analysis covers only the later part of the "
+            "experiment; raise the cap, or export the log (--export) more often")
 
 
 def export_parquet(events: pd.DataFrame, path: Path) -> Path:

@@ -94,3 +94,25 @@ def test_unknown_users_history_expires_after_their_last_event(redis_env: str) ->
     state.ingest("e3", "stranger", None, 8, {"type": "click"})  # each event renews it
     assert client.ttl(f"{state.ns}:hver:stranger") > 5
     assert state.history("stranger", None)[0].tolist() == [3, 8]
+
+
+def test_the_stream_counts_what_it_was_given_so_a_trimmed_one_is_told(redis_env: str) -> None:
+    """Hostile pass 10: `ab analyze` read whatever MAXLEN left of the stream and said nothing."""
+    from jobs.ab.events import read_stream, trimmed_warning
+
+    client = redis.Redis.from_url(redis_env)
+    ns = f"t-{uuid.uuid4().hex}"
+    seeds = SplitHistories([np.array([0, 1])])
+    state = OnlineState(client, RedisGuard(), ns, seeds, history_max_len=3, stream_maxlen=1_000, dedup_ttl_s=60)
+    state.ingest("e0", "u0", 0, 2, {"user_id": "u0", "item_id": "i2", "type": "click"})
+    state.log_impressions([{"user_id": "u0", "item_id": "i3", "type": "impression"}] * 2)
+    assert trimmed_warning(client, ns, len(read_stream(client, ns))) is None  # 3 added, 3 held
+    small = OnlineState(client, RedisGuard(), ns, seeds, history_max_len=3, stream_maxlen=1, dedup_ttl_s=60)
+    for n in range(300):  # MAXLEN ~ trims whole radix-tree nodes (100 entries each), so go past one
+        small.log_impressions([{"user_id": "u0", "item_id": "i3", "type": "impression", "n": str(n)}])
+    held = len(read_stream(client, ns))
+    assert held < 303
+    assert trimmed_warning(client, ns, held) == (
+        f"{ns}:events holds {held:,} of the 303 events serving added: the stream's length cap "
+        "(serving.events_stream_maxlen) trimmed the oldest, so this analysis covers only the later part of the "
+        "experiment; raise the cap, or export the log (--export) more often")
