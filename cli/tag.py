@@ -44,7 +44,12 @@ def _split(settings: Settings, data: Path | None, artifacts: Path | None) -> tup
 
 
 def _model_dir(settings: Settings, root: Path, explicit: Path | None, base: bool = False) -> str:
+    """The tagger's model: ``--model`` (checked here, before any job writes), else ``tags/model``, else the base."""
     if explicit is not None:
+        if not explicit.is_dir():
+            c.fail(f"--model {explicit}: no such directory")
+        if not (explicit / "config.json").is_file():
+            c.fail(f"--model {explicit}: no config.json there (not a Hugging Face model directory)")
         return str(explicit)
     adapted = root / "tags" / "model"
     if not base and (adapted / "config.json").exists():
@@ -85,9 +90,10 @@ def tag(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, 
     split, root = _split(settings, data, artifacts)
     tagger = TaggerSettings(domain=settings.llm.domain,
                             precision=precision, max_new_tokens=max_new_tokens, threads=threads)
+    model_dir = _model_dir(settings, root, model)
     try:
         template = load_prompt_file(prompt) if prompt is not None else settings.llm.prompt
-        summary = tag_catalog(split, _model_dir(settings, root, model), root, tagger, engine=engine,
+        summary = tag_catalog(split, model_dir, root, tagger, engine=engine,
                               chunk_size=chunk_size, batch_size=batch_size or (64 if method == "logits" else 16),
                               limit=limit, ray_address=ray_address,
                               ray_concurrency=ray_concurrency, fresh=fresh, prompt=template,
@@ -125,7 +131,10 @@ def embed_train(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c
 
     settings = c.load_settings(config)
     split, root = _split(settings, data, artifacts)
-    report = train_embeddings(split, root / "tags", EmbedSettings(epochs=epochs, dim=dim, seed=settings.seed))
+    try:
+        report = train_embeddings(split, root / "tags", EmbedSettings(epochs=epochs, dim=dim, seed=settings.seed))
+    except (ValueError, OSError) as exc:  # stale or partial tags, a failed write (the old set stays whole)
+        c.fail(str(exc))
     c.write_report(report, out)
 
 
@@ -137,7 +146,11 @@ def merge_items(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c
 
     settings = c.load_settings(config)
     split, root = _split(settings, data, artifacts)
-    c.write_report(write_tagged_items(split, root / "tags"), out)
+    try:
+        report = write_tagged_items(split, root / "tags")
+    except (ValueError, OSError) as exc:  # tags made for another catalog, untagged items, a failed write
+        c.fail(str(exc))
+    c.write_report(report, out)
 
 
 @tag_app.command("ablation")

@@ -17,8 +17,6 @@ minutes), hyper-parameter search.
 
 from __future__ import annotations
 
-import json
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,7 +27,9 @@ import pandas as pd
 from tqdm import tqdm
 
 from jobs.tagging.prompt import prompt_description, render_prompt, target_completion
+from jobs.tagging.staging import staged_dir
 from llm_rerank.backbone import load_model, native_bf16
+from recsys.atomic import atomic_write_json
 
 
 @dataclass(frozen=True)
@@ -112,13 +112,10 @@ def adapt_tagger(base_dir: str, items: pd.DataFrame, categories: list[str], excl
     report = {"base": base_dir, "train_items": len(examples), "held_out_items": int(len(exclude)),
               "steps": len(steps), "loss_first": losses[0], "loss_last10": float(np.mean(losses[-10:])),
               "seconds": time.perf_counter() - t0, "settings": asdict(settings)}
-    tmp = Path(out_dir).with_name(Path(out_dir).name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    merged.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    (tmp / "adapt_report.json").write_text(json.dumps(report, indent=2))
-    shutil.rmtree(out_dir, ignore_errors=True)
-    tmp.rename(out_dir)
+    with staged_dir(Path(out_dir)) as tmp:
+        merged.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        atomic_write_json(tmp / "adapt_report.json", report)
     return report
 
 

@@ -9,14 +9,15 @@ projection is what is served; raw hidden states are never an output.
 
 Writes ``tags/embed/``: ``embeddings.npy`` (n x dim, unit rows, row i = item_idx i),
 ``mlp.pt``, ``meta.json`` (tags version + settings + loss curve) and a faiss index
-(``recall.index.ItemIndex``) in ``tags/embed/index/``.
+(``recall.index.ItemIndex``) in ``tags/embed/index/``, as one set (``jobs.tagging.staging``:
+built beside ``embed/`` and swapped in, so a failed run leaves the previous set whole). The
+tags must be the split's own items in order (``jobs.tagging.catalog.require_same_items``).
 
 Deliberately left out: fine-tuning the LLM itself; hard-negative mining.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,8 +25,11 @@ from typing import Any
 
 import numpy as np
 
+from jobs.tagging.catalog import require_same_items
+from jobs.tagging.staging import staged_dir
 from offline.tag_store import load_tags
 from recall.index import ItemIndex
+from recsys.atomic import atomic_write_json
 
 
 @dataclass(frozen=True)
@@ -108,20 +112,21 @@ def train_embeddings(split: Any, tags_dir: Path, settings: EmbedSettings) -> dic
     import torch  # lazy: heavy (torch)
 
     t0 = time.perf_counter()
-    _, hidden, version = load_tags(tags_dir)
+    tags, hidden, version = load_tags(tags_dir)
+    require_same_items(tags["item_id"].tolist(), split.items, str(Path(tags_dir) / "tags.parquet"))
     if len(hidden) != split.n_items:
-        raise ValueError(f"{tags_dir}: {len(hidden)} pooled states for {split.n_items} items (tag all items first)")
+        raise ValueError(f"{Path(tags_dir) / 'hidden.npy'}: {len(hidden)} pooled states for {split.n_items} items: "
+                         "re-run `recsys tag`")
     pairs = cooccurrence_pairs(split.train_sequences)
     model, curve = train_projection(hidden, pairs, settings)
     with torch.inference_mode():
         vectors = model(torch.as_tensor(hidden, dtype=torch.float32)).numpy().astype(np.float32)
-    out = Path(tags_dir) / "embed"
-    out.mkdir(parents=True, exist_ok=True)
-    np.save(out / "embeddings.npy", vectors, allow_pickle=False)
-    torch.save(model.state_dict(), out / "mlp.pt")
-    ItemIndex.build(vectors, "flat").save(out / "index")
-    meta = {"tags_version": version, "settings": asdict(settings), "pairs": len(pairs), "loss_per_epoch": curve,
-            "seconds": time.perf_counter() - t0, "n_items": len(vectors)}
-    (out / "meta.json").write_text(json.dumps(meta, indent=2))
+    with staged_dir(Path(tags_dir) / "embed") as out:
+        np.save(out / "embeddings.npy", vectors, allow_pickle=False)
+        torch.save(model.state_dict(), out / "mlp.pt")
+        ItemIndex.build(vectors, "flat").save(out / "index")
+        meta = {"tags_version": version, "settings": asdict(settings), "pairs": len(pairs), "loss_per_epoch": curve,
+                "seconds": time.perf_counter() - t0, "n_items": len(vectors)}
+        atomic_write_json(out / "meta.json", meta)
     return meta
 

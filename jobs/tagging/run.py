@@ -39,6 +39,7 @@ from jobs.tagging.quality import genre_f1, holdout_items
 from jobs.tagging.ray_engine import run_ray
 from jobs.tagging.schema import catalog_categories, concrete_schema
 from llm_rerank.template import DEFAULT, PromptTemplate
+from recsys.atomic import atomic_write_json
 
 Engine = Literal["local", "ray"]
 Method = Literal["generate", "logits"]
@@ -55,8 +56,8 @@ def adapt_tagger_for(split: Any, base_dir: str, artifact_dir: Path, settings: Ad
     out = tags_dir(artifact_dir)
     out.mkdir(parents=True, exist_ok=True)
     held = holdout_items(len(split.items), holdout_fraction, settings.seed)
-    (out / "holdout.json").write_text(json.dumps({"fraction": holdout_fraction, "seed": settings.seed,
-                                                  "items": held.tolist()}))
+    atomic_write_json(out / "holdout.json", {"fraction": holdout_fraction, "seed": settings.seed,
+                                             "items": held.tolist()}, indent=None)
     categories = catalog_categories(split.items["categories"])
     return adapt_tagger(base_dir, split.items, categories, held, out / "model", settings, domain, progress)
 
@@ -69,7 +70,7 @@ def heldout_for(split: Any, out: Path, seed: int) -> np.ndarray:
     if path.exists():
         return np.asarray(json.loads(path.read_text())["items"], dtype=np.int64)
     held = holdout_items(len(split.items), HOLDOUT_FRACTION, seed)
-    path.write_text(json.dumps({"fraction": HOLDOUT_FRACTION, "seed": seed, "items": held.tolist()}))
+    atomic_write_json(path, {"fraction": HOLDOUT_FRACTION, "seed": seed, "items": held.tolist()}, indent=None)
     return held
 
 
@@ -94,7 +95,7 @@ def tag_catalog(split: Any, model_dir: str, artifact_dir: Path, settings: Tagger
     schema = concrete_schema(categories)
     out = tags_dir(artifact_dir)
     out.mkdir(parents=True, exist_ok=True)
-    version = job_version(model_dir, schema, settings, chunk_size, batch_size, template)
+    version = job_version(model_dir, schema, settings, chunk_size, batch_size, split.items["item_id"], template)
     if method == "logits":
         version.update({"method": "logits", "label_prompt_version": LABEL_PROMPT_VERSION, "shots": shots})
     job = TagJob(out, items, version, chunk_size, batch_size)
@@ -116,7 +117,7 @@ def tag_catalog(split: Any, model_dir: str, artifact_dir: Path, settings: Tagger
     frame = finalize(job)
     summary = summarise(frame, items, categories, out, seconds, n_pending)
     summary.update({"engine": engine, "method": method, **extra, "version": job.version, "out_dir": str(out)})
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    atomic_write_json(out / "summary.json", summary, default=str)
     return summary
 
 

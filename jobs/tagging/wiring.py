@@ -4,7 +4,9 @@
 ``rules.items.ItemAttributes`` reads: genres, themes and risk flags, prefixed ``genre:``,
 ``theme:`` and ``risk:``) and the summary into ``"llm_summary"``, and fills ``audience`` from
 the tag *only where the catalog has none* (the catalog's own value is authoritative). Fallback
-records add nothing (their tags are unknown, not empty claims).
+records add nothing (their tags are unknown, not empty claims). The tags must be the items'
+own, by id and position (``jobs.tagging.catalog.require_same_items``): tags made for a split
+prepared before this one are refused, never merged by position.
 
 ``write_tagged_items`` saves the result as ``<artifact_dir>/tags/items.parquet``; the
 ``rules_tagged`` stage kind (``rules.tagged.TaggedRulesStage``) loads it in place of the
@@ -21,6 +23,7 @@ from typing import Any
 
 import pandas as pd
 
+from jobs.tagging.catalog import require_same_items
 from offline.tag_store import TAGGED_ITEMS, load_tags
 from recsys.atomic import atomic_write
 
@@ -37,10 +40,13 @@ def item_tag_list(row: Any) -> list[str]:
             + [f"risk:{r}" for r in row["risk_flags"]])
 
 
-def merge_tags(items: pd.DataFrame, tags: pd.DataFrame) -> pd.DataFrame:
-    """A copy of ``items`` (row i = item_idx i) with tags merged in (see module doc)."""
+def merge_tags(items: pd.DataFrame, tags: pd.DataFrame, source: str = "the tags table") -> pd.DataFrame:
+    """A copy of ``items`` (row i = item_idx i) with tags merged in (see module doc); ``source``
+    names the tags in errors."""
     if len(tags) != len(items) or tags["item_idx"].tolist() != list(range(len(items))):
-        raise ValueError(f"tags cover {len(tags)} items, the items table has {len(items)}: tag the whole catalog")
+        raise ValueError(f"{source}: tags cover {len(tags)} items, the items table has {len(items)}: "
+                         "re-run `recsys tag` for the whole catalog")
+    require_same_items(tags["item_id"].tolist(), items, source)
     out = items.copy()
     attrs, audience = [], []
     for (_, item), (_, tag) in zip(items.iterrows(), tags.iterrows(), strict=True):
@@ -64,7 +70,7 @@ def merge_tags(items: pd.DataFrame, tags: pd.DataFrame) -> pd.DataFrame:
 def write_tagged_items(split: Any, tags_dir: Path) -> dict[str, Any]:
     """Write ``tags/items.parquet`` from the split's items and ``tags/tags.parquet``; a report."""
     tags, _, version = load_tags(tags_dir)
-    merged = merge_tags(split.items, tags)
+    merged = merge_tags(split.items, tags, str(Path(tags_dir) / "tags.parquet"))
     atomic_write(Path(tags_dir) / TAGGED_ITEMS, lambda fh: merged.to_parquet(fh, index=False))
     filled = int(split.items["audience"].isna().sum() - merged["audience"].isna().sum())
     return {"items": len(merged), "audience_filled": filled, "fallbacks": int(tags["fallback"].sum()),

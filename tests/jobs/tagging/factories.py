@@ -38,3 +38,14 @@ def tiny_model_dir() -> Path:
     import tempfile
 
     return save_tiny_llm(Path(tempfile.mkdtemp(prefix="tiny-tagger-")))
+
+
+def prepared_again(split: Split) -> Split:
+    """The same data prepared again with the items in reverse order (item_idx i becomes n-1-i),
+    as ``recsys prepare`` gives for a catalog file whose rows were reordered."""
+    n = split.n_items
+    items = split.items.iloc[::-1].reset_index(drop=True)
+    train = split.train.assign(item_idx=n - 1 - split.train["item_idx"])
+    return Split(name=split.name, vocab=Vocab.build(split.users["user_id"], items["item_id"]), items=items,
+                 users=split.users, train=train, valid=n - 1 - split.valid, test=n - 1 - split.test,
+                 valid_ts=split.valid_ts, test_ts=split.test_ts, protocol=split.protocol)

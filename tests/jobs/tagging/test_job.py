@@ -11,11 +11,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from jobs.tagging.embed import EmbedSettings, train_embeddings
 from jobs.tagging.generate import TaggerSettings
+from jobs.tagging.job import TagJob, finalize
 from jobs.tagging.run import tag_catalog
 from jobs.tagging.schema import catalog_categories, concrete_schema, validation_errors
+from jobs.tagging.wiring import write_tagged_items
 from offline.tag_store import load_tags
-from tests.jobs.tagging.factories import catalog_split, tiny_model_dir
+from tests.jobs.tagging.factories import catalog_split, prepared_again, tiny_model_dir
 
 ROOT = Path(__file__).resolve().parents[3]
 FP32 = TaggerSettings(precision="fp32", max_new_tokens=80, threads=1)
@@ -70,12 +73,64 @@ def test_rerun_after_losing_a_part_reproduces_identical_files(tmp_path):
         tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=3, batch_size=2, progress=False)
 
 
+def test_a_split_prepared_again_refuses_the_old_parts_and_the_old_tags(tmp_path):
+    split = catalog_split(4)
+    tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)
+    again = prepared_again(split)  # the same items, reversed: item_idx 0 is now i3
+    with pytest.raises(ValueError, match=r"another catalog \(the split was prepared again\).*--fresh"):
+        tag_catalog(again, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)
+    stale = str(tmp_path / "tags" / "tags.parquet")
+    with pytest.raises(ValueError, match=rf"{stale}: row 0 holds the tags of item 'i0' but .* is 'i3'.*recsys tag"):
+        write_tagged_items(again, tmp_path / "tags")
+    with pytest.raises(ValueError, match=rf"{stale}: row 0 .*recsys tag"):
+        train_embeddings(again, tmp_path / "tags", EmbedSettings(dim=8, hidden=16, epochs=1))
+    assert not (tmp_path / "tags" / "items.parquet").exists() and not (tmp_path / "tags" / "embed").exists()
+    tag_catalog(again, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, fresh=True, progress=False)
+    after = load_tags(tmp_path / "tags")[0]
+    assert after["item_id"].tolist() == ["i3", "i2", "i1", "i0"]
+    assert write_tagged_items(again, tmp_path / "tags")["items"] == 4
+
+
+def test_a_short_part_of_a_limit_run_is_redone_by_a_larger_run(tmp_path):
+    split = catalog_split(6)
+    whole = tag_catalog(split, str(tiny_model_dir()), tmp_path / "whole", FP32, chunk_size=4, batch_size=2,
+                        progress=False)
+    limited = tag_catalog(split, str(tiny_model_dir()), tmp_path / "run", FP32, chunk_size=4, batch_size=2, limit=5,
+                          progress=False)
+    assert limited["items"] == 5
+    manifest = json.loads((tmp_path / "run" / "tags" / "manifest.json").read_text())
+    assert {k: v["items"] for k, v in manifest["chunks"].items()} == {"chunk-00000": 4, "chunk-00001": 1}
+    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path / "run", FP32, chunk_size=4, batch_size=2,
+                          progress=False)
+    assert summary["items"] == 6 and summary["items_tagged_this_run"] == 2  # chunk 1 redone whole
+    assert load_tags(tmp_path / "run" / "tags")[0]["item_idx"].tolist() == list(range(6))
+    assert _digests(tmp_path / "run" / "tags") == _digests(tmp_path / "whole" / "tags")
+    assert summary["genre_f1_micro"] == whole["genre_f1_micro"]
+
+
+def test_finalize_names_a_gap_and_overwrites_nothing(tmp_path):
+    split = catalog_split(6)
+    tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)
+    tags_dir = tmp_path / "tags"
+    before = _digests(tags_dir)
+    part = tags_dir / "parts" / "chunk-00001.parquet"
+    pd.read_parquet(part).iloc[:1].to_parquet(part, index=False)  # a part short of item 3
+    job = TagJob(tags_dir, split.items, json.loads((tags_dir / "manifest.json").read_text())["version"], 2, 2)
+    with pytest.raises(ValueError, match=r"items 0\.\.5 .*missing 3, .*--fresh"):
+        finalize(job)
+    for name in ("tags.parquet", "hidden.npy"):
+        assert hashlib.sha256((tags_dir / name).read_bytes()).hexdigest() == before[name]
+
+
 JOB = """
 import sys
 from pathlib import Path
 from offline.split import Split
+from jobs.tagging.embed import EmbedSettings, train_embeddings
 from jobs.tagging.generate import TaggerSettings
+from jobs.tagging.job import TagJob, finalize
 from jobs.tagging.run import tag_catalog
+from jobs.tagging.wiring import write_tagged_items
 tag_catalog(Split.load(Path(sys.argv[1])), sys.argv[2], Path(sys.argv[3]),
             TaggerSettings(precision="fp32", max_new_tokens=80, threads=1), chunk_size=2, batch_size=2, progress=False)
 """

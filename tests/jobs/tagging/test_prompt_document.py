@@ -60,7 +60,7 @@ def test_changed_instruction_changes_the_ids_the_tagging_model_receives(tmp_path
 
 def test_parts_of_another_prompt_are_not_mixed_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tag(tmp_path, monkeypatch, ARCHIVIST)
-    with pytest.raises(ValueError, match="existing parts were made with version"):
+    with pytest.raises(ValueError, match="made with another prompt than this run; rerun with --fresh"):
         tag(tmp_path, monkeypatch, None)
     # a document that changes only the re-ranker's texts leaves the tags' version alone
     rerank_only = parse_prompt_document({"system": "You pick {domain}s for critics."})

@@ -15,7 +15,7 @@ from tests.jobs.tagging.factories import catalog_split, tiny_model_dir
 
 
 def _tags(n: int) -> pd.DataFrame:
-    return pd.DataFrame({"item_idx": range(n), "fallback": [False, True, False][:n],
+    return pd.DataFrame({"item_idx": range(n), "item_id": [f"i{i}" for i in range(n)], "fallback": [False, True, False][:n],
                          "genres": [["Horror"], [], ["Animation"]][:n], "themes": [["dark"], [], ["family"]][:n],
                          "risk_flags": [["violence"], [], []][:n], "audience": ["adult", None, "all"][:n],
                          "summary": ["A killer.", "", "A toy."][:n]})
@@ -52,6 +52,22 @@ def test_tag_embed_merge_end_to_end_on_a_tiny_catalog(tmp_path):
     assert np.allclose(np.linalg.norm(channel.vectors, axis=1), 1.0, atol=1e-5)
     report = write_tagged_items(split, tmp_path / "tags")
     assert report["items"] == 8 and len(load_tagged_items(tmp_path)) == 8
+
+
+def test_embed_train_replaces_its_four_outputs_as_one_set(tmp_path):
+    split = catalog_split(8)
+    tag_catalog(split, str(tiny_model_dir()), tmp_path, TaggerSettings(precision="fp32", threads=1),
+                chunk_size=8, batch_size=8, progress=False)
+    tags_dir = tmp_path / "tags"
+    train_embeddings(split, tags_dir, EmbedSettings(dim=16, hidden=32, epochs=2, batch_size=8))
+    (tags_dir / "embed" / "mlp.pt").unlink()
+    (tags_dir / "embed" / "mlp.pt").mkdir()  # in the way of an in-place torch.save (the finding's stand-in)
+    meta = train_embeddings(split, tags_dir, EmbedSettings(dim=8, hidden=32, epochs=2, batch_size=8))
+    embed = tags_dir / "embed"
+    assert np.load(embed / "embeddings.npy").shape == (8, 8) and (embed / "mlp.pt").is_file()
+    assert json.loads((embed / "meta.json").read_text())["settings"]["dim"] == meta["settings"]["dim"] == 8
+    assert ItemIndex.load(embed / "index").dim == 8
+    assert sorted(p.name for p in tags_dir.iterdir() if p.name.startswith(".")) == []  # no staging left behind
 
 
 def test_ablation_variants_swap_only_the_named_stage_kinds():

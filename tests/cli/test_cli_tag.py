@@ -1,0 +1,45 @@
+"""``recsys tag``: bad input is one ``error:`` line (exit 2) and writes nothing; stale tags are refused."""
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+from tests.cli.test_cli import _one_line_error
+from tests.jobs.tagging.factories import catalog_split, prepared_again, tiny_model_dir
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def art(tmp_path: Path) -> Path:
+    catalog_split(4).save(tmp_path / "art" / "split")
+    return tmp_path / "art"
+
+
+def test_a_model_path_that_does_not_exist_is_refused_before_anything_is_written(art: Path, tmp_path: Path):
+    missing = tmp_path / "nonexistent"
+    res = runner.invoke(app, ["tag", "--artifacts", str(art), "--fresh", "--model", str(missing), "--limit", "1"])
+    _one_line_error(res, f"--model {missing}: no such directory")
+    assert not (art / "tags").exists()
+
+
+def test_a_model_directory_without_config_is_refused_before_anything_is_written(art: Path, tmp_path: Path):
+    (tmp_path / "empty").mkdir()
+    res = runner.invoke(app, ["tag", "--artifacts", str(art), "--model", str(tmp_path / "empty"), "--limit", "1"])
+    _one_line_error(res, f"--model {tmp_path / 'empty'}: no config.json")
+    assert not (art / "tags").exists()
+
+
+def test_after_prepare_rebuilds_the_split_old_tags_are_refused_not_moved_onto_other_items(art: Path):
+    tag = ["tag", "--artifacts", str(art), "--model", str(tiny_model_dir()), "--chunk-size", "2", "--batch-size", "2",
+           "--max-new-tokens", "80", "--threads", "1"]
+    assert runner.invoke(app, tag).exit_code == 0
+    prepared_again(catalog_split(4)).save(art / "split")
+    _one_line_error(runner.invoke(app, tag), "another catalog", "--fresh")
+    stale = str(art / "tags" / "tags.parquet")
+    _one_line_error(runner.invoke(app, ["tag", "merge-items", "--artifacts", str(art)]), stale, "recsys tag")
+    _one_line_error(runner.invoke(app, ["tag", "embed-train", "--artifacts", str(art), "--epochs", "1", "--dim", "8"]),
+                    stale, "recsys tag")
+    assert not (art / "tags" / "items.parquet").exists() and not (art / "tags" / "embed").exists()
