@@ -31,6 +31,7 @@ from cascade.settings import Settings
 from coarse_rank.config import CoarseConfig
 from coarse_rank.item_tags import ItemTags
 from coarse_rank.train import train_coarse
+from jobs.tagging.catalog import require_same_items
 from jobs.tagging.embed import EmbedSettings, cooccurrence_pairs, train_projection
 from jobs.train import holdout_sequences
 from offline.split import Split, split_id
@@ -64,6 +65,7 @@ def load_item_tags(split: Split, tags_dir: Path, positions: int, settings: Embed
     """``ItemTags`` from ``tags_dir`` with the leak-free embeddings of ``holdout_embeddings``."""
     frame, hidden, _ = load_tags(tags_dir)
     checked = ItemTags.from_tags(frame, hidden, split.n_items)  # coverage errors before any training
+    require_same_items(frame["item_id"], split.items, str(Path(tags_dir) / "tags.parquet"))  # and the same items
     vectors, report = holdout_embeddings(split, hidden, positions, settings)
     return dataclasses.replace(checked, embeddings=vectors), report
 

@@ -4,11 +4,12 @@ Tags are stored by position (row i = item_idx i, ``hidden.npy`` likewise), and a
 again may order or choose its items differently. So the job version carries ``catalog_digest``
 of the split's item ids in order (``jobs.tagging.job.job_version``: parts made for another
 catalog are refused, never resumed), and whatever reads ``tags.parquet`` against a split
-(``wiring.merge_tags``, ``embed.train_embeddings``, ``job.finalize``) calls
-``require_same_items`` first: one item's tags never land on another.
+(``wiring.merge_tags``, ``embed.train_embeddings``, ``job.finalize``, and the coarse ranker's
+``jobs.coarse_tags.load_item_tags``) calls ``require_same_items`` first: one item's tags never
+land on another.
 
-Deliberately left out: the readers outside this package (``offline.tag_store.load_tags`` and its
-callers), which take the tables as they are.
+Deliberately left out: the LLM-embedding recall channel (``recall.llm_channel``) reads
+``embed/embeddings.npy`` as embed-train wrote it, checked then.
 """
 
 from __future__ import annotations

@@ -29,11 +29,12 @@ TINY = {"recall": {"dim": 16, "max_len": 8, "n_blocks": 1, "n_heads": 2, "max_ep
                    "max_train_users": 30}}
 
 
-def write_tags(tags_dir: Path, n_items: int, fallback_every: int = 7) -> None:
-    """A tagging job's outputs written by hand: tags.parquet, hidden.npy, version.json."""
+def write_tags(tags_dir: Path, item_ids: list[str], fallback_every: int = 7) -> None:
+    """A tagging job's outputs written by hand for items ``item_ids``: tags.parquet, hidden.npy, version.json."""
     tags_dir.mkdir(parents=True, exist_ok=True)
+    n_items = len(item_ids)
     pd.DataFrame({
-        "item_idx": range(n_items), "fallback": [i % fallback_every == 3 for i in range(n_items)],
+        "item_idx": range(n_items), "item_id": item_ids, "fallback": [i % fallback_every == 3 for i in range(n_items)],
         "genres": [[("Action", "Comedy", "Drama")[i % 3]] for i in range(n_items)],
         "themes": [["dark" if i % 2 else "funny"] for i in range(n_items)],
         "risk_flags": [["violence"] if i % 5 == 0 else [] for i in range(n_items)],
@@ -66,7 +67,7 @@ def artifacts(tmp_path_factory) -> tuple[Path, Settings]:
     split = successor_split()
     split.save(root / "split")
     train_two_tower(split, root / "recall_holdout", settings.recall, progress=False)
-    write_tags(root / "tags", split.n_items)
+    write_tags(root / "tags", split.items["item_id"].tolist())
     return root, settings
 
 
@@ -83,7 +84,7 @@ def test_coarse_tags_trains_from_artifacts_is_reused_and_serves_without_tags(art
     from offline.split import split_id  # serving refuses it once the split is prepared again
     assert json.loads((root / SUBDIR / "stage.json").read_text())["split_id"] == split_id(root)
     assert not ensure_coarse_tags(settings, root, split, embed=TINY_EMBED, progress=False)["trained"]
-    write_tags(root / "tags", split.n_items, fallback_every=4)  # re-tagged: the model is stale
+    write_tags(root / "tags", split.items["item_id"].tolist(), fallback_every=4)  # re-tagged: the model is stale
     assert not is_current(settings, root, TINY_EMBED)
     shutil.rmtree(root / "tags")  # serving reads coarse_tags/ only
     spec = next(s for s in variant_settings(settings, "tag_features").pipeline.stages if s.kind == "coarse")
@@ -105,8 +106,11 @@ def test_coarse_tags_needs_tags_for_the_whole_catalog(artifacts, tmp_path):
     root = tmp_path / "art"
     shutil.copytree(src, root)
     split = Split.load(root / "split")
-    write_tags(root / "tags", split.n_items - 2)
+    write_tags(root / "tags", split.items["item_id"].tolist()[:-2])
     with pytest.raises(ValueError, match=f"tags cover {split.n_items - 2} items.*catalog has {split.n_items}"):
+        train_coarse_tags(settings, root, split, embed=TINY_EMBED, progress=False)
+    write_tags(root / "tags", split.items["item_id"].tolist()[::-1])  # tagged before the split was prepared again
+    with pytest.raises(ValueError, match="tags.parquet: row 0 holds the tags of item .* another catalog"):
         train_coarse_tags(settings, root, split, embed=TINY_EMBED, progress=False)
     shutil.rmtree(root / "recall_holdout")
     with pytest.raises(FileNotFoundError, match="recall_holdout"):
