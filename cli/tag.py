@@ -87,12 +87,15 @@ def tag(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, 
     from jobs.tagging.run import tag_catalog  # lazy: keeps `recsys --help` fast
 
     settings = c.load_settings(config)
+    try:  # checked first: resolving the model may convert a GGUF backbone (seconds, and a progress bar)
+        template = load_prompt_file(prompt) if prompt is not None else settings.llm.prompt
+    except ValueError as exc:
+        c.fail(str(exc))
     split, root = _split(settings, data, artifacts)
     tagger = TaggerSettings(domain=settings.llm.domain,
                             precision=precision, max_new_tokens=max_new_tokens, threads=threads)
     model_dir = _model_dir(settings, root, model)
     try:
-        template = load_prompt_file(prompt) if prompt is not None else settings.llm.prompt
         summary = tag_catalog(split, model_dir, root, tagger, engine=engine,
                               chunk_size=chunk_size, batch_size=batch_size or (64 if method == "logits" else 16),
                               limit=limit, ray_address=ray_address,
