@@ -8,6 +8,7 @@ Python and tests. Errors in user input exit with code 2 and one line naming the 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -21,6 +22,12 @@ from cli.tag import tag_app
 if TYPE_CHECKING:
     from cascade.settings import Settings
     from offline.split import Split
+
+# torchao (imported by peft and transformers) logs that its kernels built for CUDA and another
+# Python do not load, and torch warns about torchao's Enum registrations: harmless on this CPU
+# path, and four lines of noise before the output of every command that loads a model.
+for _noisy in ("torchao", "torch.utils._pytree"):
+    logging.getLogger(_noisy).setLevel(logging.ERROR)
 
 app = typer.Typer(cls=c.UserErrorGroup, add_completion=False, no_args_is_help=True,
                   help="Hybrid recommender with LLM re-ranking.")

@@ -362,3 +362,14 @@ def test_eval_on_a_one_user_dataset_is_refused_before_any_training(
     _one_line_error(res, "eval needs at least 2 users for its paired bootstrap confidence intervals",
                     "dataset 'solo' has 1")
     assert trained == []
+
+
+def test_loading_the_llm_libraries_under_the_cli_prints_nothing() -> None:
+    """peft imports torchao, which logged four lines (kernels for CUDA and another Python that do not
+    load, deprecated Enum registrations) before the output of every command that loads a model."""
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", "import cli.main, peft, transformers"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stderr == "", res.stderr
