@@ -103,22 +103,25 @@ def prepare(
 
     ``k_core``, ``catalog`` (``offline.protocol.make_split``), ``fmt`` and the synthetic
     ``n_users``/``n_items`` left None take the values the split already under ``artifact_dir``
-    was prepared with when it was prepared from the same dataset (``same_dataset``), else the
-    defaults (5-core, the interacted catalog, the detected layout, 600 x 1200); a
-    format given that is the one detected counts as not given. A rebuild over a split prepared
-    otherwise logs a ``note:`` warning naming what changed, once the new split is saved.
+    was prepared with when it was prepared from the same dataset (``same_dataset``) or from a
+    refresh of it (``refreshed``: a directory of the same name whose files changed, as a grown
+    log or a newly listed product), else the defaults (5-core, the interacted catalog, the
+    detected layout, 600 x 1200); a format given that is the one detected counts as not given.
+    A rebuild over a split prepared otherwise logs a ``note:`` warning naming what changed (and,
+    for a refresh, the options kept), once the new split is saved.
     """
     split_dir = Path(artifact_dir) / "split"
     before = recorded_source(artifact_dir)
     same = same_dataset(before, data)
+    kept = same or refreshed(before, data)
     if fmt is None:
-        fmt = before.get("format") if same else None
+        fmt = before.get("format") if kept else None
     elif data is not None and fmt == detect_format(Path(data)):
         fmt = None  # the detected layout, named: the same split as when it is not
     if k_core is None:
-        k_core = int(before.get("k_core", DEFAULT_K_CORE)) if same else DEFAULT_K_CORE
+        k_core = int(before.get("k_core", DEFAULT_K_CORE)) if kept else DEFAULT_K_CORE
     if catalog is None:
-        catalog = before.get("catalog", DEFAULT_CATALOG) if same else DEFAULT_CATALOG
+        catalog = before.get("catalog", DEFAULT_CATALOG) if kept else DEFAULT_CATALOG
     synthetic = {key: v for key, v in synthetic.items() if v is not None}
     if data is None:
         for key, default in SYNTHETIC_DEFAULTS.items():
@@ -138,7 +141,7 @@ def prepare(
     (split_dir / "source.json").unlink(missing_ok=True)
     split.save(split_dir)
     atomic_write_json(split_dir / "source.json", fp)
-    if before and (changed := _changes(before, fp, same)):
+    if before and (changed := _changes(before, fp, same, kept)):
         log.warning("note: %s: the split was rebuilt (%s); stages trained on the old one retrain",
                     artifact_dir, ", ".join(changed))
     if left_out := catalog_left_out(ds, split):
@@ -168,17 +171,35 @@ def catalog_left_out(ds: Dataset, split: Split) -> str:
             f"{none:,} with no event{hint}, {len(out) - none:,} removed by the {k}-core filter (--k-core sets it)")
 
 
-def _changes(before: dict[str, Any], after: dict[str, Any], same: bool) -> list[str]:
-    """What differs between two fingerprints, for the rebuild note."""
-    if not same:
+def refreshed(recorded: dict[str, Any], data: Path | None) -> bool:
+    """Whether ``data`` is a refresh of the dataset ``recorded`` was prepared from: a directory of the
+    same name whose files changed (``same_dataset`` is the unchanged case). A shop's next export
+    keeps the options it was prepared with (``--catalog listed`` must not lapse with a new product)."""
+    return (data is not None and bool(recorded.get("files")) and recorded.get("data") == dataset_name(data)
+            and not same_dataset(recorded, data))
+
+
+def _changes(before: dict[str, Any], after: dict[str, Any], same: bool, kept: bool) -> list[str]:
+    """What differs between two fingerprints, for the rebuild note (``kept``: the options were kept,
+    the dataset being the same or a refresh of it; a refresh names its kept options)."""
+    if not kept:
         return [f"dataset {before.get('data')!r} -> {after['data']!r}"
                 + (" (other files)" if before.get("data") == after["data"] else "")]
-    out = [f"{key} {before.get(key)} -> {after[key]}" for key in ("k_core", "format") if before.get(key) != after[key]]
+    out = [] if same else [f"the files of dataset {after['data']!r} changed" + _kept_options(after)]
+    out += [f"{key} {before.get(key)} -> {after[key]}" for key in ("k_core", "format") if before.get(key) != after[key]]
     if (old := before.get("catalog", DEFAULT_CATALOG)) != (new := after.get("catalog", DEFAULT_CATALOG)):
         out.append(f"catalog {old} -> {new}")
     old_synth = before.get("synthetic", {})
     return out + [f"synthetic {key} {old_synth.get(key)} -> {v}" for key, v in after["synthetic"].items()
                   if old_synth.get(key) != v]
+
+
+def _kept_options(fp: dict[str, Any]) -> str:
+    """``" (kept: k_core 3, catalog listed)"`` for the options of ``fp`` that are not the defaults."""
+    opts = [f"k_core {fp['k_core']}"] if fp["k_core"] != DEFAULT_K_CORE else []
+    opts += [f"format {fp['format']}"] if fp.get("format") else []
+    opts += [f"catalog {fp['catalog']}"] if fp.get("catalog", DEFAULT_CATALOG) != DEFAULT_CATALOG else []
+    return f" (kept: {', '.join(opts)}; give the option to change it)" if opts else ""
 
 
 def holdout_sequences(split: Split, positions: int = 1) -> tuple[list[np.ndarray], np.ndarray]:

@@ -84,3 +84,27 @@ def test_recommend_knows_a_dataset_by_its_files_not_its_name(tmp_path: Path):
     copy = shutil.copytree(shop, tmp_path / "backup")  # another name, the same files: not refused for that
     res = runner.invoke(app, ["recommend", "u1", "--data", str(copy), "--artifacts", str(art)])
     assert "files differ" not in res.output
+
+
+def test_a_refreshed_dataset_keeps_its_catalog_and_k_core_and_the_note_says_so(tmp_path: Path, caplog):
+    """Hostile pass 11: a shop prepared with `--catalog listed --k-core 3` that lists one more product
+    (or logs one more event) went back to the interacted 5-core catalog on its next `train`, the new
+    product and every other event-less one gone, and the note said only "(other files)"."""
+    shop = _tiny_generic(tmp_path / "shop")
+    items = ["item_id,title"] + [f"i{i},Product {i}" for i in range(12)] + ["i90,Never bought"]
+    (shop / "items.csv").write_text("\n".join(items) + "\n")
+    art = ["--data", str(shop), "--artifacts", str(tmp_path / "art"), "--out", str(tmp_path / "p.json")]
+    assert runner.invoke(app, ["prepare", *art, "--catalog", "listed", "--k-core", "3"]).exit_code == 0
+    assert json.loads((tmp_path / "p.json").read_text())["n_items"] == 13
+    (shop / "items.csv").write_text("\n".join([*items, "i91,Listed today"]) + "\n")  # the next export
+    with caplog.at_level("WARNING"):
+        assert runner.invoke(app, ["prepare", *art]).exit_code == 0
+    protocol = json.loads((tmp_path / "p.json").read_text())["protocol"]
+    assert (protocol["catalog"], protocol["k_core"], protocol["n_items"]) == ("listed", 3, 14)
+    assert ("the split was rebuilt (the files of dataset 'shop' changed (kept: k_core 3, catalog listed; "
+            "give the option to change it))") in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):  # an option given still changes it, and is named
+        assert runner.invoke(app, ["prepare", *art, "--catalog", "interacted"]).exit_code == 0
+    assert "catalog listed -> interacted" in caplog.text
+    assert json.loads((tmp_path / "p.json").read_text())["n_items"] == 12
