@@ -9,10 +9,12 @@ log (Redis stream or Parquet) and tests CTR / conversion per variant with an SRM
 Reports are strict JSON: a number a run leaves undefined (NaN, an infinity) is written as
 ``null``. Bad input is one ``error:`` line and exit 2 (``cli.common.fail``): shares given to
 ``--expected`` that are not finite, negative or all zero, a Redis that cannot be reached or
-read, a simulation server that does not answer or refuses every request, an event log with no
+read, a simulation server that does not answer or refuses every request, a replay directory
+given to ``simulate`` as the targets' split (``--artifacts`` is the original), an event log with no
 arm but the holdout, and (``offline``) stages trained on another split than the one measured,
 as ``serve`` refuses them. Warnings (stages trained under other settings than a variant's
-config, empty or short lists, clicks without an impression) go to stderr and the report.
+config, empty or short lists, clicks without an impression, a simulation that showed not one target)
+go to stderr and the report.
 """
 
 from __future__ import annotations
@@ -191,7 +193,7 @@ def _redacted(url: str) -> str:
 
 def _read_redis(url: str, namespace: str) -> tuple[Any, list[str]]:
     """The events stream of ``namespace`` at ``url`` and what to warn of it (trimmed); one ``error:`` line
-    and exit 2 when Redis cannot be reached or read."""
+    and exit 2 when Redis cannot be reached or read, or holds no such stream."""
     import redis  # lazy: keeps `recsys --help` fast
     from redis.exceptions import ConnectionError as RedisConnectionError  # lazy: as redis
     from redis.exceptions import RedisError  # lazy: as redis
@@ -211,6 +213,8 @@ def _read_redis(url: str, namespace: str) -> tuple[Any, list[str]]:
         return c.fail(f"cannot reach Redis at {shown}: {' '.join(str(exc).split())}")
     except RedisError as exc:  # e.g. the key holds something other than a stream
         return c.fail(f"Redis at {shown}: cannot read {namespace}:events: {' '.join(str(exc).split())}")
+    except ValueError as exc:  # no such stream (a wrong --namespace): not an empty log
+        return c.fail(f"Redis at {shown}: {exc}")
     finally:
         client.close()
 
@@ -242,13 +246,19 @@ def simulate(
     """Replay held-out users: recommend, click the true next item when shown, log through /v1/events."""
     import httpx  # lazy: keeps `recsys --help` fast
 
-    from jobs.ab.simulate import simulate as run  # lazy: keeps `recsys --help` fast
+    from jobs.ab.simulate import replay_source  # lazy: keeps `recsys --help` fast
+    from jobs.ab.simulate import simulate as run  # lazy: as above
 
     art = c.artifact_dir(c.load_settings(config), data, artifacts)
+    if (original := replay_source(art)) is not None:  # its test items are hidden: nothing could be clicked
+        c.fail(f"{art} is a replay directory (`recsys ab replay-dir` made it from {original}): serve it, and give "
+               f"the original as --artifacts ({original}), whose test items are the targets")
     try:
         report = run(url, _split_of(art), users=users, seconds=seconds, k=k, seed=seed)
     except ValueError as exc:
         c.fail(str(exc))
     except httpx.TransportError as exc:  # nothing listening, a timeout, a dropped connection
         c.fail(f"cannot reach the server at {url}: {type(exc).__name__}: {' '.join(str(exc).split())}")
+    for warning in report["warnings"]:
+        typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)
     _write_report(report, out)

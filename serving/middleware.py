@@ -7,7 +7,8 @@ FastAPI re-raises instead of wrapping it as a 400 parse error).
 
 ``JsonBodyCheck`` refuses a JSON API call whose body is not plain JSON before FastAPI parses
 it, with a 4xx naming the problem (FastAPI would say only "error parsing the body", or 500
-on an unpaired surrogate): wrong ``Content-Type`` (415), bytes that are not UTF-8, nesting
+on an unpaired surrogate): wrong ``Content-Type`` (415), bytes that are not UTF-8 (UTF-16 and
+UTF-32 too, which the route's ``json.loads(bytes)`` would have decoded past these checks), nesting
 deeper than ``max_depth``, ``\\ud800``-style unpaired surrogates, integers longer than Python
 converts (400), and ``NaN``/``Infinity``/``1e309`` anywhere in the body (422 in pydantic's
 shape, ``loc`` naming the field: Python's ``json`` accepts them, and FastAPI's own 422 could
@@ -159,13 +160,9 @@ def json_body_problem(content_type: str | None, body: bytes, max_depth: int) -> 
     media = (content_type or "").split(";")[0].strip().lower()
     if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
         return BodyProblem(415, f"Content-Type must be application/json, got {content_type!r}", "unsupported_media_type")
-    try:
-        # utf-8-sig: a leading byte-order mark is dropped, as Starlette's json.loads(bytes) drops it before the
-        # route parses the body; decoded with the BOM kept, json.loads refused it and every check here was skipped
-        text = body.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        return BodyProblem(400, f"body is not valid UTF-8: byte {body[exc.start]:#04x} at offset {exc.start}",
-                           "body_not_utf8")
+    text = _utf8_text(body)
+    if isinstance(text, BodyProblem):
+        return text
     too_deep = BodyProblem(400, f"JSON nested deeper than {max_depth} levels", "body_too_deep")
     duplicates: list[str] = []
 
@@ -203,6 +200,41 @@ def json_body_problem(content_type: str | None, body: bytes, max_depth: int) -> 
                  "input": json.dumps(value)}  # NaN, Infinity or -Infinity, as the client may have spelled it
         return BodyProblem(422, [error], "non_finite_number")
     return None
+
+
+def _utf8_text(body: bytes) -> str | BodyProblem:
+    """``body`` as text, or a 400 when it is not UTF-8 (as the route's ``json.loads(bytes)`` would read it)."""
+    if (problem := _not_utf8(body)) is not None:
+        return problem
+    try:
+        # utf-8-sig: a leading byte-order mark is dropped, as Starlette's json.loads(bytes) drops it before the
+        # route parses the body; decoded with the BOM kept, json.loads refused it and every check here was skipped
+        return body.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        return BodyProblem(400, f"body is not valid UTF-8: byte {body[exc.start]:#04x} at offset {exc.start}",
+                           "body_not_utf8")
+
+
+def _not_utf8(body: bytes) -> BodyProblem | None:
+    """A 400 for a body that the route's ``json.loads(bytes)`` would read as UTF-16 or UTF-32.
+
+    ``json.detect_encoding`` (RFC 4627's guess from the NUL bytes of the first four, or a UTF-16/32
+    byte-order mark) is what Starlette's ``Request.json()`` decodes by. ASCII text in UTF-16 or 32
+    without a mark is valid UTF-8 (NULs), which ``json.loads(str)`` refuses as a syntax error: the
+    checks here were skipped while the route parsed the document (duplicate keys passed, a
+    surrogate was a 500). RFC 8259 requires UTF-8 between systems, so such a body is refused.
+
+    >>> _not_utf8('{"k": 5}'.encode("utf-16-le")).detail
+    'body is not UTF-8: it reads as UTF-16-LE (NUL bytes among its first four); send JSON as UTF-8'
+    >>> _not_utf8(b'{"k": 5}') is None
+    True
+    """
+    encoding = json.detect_encoding(body)
+    if encoding in ("utf-8", "utf-8-sig"):
+        return None
+    why = (f"it starts with a {encoding.upper()} byte-order mark" if encoding in ("utf-16", "utf-32")
+           else f"it reads as {encoding.upper()} (NUL bytes among its first four)")
+    return BodyProblem(400, f"body is not UTF-8: {why}; send JSON as UTF-8", "body_not_utf8")
 
 
 def _deeper_than(data: object, limit: int) -> bool:

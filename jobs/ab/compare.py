@@ -20,7 +20,8 @@ on another split than the one measured refuse (``cascade.registry.StaleArtifacts
 recall/coarse stages whose recorded config differs from the variant's settings
 (``cascade.registry.trained_under_other_settings``: B measured with stages trained under A's
 settings) are named in ``warnings``; B may read its own artifact directory
-(``artifact_dir_b``), which must hold the same split.
+(``artifact_dir_b``), which must hold the same split (``jobs.ab.split_check``: a refusal names
+what differs, e.g. ``catalog listed vs interacted``).
 
 Deliberately left out: Markdown and plots (``jobs.ab.report``, ``jobs.ab.plots``), and
 multiple-comparison corrections across the metrics.
@@ -35,11 +36,12 @@ import numpy as np
 
 from cascade.registry import build_pipeline, check_trained_on_split, trained_under_other_settings
 from cascade.settings import Settings
+from jobs.ab.split_check import check_same_split
 from jobs.cascade_run import list_completeness, requests_for, run_cascade
 from offline.baselines import evaluate_rankings_per_user
 from offline.bootstrap import MIN_USERS, paired_bootstrap
 from offline.metrics import PAD, coverage, intra_list_diversity, novelty
-from offline.split import Phase, Split, split_id
+from offline.split import Phase, Split
 from recsys.pipeline import Pipeline
 
 K = 10
@@ -139,13 +141,6 @@ def checked_pipeline(settings: Settings, artifact_dir: Path, name: str) -> tuple
     return build_pipeline(settings, artifact_dir), warnings
 
 
-def _same_split(artifact_dir: Path, artifact_dir_b: Path) -> None:
-    if not (artifact_dir_b / "split" / "split.json").is_file() or split_id(artifact_dir_b) != split_id(artifact_dir):
-        raise ValueError(f"{artifact_dir_b}: B's artifact directory holds another split than {artifact_dir} (or "
-                         "none); both variants must be trained on the split they are measured on: "
-                         f"`recsys train --config <B> --artifacts {artifact_dir_b}` after preparing the same data")
-
-
 def list_warnings(name: str, lists: dict[str, Any]) -> list[str]:
     """A warning when some users of variant ``name`` got an empty or short final list."""
     if not lists["empty"] and not lists["short"]:
@@ -167,7 +162,7 @@ def compare_offline(
         raise ValueError(f"compare_offline: the two variants need distinct names, got {names}")
     art_a, art_b = Path(artifact_dir), Path(artifact_dir_b or artifact_dir)
     if art_b.resolve() != art_a.resolve():
-        _same_split(art_a, art_b)
+        check_same_split(art_a, art_b)  # names what differs, e.g. catalog listed vs interacted
     pipelines, warnings = {}, []
     for name, settings, art in ((names[0], settings_a, art_a), (names[1], settings_b, art_b)):
         pipelines[name], stale = checked_pipeline(settings, art, name)

@@ -5,7 +5,9 @@ and other events through ``POST /v1/events``, impressions from ``POST /v1/recomm
 experiment is active. Each entry is a flat string map (``user_id``, ``item_id``, ``type``,
 ``ts``, and ``experiment``, ``variant``, ``request_id``, ``rank`` when known). ``read_stream``
 pages through it with XRANGE and returns one row per entry with the columns ``COLUMNS``
-(missing fields are None; ``ts`` float, ``rank`` nullable int).
+(missing fields are None; ``ts`` float, ``rank`` nullable int). A stream that does not exist
+is a ``ValueError`` naming the ``*:events`` streams there are (a wrong namespace read as an
+empty log, and the analysis then blamed the events' variants).
 
 Deliberately left out: consumer groups and incremental reads (the analysis reads it all).
 """
@@ -39,8 +41,11 @@ def events_frame(entries: Iterable[tuple[str, dict[str, str]]]) -> pd.DataFrame:
 
 
 def read_stream(client: Any, namespace: str, max_entries: int = 5_000_000) -> pd.DataFrame:
-    """Every entry of ``{namespace}:events`` (oldest first, at most ``max_entries``)."""
+    """Every entry of ``{namespace}:events`` (oldest first, at most ``max_entries``); ``ValueError`` when
+    there is no such key (``missing_stream_message``)."""
     key = f"{namespace}:events"
+    if not client.exists(key):
+        raise ValueError(missing_stream_message(client, namespace))
     entries: list[tuple[str, dict[str, str]]] = []
     start = "-"
     while len(entries) < max_entries:
@@ -51,6 +56,37 @@ def read_stream(client: Any, namespace: str, max_entries: int = 5_000_000) -> pd
             entries.append((_text(sid), {_text(k): _text(v) for k, v in fields.items()}))
         start = "(" + entries[-1][0]  # exclusive: continue after the last id read
     return events_frame(entries)
+
+
+def event_streams(client: Any, limit: int = 20, max_scans: int = 100) -> list[str]:
+    """The namespaces of the ``*:events`` streams in ``client`` (sorted, at most ``limit``), from at most
+    ``max_scans`` SCAN pages of 1,000 keys: a large Redis is sampled, not walked for ever."""
+    found: set[str] = set()
+    cursor, scans = 0, 0
+    while scans < max_scans and len(found) < limit:
+        cursor, keys = client.scan(cursor, match="*:events", count=1_000)
+        found.update(_text(k).removesuffix(":events") for k in keys if _text(client.type(k)) == "stream")
+        scans += 1
+        if cursor == 0:
+            break
+    return sorted(found)[:limit]
+
+
+def missing_stream_message(client: Any, namespace: str) -> str:
+    """Why ``{namespace}:events`` reads as nothing: it does not exist; the namespaces whose stream does.
+
+    >>> class Empty:
+    ...     def scan(self, cursor, match, count): return 0, []
+    >>> missing_stream_message(Empty(), "shop1")
+    "shop1:events does not exist: no events under namespace 'shop1', and no *:events stream at all here"
+    """
+    there = event_streams(client)
+    if not there:
+        return f"{namespace}:events does not exist: no events under namespace {namespace!r}, and no *:events stream " \
+               "at all here"
+    return (f"{namespace}:events does not exist: no events under namespace {namespace!r}; the event streams here "
+            f"are {', '.join(f'{n}:events' for n in there)} (serving's namespace is serving.redis_namespace, by "
+            "default the name of the artifact directory it was started on)")
 
 
 def trimmed_warning(client: Any, namespace: str, n_read: int) -> str | None:

@@ -17,9 +17,11 @@ knows ends where the test phase's input ends (every stage reads the same train +
 interactions and popularity as in offline evaluation; only the served history shows the
 valid item twice). Targets come from the original split.
 
-Bounded by ``users`` and ``seconds``; refuses any URL that is not loopback. A run in which
-every request was refused raises ``ValueError`` with the server's message (nothing was
-measured). Event ids carry a random run tag, so two runs never share one; an event the
+Bounded by ``users`` and ``seconds``; refuses any URL that is not loopback, and a replay split
+as the targets' source (its test items are the valid ones, which the server knows: nothing
+could be clicked). A run in which every request was refused raises ``ValueError`` with the
+server's message (nothing was measured); a run in which not one target was shown has a
+warning in ``warnings`` (a server that knows the test items shows none of them). Event ids carry a random run tag, so two runs never share one; an event the
 server reports as a duplicate is counted as ``<type>_duplicate``, not as sent.
 
 Deliberately left out: position bias and click noise (a user clicks their true next item
@@ -29,6 +31,7 @@ wherever it is ranked) and users returning for a second session.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 import uuid
 from collections import Counter
@@ -84,6 +87,29 @@ def replay_artifacts(artifact_dir: Path, out_dir: Path) -> Path:
     return out_dir
 
 
+def replay_source(artifact_dir: Path) -> str | None:
+    """The artifact directory ``artifact_dir``'s replay split was made from, or None when it is no replay."""
+    marker = Path(artifact_dir) / "split" / REPLAY_MARKER
+    if not marker.is_file():
+        return None
+    try:
+        return str(json.loads(marker.read_text()).get("replay_of", "another directory"))
+    except (OSError, ValueError, AttributeError):  # a damaged marker still marks a replay
+        return "another directory"
+
+
+def check_not_replay(split: Split) -> None:
+    """``ValueError`` when ``split`` is a replay split: every test item is the valid one (``replay_artifacts``).
+
+    A prepared split keeps one event per (user, item), so its test and valid items always differ.
+    """
+    if split.n_users and np.array_equal(split.targets("test"), split.targets("valid")):
+        raise ValueError("simulate: the split given is a replay split (`recsys ab replay-dir`'s output: each "
+                         "user's test item is replaced by the valid one, which the server already knows), so no "
+                         "target could ever be clicked; give the original split (the artifact directory "
+                         "replay-dir was made from) and serve the replay directory")
+
+
 def simulate(
     base_url: str, split: Split, *, users: int = 500, seconds: float = 60.0, k: int = 10, seed: int = 0,
     run_tag: str | None = None, timeout_s: float = 30.0, client: httpx.Client | None = None,
@@ -95,6 +121,7 @@ def simulate(
     base_url = check_loopback(base_url) if client is None else base_url
     if users < 1 or seconds <= 0 or k < 1:
         raise ValueError(f"simulate: need users >= 1, seconds > 0, k >= 1; got {users}, {seconds}, {k}")
+    check_not_replay(split)
     tag = run_tag or f"sim-{uuid.uuid4().hex[:12]}"  # a clock tag repeats within a second: its events dropped
     order = np.random.default_rng(seed).permutation(split.n_users)[:users]
     targets = split.targets("test")
@@ -125,6 +152,7 @@ def simulate(
                 for rank, item in enumerate(shown, 1):  # event ids by user index: an id may hold any character
                     _event(http, f"{tag}-u{u}-imp{rank}", user_id, item, "impression", variant, counts)
             if target_id in shown:
+                counts["targets_shown"] += 1
                 _event(http, f"{tag}-u{u}-click", user_id, target_id, "click", variant, counts)
     finally:
         if client is None:
@@ -132,8 +160,18 @@ def simulate(
     if counts["requests"] and not variants:
         raise ValueError(f"simulate: every one of the {counts['requests']} requests to {base_url}/v1/recommend "
                          f"was refused; the first answer: {refusal}")
+    answered, shown_targets = sum(variants.values()), counts.pop("targets_shown", 0)
     return {"requests": counts.pop("requests", 0), "users_available": split.n_users, "variants": dict(variants),
-            "events": dict(counts), "wall_s": round(time.perf_counter() - t0, 2), "run_tag": tag}
+            "targets_shown": shown_targets, "events": dict(counts), "wall_s": round(time.perf_counter() - t0, 2),
+            "run_tag": tag, "warnings": [no_target_warning(answered, k)] if answered and not shown_targets else []}
+
+
+def no_target_warning(answered: int, k: int) -> str:
+    """The warning of a run whose ``answered`` lists (of ``k``) showed not one user's test target."""
+    return (f"not one of the {answered} answered lists (k={k}) showed its user's test item, so nothing was "
+            "clicked: a server started on the artifact directory itself knows the test items and never shows "
+            "them; start it on `recsys ab replay-dir`'s output (else the model ranks no target in the top k). "
+            "The impressions it logged are in the experiment's stream")
 
 
 def _event(client: httpx.Client, event_id: str, user_id: str, item_id: str, kind: str, variant: str | None,

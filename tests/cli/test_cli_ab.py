@@ -80,3 +80,26 @@ def test_offline_warns_when_b_changes_a_trained_stage_and_takes_b_artifacts(toy:
     assert stale_b.stderr.strip().splitlines() == [
         f"error: {art_b}: stage(s) ['recall'] were trained on another split than the one in {art_b / 'split'} "
         "(it was prepared again since); run `recsys train` to retrain them"]
+
+
+def test_offline_with_b_on_another_split_names_the_difference_in_one_line(tmp_path: Path) -> None:
+    """Hostile pass 11 #8: `--artifacts-b` on a split prepared with the defaults, A's with --catalog listed:
+    the error said "another split ... (or none)" and prescribed the `recsys train` just run."""
+    shop = tmp_path / "shop"
+    shop.mkdir()
+    rows = [f"u{u},i{(u + j) % 12},{1000 + j}" for u in range(30) for j in range(8)]
+    (shop / "interactions.csv").write_text("user_id,item_id,timestamp\n" + "\n".join(rows) + "\n")
+    (shop / "items.csv").write_text("\n".join(["item_id,title", *(f"i{i},P{i}" for i in range(13))]) + "\n")
+    art_a, art_b = tmp_path / "a", tmp_path / "b"
+    for art, opts in ((art_a, ["--catalog", "listed"]), (art_b, [])):
+        res = runner.invoke(app, ["prepare", "--data", str(shop), "--artifacts", str(art), *opts])
+        assert res.exit_code == 0, res.output
+    a = pipeline_yaml(tmp_path / "a.yaml")
+    out = tmp_path / "ab.json"
+    res = offline(art_a, a, a, "--artifacts-b", str(art_b), "--out", str(out))
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit), res.output
+    assert res.stderr.strip().splitlines() == [
+        f"error: {art_b}: B's artifact directory holds another split than {art_a} (catalog listed vs interacted); "
+        "both variants must be trained on the split they are measured on: `recsys train --data DIR --config <B> "
+        f"--artifacts {art_b} --k-core 5 --catalog listed`, DIR being the data A's split was prepared from ('shop')"]
+    assert not out.exists()

@@ -115,6 +115,30 @@ def test_a_byte_order_mark_does_not_switch_the_body_checks_off(client: TestClien
     assert ok.status_code == 200 and len(ok.json()["items"]) == 2
 
 
+@pytest.mark.parametrize(("encoding", "reads_as"), [
+    ("utf-16-le", "it reads as UTF-16-LE (NUL bytes among its first four)"),
+    ("utf-16-be", "it reads as UTF-16-BE (NUL bytes among its first four)"),
+    ("utf-32-le", "it reads as UTF-32-LE (NUL bytes among its first four)"),
+    ("utf-32-be", "it reads as UTF-32-BE (NUL bytes among its first four)"),
+    ("utf-16", "it starts with a UTF-16 byte-order mark"),
+])
+def test_a_utf16_or_utf32_body_is_400_on_every_json_route(online: TestClient, encoding: str, reads_as: str) -> None:
+    """Hostile pass 11 #3: without a BOM such a body is valid UTF-8 (NULs) that ``json.loads(str)`` refuses,
+    so every check was skipped while the route's ``json.loads(bytes)`` decoded it: a duplicate "k" was
+    served (200), an unpaired surrogate was a 500, a duplicate "item_id" was recorded."""
+    bodies = {"/v1/recommend": '{"user_id": "u1", "k": 5, "k": 2}', "/v1/events": '{"user_id": "u\\ud800x"}',
+              "/admin/rules/rollback": '{"version": "a", "version": "b"}'}
+    headers = {"content-type": "application/json", "x-api-key": ADMIN_KEY}
+    for route, text in bodies.items():
+        resp = online.post(route, content=text.encode(encoding), headers=headers)
+        assert (resp.status_code, resp.json()) == (
+            400, {"detail": f"body is not UTF-8: {reads_as}; send JSON as UTF-8"}), route
+    refused = re.search(r'recsys_errors_total\{kind="body_not_utf8"\} (\S+)', online.get("/metrics").text)
+    assert refused is not None and float(refused.group(1)) == 3.0
+    ok = online.post("/v1/recommend", content=b'{"user_id": "u1", "k": 2}', headers=headers)
+    assert ok.status_code == 200 and len(ok.json()["items"]) == 2
+
+
 def test_a_key_given_twice_is_422_naming_it(client: TestClient) -> None:
     """``{"k": 5, "k": 50}`` used to be served with k=50 (json.loads keeps the last value silently)."""
     resp = client.post("/v1/recommend", content=b'{"user_id": "u1", "k": 5, "k": 50}',

@@ -14,6 +14,8 @@ from cascade.registry import StaleArtifacts, config_id
 from cascade.settings import Settings
 from jobs.ab.compare import PAIRED, compare_offline, paired_differences, per_user_beyond_accuracy
 from jobs.ab.report import write_offline_report
+from jobs.ab.split_check import check_same_split, split_differences
+from jobs.train import prepare
 from offline.split import Split, split_id
 from recsys.config import STAGE_KINDS, StageSpec
 from tests.serving.toy import TOY_KINDS, save_toy_split, toy_settings
@@ -102,8 +104,41 @@ def test_b_measured_with_stages_trained_under_a_settings_is_warned(toy: tuple[Pa
     assert not [w for w in own["warnings"] if "trained under other settings" in w]
     other = tmp_path.parent / f"{tmp_path.name}-other"
     other.mkdir()
-    with pytest.raises(ValueError, match="holds another split than"):
+    with pytest.raises(ValueError, match=r"holds no split \(.*split\.json is missing\)"):
         compare_offline(settings_a, settings_b, art, split, n_boot=200, artifact_dir_b=other)
+
+
+def _shop(root: Path, extra_items: tuple[str, ...] = ()) -> Path:
+    """A generic shop of 30 users x 12 items, 8 events each, listing one product nobody bought."""
+    root.mkdir(parents=True, exist_ok=True)
+    rows = [f"u{u},i{(u + j) % 12},{1000 + j}" for u in range(30) for j in range(8)]
+    (root / "interactions.csv").write_text("user_id,item_id,timestamp\n" + "\n".join(rows) + "\n")
+    items = ["item_id,title", *(f"i{i},Product {i}" for i in range(12)), "i90,Never bought", *extra_items]
+    (root / "items.csv").write_text("\n".join(items) + "\n")
+    return root
+
+
+def test_b_on_another_split_is_refused_naming_what_differs(tmp_path: Path) -> None:
+    """Hostile pass 11 #8: A prepared with --catalog listed, B trained "as the message says" into a fresh
+    directory (the interacted catalog, the defaults): the refusal prescribed the command just run."""
+    shop = _shop(tmp_path / "shop")
+    art_a, art_b = tmp_path / "a", tmp_path / "b"
+    split = prepare(shop, art_a, catalog="listed", k_core=3)
+    prepare(shop, art_b)
+    settings = toy_settings(RECALL, RULES)
+    with pytest.raises(ValueError) as refused:
+        compare_offline(settings, settings, art_a, split, n_boot=200, artifact_dir_b=art_b)
+    assert str(refused.value) == (
+        f"{art_b}: B's artifact directory holds another split than {art_a} (k_core 3 vs 5; catalog listed vs "
+        "interacted); both variants must be trained on the split they are measured on: `recsys train --data DIR "
+        f"--config <B> --artifacts {art_b} --k-core 3 --catalog listed`, DIR being the data A's split was prepared "
+        "from ('shop')")
+    _shop(shop, ("i91,Listed today",))  # B prepared from the next export of the shop, with A's options
+    prepare(shop, art_b, catalog="listed", k_core=3)
+    assert split_differences(art_a, art_b) == ["the files of dataset 'shop' differ (items.csv 191 vs 208 bytes)"]
+    shutil.rmtree(art_b / "split")
+    shutil.copytree(art_a / "split", art_b / "split")  # the same split: no refusal
+    check_same_split(art_a, art_b)
 
 
 def test_empty_lists_are_counted_and_warned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

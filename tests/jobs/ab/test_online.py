@@ -80,9 +80,50 @@ def test_replay_simulation_to_analysis(tmp_path: Path, redis_env: str) -> None: 
     assert sum(a["clicks"] for a in arms.values()) == 3
     assert all(a["conversion"]["rate"] == 1.0 for a in arms.values())
 
-    with app_client(art) as client:  # the original split: the server already knows the test items
+    assert (run["targets_shown"], run["warnings"]) == (3, [])
+
+
+def test_a_server_that_knows_the_test_items_gives_a_warning_not_a_silent_zero(tmp_path: Path,
+                                                                               redis_env: str) -> None:  # noqa: F811
+    # hostile pass 11 #6: a server started on the artifact directory itself (not on replay-dir's output)
+    # never shows a test item; the run had 0 clicks and read as an ordinary report
+    art = tmp_path / "art"
+    split = save_toy_split(art)
+    with app_client(art) as client:
         run = simulate("http://testserver", split, users=10, seconds=30, k=5, client=client)
-    assert run["events"] == {}
+    assert (run["requests"], run["targets_shown"], run["events"]) == (3, 0, {})
+    assert run["warnings"] == [
+        "not one of the 3 answered lists (k=5) showed its user's test item, so nothing was clicked: a server "
+        "started on the artifact directory itself knows the test items and never shows them; start it on "
+        "`recsys ab replay-dir`'s output (else the model ranks no target in the top k). The impressions it "
+        "logged are in the experiment's stream"]
+
+
+def test_a_replay_split_as_the_targets_is_refused(tmp_path: Path, redis_env: str) -> None:  # noqa: F811
+    # hostile pass 11 #6: with the replay split every target is the valid item, which the user already has:
+    # 0 clicks, exit 0, and the server's stream filled with click-less impressions
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    art = tmp_path / "art"
+    save_toy_split(art)
+    replay = replay_artifacts(art, tmp_path / f"{tmp_path.name}-replay")
+    with app_client(replay) as client, pytest.raises(ValueError) as refused:
+        simulate("http://testserver", Split.load(replay / "split"), users=10, seconds=30, k=5, client=client)
+    assert str(refused.value) == (
+        "simulate: the split given is a replay split (`recsys ab replay-dir`'s output: each user's test item is "
+        "replaced by the valid one, which the server already knows), so no target could ever be clicked; give "
+        "the original split (the artifact directory replay-dir was made from) and serve the replay directory")
+    assert not redis.Redis.from_url(redis_env).exists(f"{replay.name}:events")  # refused before any request
+    out = tmp_path / "sim.json"
+    res = CliRunner().invoke(app, ["ab", "simulate", "--url", "http://127.0.0.1:1", "--artifacts", str(replay),
+                                   "--users", "2", "--seconds", "5", "--out", str(out)])
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit), res.output
+    assert res.stderr.strip().splitlines() == [
+        f"error: {replay} is a replay directory (`recsys ab replay-dir` made it from {art.resolve()}): serve it, "
+        f"and give the original as --artifacts ({art.resolve()}), whose test items are the targets"]
+    assert not out.exists()
 
 
 def test_replay_logs_the_events_of_users_whose_ids_hold_any_character(tmp_path: Path, redis_env: str) -> None:  # noqa: F811
@@ -136,6 +177,37 @@ def test_a_replay_directory_keeps_the_split_identity_its_stages_were_trained_on(
     assert split_id(replay) == split_id(art)
     stages = [(StageSpec(name="recall", kind="recall"), PopularityRecall(StageSpec(name="recall", kind="recall"), None))]
     check_trained_on_split(Pipeline(stages), replay)  # raises StaleArtifacts on another identity
+
+
+def test_analyze_with_a_wrong_namespace_names_the_streams_there(tmp_path: Path, redis_env: str) -> None:  # noqa: F811
+    # hostile pass 11 #9: an absent stream read as an empty log: "none of the 0 events carries a variant"
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    url = f"{redis_env}?db=9"  # a database of its own: the session's other tests leave their streams in db 0
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    for ns in ("shop1_replay", "other"):
+        client.xadd(f"{ns}:events", {"type": "impression", "user_id": "u1", "item_id": "m1", "variant": "control"})
+    client.set("not_a_stream:events", "x")
+    with pytest.raises(ValueError) as missing:
+        read_stream(client, "shop1")
+    assert str(missing.value) == (
+        "shop1:events does not exist: no events under namespace 'shop1'; the event streams here are "
+        "other:events, shop1_replay:events (serving's namespace is serving.redis_namespace, by default the name "
+        "of the artifact directory it was started on)")
+    out = tmp_path / "an.json"
+    res = CliRunner().invoke(app, ["ab", "analyze", "--redis-url", url, "--namespace", "shop1", "--out", str(out)])
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit), res.output
+    assert res.stderr.strip().splitlines() == [f"error: Redis at {url}: {missing.value}"]
+    assert not out.exists()
+    assert len(read_stream(client, "shop1_replay")) == 1  # the right namespace reads as before
+    client.flushdb()
+    with pytest.raises(ValueError, match=r"^shop1:events does not exist: no events under namespace 'shop1', and no "
+                                         r"\*:events stream at all here$"):
+        read_stream(client, "shop1")
+    client.close()
 
 
 def test_fusion_override_reweights_only_that_variant(tmp_path: Path) -> None:
