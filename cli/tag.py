@@ -44,7 +44,9 @@ def _split(settings: Settings, data: Path | None, artifacts: Path | None) -> tup
 
 
 def _model_dir(settings: Settings, root: Path, explicit: Path | None, base: bool = False) -> str:
-    """The tagger's model: ``--model`` (checked here, before any job writes), else ``tags/model``, else the base."""
+    """The tagger's model: ``--model`` (checked here, before any job writes; ``jobs.tagging.run.check_model_dir``
+    then checks its config and weights, and the model loads before a part is cleared), else ``tags/model``,
+    else the base."""
     if explicit is not None:
         if not explicit.is_dir():
             c.fail(f"--model {explicit}: no such directory")
@@ -101,8 +103,8 @@ def tag(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, 
                               limit=limit, ray_address=ray_address,
                               ray_concurrency=ray_concurrency, fresh=fresh, prompt=template,
                               method=method, seed=settings.seed, shots=shots)
-    except ValueError as exc:
-        c.fail(str(exc))
+    except (ValueError, OSError) as exc:  # bad input, stale parts, a model that cannot load (nothing lost)
+        c.fail(" ".join(str(exc).split()))
     c.write_report(summary, out)
 
 

@@ -12,13 +12,27 @@ Layout of ``<artifact_dir>/tags/``: ``tags.parquet`` + ``hidden.npy`` + ``versio
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from recsys.digest import json_sha256
+
 TAGGED_ITEMS = "items.parquet"
+
+
+def catalog_digest(item_ids: Iterable[object]) -> str:
+    """16 hex digits of the item ids in order (order matters: it is what positions mean); the
+    tagging job's version records it (``jobs.tagging.job.job_version``) and every reader of the
+    tags or their embeddings checks it against the split's items.
+
+    >>> catalog_digest(["a", "b"]) == catalog_digest(["a", "b"]), catalog_digest(["a", "b"]) == catalog_digest(["b", "a"])
+    (True, False)
+    """
+    return json_sha256([str(i) for i in item_ids])[:16]
 
 
 def load_tags(tags_dir: Path) -> tuple[pd.DataFrame, np.ndarray, dict[str, Any]]:

@@ -11,17 +11,26 @@ channel: ``params.llm_share`` of the depth (default 0.2) is dealt to it through
 ``recall.channels.merge_channels``; ``llm_window`` sets the history window. With
 ``llm_share: 0`` it returns exactly what ``RecallStage`` returns.
 
+The embeddings are stored by position (row i = item_idx i of the catalog they were made for),
+and a split prepared again may order or choose its items differently. So ``load`` refuses
+embeddings whose ``embed/meta.json`` names another catalog than the split's item ids
+(``catalog_digest``, the digest the tagging job records in its version, ``tags_version.catalog``
+there) or whose row count is not the split's: no item is ever ranked by another's vector.
+
 Deliberately left out: training the embeddings (``jobs.tagging.embed``).
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from offline.tag_store import load_embeddings
+from offline.split import Split
+from offline.tag_store import catalog_digest, load_embeddings
 from recall.channels import merge_channels
 from recall.config import RecallConfig
 from recall.index import ItemIndex
@@ -30,6 +39,26 @@ from recsys.config import StageSpec
 from recsys.contract import Candidates, Request
 
 LLM_CHANNEL = "llm_embed"
+REMEDY = "re-run `recsys tag --fresh` then `recsys tag embed-train` for this split"
+
+
+def require_split_embeddings(embed_dir: Path, n_vectors: int, item_ids: Sequence[object]) -> None:
+    """Raise ValueError naming the file unless the ``n_vectors`` embeddings in ``embed_dir`` were made
+    for exactly the split's ``item_ids`` (their ``meta.json`` catalog digest, and one row per item)."""
+    embed_dir = Path(embed_dir)
+    if n_vectors != len(item_ids):
+        raise ValueError(f"{embed_dir / 'embeddings.npy'}: {n_vectors} item embeddings but the split has "
+                         f"{len(item_ids)} items: they were made for another catalog (the split was prepared "
+                         f"again); {REMEDY}")
+    meta_path = embed_dir / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    made_for = (meta.get("tags_version") or {}).get("catalog")
+    if made_for is None:
+        raise ValueError(f"{meta_path}: does not say which catalog the embeddings were made for (missing, or "
+                         f"written before the tags recorded it); {REMEDY}")
+    if made_for != catalog_digest(item_ids):
+        raise ValueError(f"{meta_path}: the embeddings were made for another catalog (item ids {made_for}) than "
+                         f"the split's ({catalog_digest(item_ids)}): the split was prepared again; {REMEDY}")
 
 
 class LLMEmbeddingChannel:
@@ -41,9 +70,17 @@ class LLMEmbeddingChannel:
         self.vectors, self.index, self.window = vectors, index, window
 
     @classmethod
-    def load(cls, artifact_dir: Path, window: int = 20) -> LLMEmbeddingChannel:
-        embed = Path(artifact_dir) / "tags"
-        return cls(load_embeddings(embed), ItemIndex.load(embed / "embed" / "index"), window)
+    def load(cls, artifact_dir: Path, item_ids: Sequence[object], window: int = 20) -> LLMEmbeddingChannel:
+        """The embeddings under ``<artifact_dir>/tags/embed``, checked to be those of the catalog
+        ``item_ids`` (the split's, in item_idx order; ``require_split_embeddings``)."""
+        tags = Path(artifact_dir) / "tags"
+        vectors = load_embeddings(tags)
+        require_split_embeddings(tags / "embed", len(vectors), item_ids)
+        index = ItemIndex.load(tags / "embed" / "index")
+        if index.ntotal != len(vectors):
+            raise ValueError(f"{tags / 'embed' / 'index'}: holds {index.ntotal} items, embeddings.npy {len(vectors)}: "
+                             "re-run `recsys tag embed-train`")
+        return cls(vectors, index, window)
 
     def candidates(self, history: np.ndarray, exclude: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Up to ``n`` (ids, cosine scores) nearest to the recent-history centroid, ``exclude`` removed."""
@@ -72,7 +109,8 @@ class LLMChannelRecallStage(RecallStage):
 
     def load(self, artifact_dir: Any, subdir: str = "recall") -> None:
         super().load(artifact_dir, subdir)
-        self._llm = LLMEmbeddingChannel.load(Path(artifact_dir), self.llm_window)
+        items = Split.load(Path(artifact_dir) / "split").items["item_id"]
+        self._llm = LLMEmbeddingChannel.load(Path(artifact_dir), items.tolist(), self.llm_window)
 
     def version(self) -> str:
         return f"{super().version()}+llm{self.llm_share:g}"

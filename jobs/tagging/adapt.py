@@ -8,7 +8,9 @@ the target tokens only. Genres come from ``categories``; ``audience`` where the 
 
 Held-out discipline: the items in ``exclude`` (``quality.holdout_items``) are never trained
 on, so the F1 reported on them measures generalisation, not memorised labels. The merged
-model is saved to ``out_dir`` (a plain HF directory the tagger loads like the base model).
+model is saved to ``out_dir`` (a plain HF directory the tagger loads like the base model),
+with the held-out list as ``holdout.json`` beside the weights: swapped in with them as one set
+(``jobs.tagging.staging``), so a run that dies never leaves an old model with a new list.
 
 Training runs under bf16 autocast by default (about 2x faster than fp32 on this CPU; the LoRA
 weights and the optimiser stay fp32). Deliberately left out: checkpoint/resume (a run takes
@@ -77,8 +79,9 @@ def build_examples(tok: Any, items: pd.DataFrame, categories: list[str], train_i
 
 def adapt_tagger(base_dir: str, items: pd.DataFrame, categories: list[str], exclude: np.ndarray,
                  out_dir: Path, settings: AdaptSettings, domain: str = "movie",
-                 progress: bool = True) -> dict[str, Any]:
-    """Fine-tune ``base_dir`` with LoRA on the catalog minus ``exclude``; save merged to ``out_dir``."""
+                 progress: bool = True, holdout: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Fine-tune ``base_dir`` with LoRA on the catalog minus ``exclude``; save merged to ``out_dir``,
+    with ``holdout`` (the record of ``exclude``) as ``out_dir/holdout.json`` in the same set."""
     import torch  # lazy: heavy (torch)
     from peft import LoraConfig, get_peft_model  # lazy: imports torch and transformers
 
@@ -116,6 +119,8 @@ def adapt_tagger(base_dir: str, items: pd.DataFrame, categories: list[str], excl
         merged.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         atomic_write_json(tmp / "adapt_report.json", report)
+        if holdout is not None:
+            atomic_write_json(tmp / "holdout.json", holdout, indent=None)
     return report
 
 

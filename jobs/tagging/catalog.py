@@ -8,26 +8,23 @@ catalog are refused, never resumed), and whatever reads ``tags.parquet`` against
 ``jobs.coarse_tags.load_item_tags``) calls ``require_same_items`` first: one item's tags never
 land on another.
 
-Deliberately left out: the LLM-embedding recall channel (``recall.llm_channel``) reads
-``embed/embeddings.npy`` as embed-train wrote it, checked then.
+The LLM-embedding recall channel (``recall.llm_channel``) reads ``embed/embeddings.npy`` by
+position too: it compares the catalog digest embed-train recorded (``embed/meta.json``,
+``tags_version.catalog``) with the split's when it loads. ``catalog_digest`` lives in the data
+layer (``offline.tag_store``), so the job and the channel compute one digest.
+
+Deliberately left out: which items changed (the readers name the first row that differs).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import pandas as pd
 
-from recsys.digest import json_sha256
+from offline.tag_store import catalog_digest
 
-
-def catalog_digest(item_ids: Iterable[object]) -> str:
-    """16 hex digits of the item ids in order (order matters: it is what positions mean).
-
-    >>> catalog_digest(["a", "b"]) == catalog_digest(["a", "b"]), catalog_digest(["a", "b"]) == catalog_digest(["b", "a"])
-    (True, False)
-    """
-    return json_sha256([str(i) for i in item_ids])[:16]
+__all__ = ["catalog_digest", "require_same_items"]
 
 
 def require_same_items(tag_ids: Sequence[object], items: pd.DataFrame, source: str) -> None:

@@ -6,16 +6,21 @@ job ran in one go, was killed (SIGKILL included) and rerun, or ran on Ray. A fin
 one Parquet file ``parts/chunk-NNNNN.parquet`` written to a temporary name and renamed, so a
 part either exists whole or not at all; the manifest lists the finished parts with their
 sha256 and item count and is rebuilt from the parts on every start, so a kill between the
-rename and the manifest write loses nothing. A part is done when it holds every item of its
-chunk: the short last part of a ``limit`` run is redone by a later, larger run. ``finalize``
-checks the parts cover items ``0..n-1`` (with their ids) before it overwrites anything, then
-concatenates them into ``tags.parquet`` and ``hidden.npy`` (pooled hidden states, the cache
-``jobs.tagging.embed`` trains from).
+rename and the manifest write loses nothing. A part is done when it can be read, holds at least
+the items this run asks of its chunk and still has the sha256 the manifest recorded; a damaged
+part (unreadable, or changed since) is removed at the start and redone. A ``limit`` run tags
+the chunks over its first ``limit`` items: its short last part is redone by a later, larger
+run, and a part holding more than the limit asks (finished by an earlier run) is kept.
+``finalize`` checks the parts cover items ``0..n-1`` of the whole catalog (with their ids)
+before it writes anything, then concatenates them into ``tags.parquet`` and ``hidden.npy``
+(pooled hidden states, the cache ``jobs.tagging.embed`` trains from); while they cover fewer
+(a ``limit`` run) it writes no table and leaves the one there alone.
 
 A run whose version (model digest, prompt version, schema hash, decoding settings, chunking,
 the catalog's item ids; the prompt version is ``t1`` for the built-in prompt, ``t1.<digest>``
 for another prompt document) differs from the parts already on disk refuses to mix them;
-``fresh=True`` clears them. A ``limit`` is not part of the version (it only shortens the run).
+``fresh=True`` clears them, in ``start``, which the caller runs only once the model has loaded
+(``plan`` before it only reads). A ``limit`` is not part of the version (it only shortens the run).
 
 Deliberately left out: the model (``jobs.tagging.generate``), Ray (``jobs.tagging.ray_engine``).
 """
@@ -25,13 +30,14 @@ from __future__ import annotations
 import json
 import shutil
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
@@ -55,26 +61,40 @@ class TagJob:
     """Where a tagging job writes and how its work is cut."""
 
     out_dir: Path
-    items: pd.DataFrame  # canonical items table, row i = item_idx i
+    items: pd.DataFrame  # the whole catalog, row i = item_idx i (a limit run too)
     version: dict[str, Any]
     chunk_size: int = 64
     batch_size: int = 16
+    limit: int | None = None  # tag only the first ``limit`` items this run
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1 or self.batch_size < 1:
             raise ValueError(f"chunk_size={self.chunk_size} and batch_size={self.batch_size} must be >= 1")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit={self.limit} must be >= 1")
 
     @property
     def parts(self) -> Path:
         return Path(self.out_dir) / "parts"
 
     @property
+    def stop(self) -> int:
+        """One past the last item this run tags: the catalog's size, or the limit within it."""
+        return len(self.items) if self.limit is None else min(self.limit, len(self.items))
+
+    @property
     def n_chunks(self) -> int:
+        """The chunks this run tags (those over items ``0..stop-1``)."""
+        return -(-self.stop // self.chunk_size)
+
+    @property
+    def catalog_chunks(self) -> int:
+        """The chunks of the whole catalog."""
         return -(-len(self.items) // self.chunk_size)
 
     def chunk_items(self, chunk: int) -> range:
-        """The item_idx values ``chunk`` holds when done: ``[c*C, (c+1)*C)`` cut at the job's items."""
-        return range(chunk * self.chunk_size, min(len(self.items), (chunk + 1) * self.chunk_size))
+        """The item_idx values this run puts in ``chunk``: ``[c*C, (c+1)*C)`` cut at ``stop``."""
+        return range(chunk * self.chunk_size, min(self.stop, (chunk + 1) * self.chunk_size))
 
     def chunk_batches(self, chunk: int) -> list[list[dict[str, Any]]]:
         """The item rows of ``chunk`` cut into batches (fixed by item order)."""
@@ -111,32 +131,98 @@ def item_rows(items: pd.DataFrame, categories: list[str], start: int, stop: int)
     return rows
 
 
-def prepare(job: TagJob, fresh: bool = False) -> list[int]:
-    """Check/initialise ``job.out_dir``; the chunks still to do, in order."""
+def plan(job: TagJob, fresh: bool = False) -> tuple[list[int], dict[int, str]]:
+    """(the run's chunks still to do, in order; the damaged parts of the catalog: chunk -> why).
+
+    Reads only: parts of another version are refused here (unless ``fresh``), but nothing is
+    removed or written until ``start``, so a model that then fails to load costs no finished part.
+    """
+    if fresh:
+        return list(range(job.n_chunks)), {}
     manifest_path = Path(job.out_dir) / "manifest.json"
-    if fresh and job.parts.exists():
-        shutil.rmtree(job.parts)
-    if manifest_path.exists() and job.parts.exists() and any(job.parts.glob("chunk-*.parquet")):
-        on_disk = json.loads(manifest_path.read_text())["version"]
+    manifest = read_manifest(manifest_path)
+    if manifest is not None and job.parts.exists() and any(job.parts.glob("chunk-*.parquet")):
+        on_disk = manifest["version"]
         if on_disk != job.version:
             changed = [VERSION_WORDS.get(k, k) for k in sorted(set(on_disk) | set(job.version))
                        if on_disk.get(k) != job.version.get(k)]
             raise ValueError(f"{job.parts}: the parts there were made with another {', '.join(changed)} than this "
                              "run; rerun with --fresh (fresh=True) to discard them and start over")
+    recorded = manifest["chunks"] if manifest is not None else {}
+    damaged = {c: why for c in range(job.catalog_chunks)
+               if (why := part_damage(job.part_path(c), recorded.get(job.part_path(c).stem))) is not None}
+    pending = [c for c in range(job.n_chunks)
+               if c in damaged or (part_items(job.part_path(c)) or 0) < len(job.chunk_items(c))]
+    return pending, damaged
+
+
+def start(job: TagJob, fresh: bool = False, damaged: dict[int, str] | None = None) -> None:
+    """Make ``job.out_dir`` ready for ``plan``'s chunks: clear the parts when ``fresh``, remove the
+    ``damaged`` ones (redone by this run or a later one) and stale temporary files, write the manifest."""
+    if fresh and job.parts.exists():
+        shutil.rmtree(job.parts)
     job.parts.mkdir(parents=True, exist_ok=True)
     for stale in job.parts.glob(".*.tmp*"):
         stale.unlink()  # a write killed before its rename
+    for chunk in damaged or {}:
+        job.part_path(chunk).unlink(missing_ok=True)
     write_manifest(job)
-    return [c for c in range(job.n_chunks) if part_items(job.part_path(c)) != len(job.chunk_items(c))]
+
+
+def read_manifest(path: Path) -> dict[str, Any] | None:
+    """The manifest at ``path``; None when there is none."""
+    if not path.exists():
+        return None
+    try:
+        return dict(json.loads(path.read_text()))
+    except (json.JSONDecodeError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: not a tagging manifest ({exc}); rerun with --fresh to start over") from exc
+
+
+def part_damage(path: Path, record: dict[str, Any] | None) -> str | None:
+    """Why the part file at ``path`` cannot count as done (unreadable, or not the file the manifest
+    recorded); None when it is whole or absent. A part the manifest does not list yet (a kill
+    between its rename and the manifest write) is whole if it can be read."""
+    if not path.exists():
+        return None
+    try:
+        pq.read_metadata(path)
+    except (OSError, pa.ArrowException) as exc:
+        return f"cannot be read ({' '.join(str(exc).split())})"
+    if record is not None and record.get("sha256") != file_sha256(path):
+        return "its sha256 is not the one manifest.json recorded"
+    return None
 
 
 def part_items(path: Path) -> int | None:
-    """How many items the part file ``path`` holds (from its Parquet footer); None when absent."""
-    return pq.read_metadata(path).num_rows if path.exists() else None
+    """How many items the part file ``path`` holds (from its Parquet footer); None when absent or unreadable."""
+    try:
+        return pq.read_metadata(path).num_rows if path.exists() else None
+    except (OSError, pa.ArrowException):
+        return None
 
 
-def write_part(job: TagJob, chunk: int, results: list[dict[str, Any]]) -> None:
-    """Commit one chunk atomically (tmp + rename), then refresh the manifest."""
+def read_part(path: Path) -> pd.DataFrame:
+    """The part file at ``path``; a ValueError naming it when it cannot be read."""
+    try:
+        return pd.read_parquet(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise ValueError(f"{path}: cannot be read ({' '.join(str(exc).split())}); rerun `recsys tag` to "
+                         "redo it") from exc
+
+
+def write_part(job: TagJob, chunk: int, results: list[dict[str, Any]], parts: Path | None = None) -> None:
+    """Commit one chunk atomically (tmp + rename), then refresh the manifest; into ``parts``
+    instead of ``job.parts`` (no manifest then) when the caller swaps a whole set in itself."""
+    frame = part_frame(job, chunk, results)
+    path = job.part_path(chunk) if parts is None else Path(parts) / job.part_path(chunk).name
+    atomic_write(path, lambda fh: frame.to_parquet(fh, index=False))
+    if parts is None:
+        write_manifest(job)
+
+
+def part_frame(job: TagJob, chunk: int, results: list[dict[str, Any]]) -> pd.DataFrame:
+    """The part table of ``chunk`` from its tagger results (checked to be the chunk's items, in order)."""
     expected = list(job.chunk_items(chunk))
     got = [r["item_idx"] for r in results]
     if got != expected:
@@ -144,14 +230,14 @@ def write_part(job: TagJob, chunk: int, results: list[dict[str, Any]]) -> None:
     frame = pd.DataFrame(results)
     frame.insert(1, "item_id", job.items["item_id"].iloc[expected].astype(str).to_numpy())
     frame["hidden"] = [np.asarray(h, dtype=np.float32).tolist() for h in frame["hidden"]]
-    atomic_write(job.part_path(chunk), lambda fh: frame[list(TAG_COLUMNS) + ["hidden"]].to_parquet(fh, index=False))
-    write_manifest(job)
+    return frame[list(TAG_COLUMNS) + ["hidden"]]
 
 
-def write_manifest(job: TagJob) -> dict[str, Any]:
+def write_manifest(job: TagJob, parts: Path | None = None) -> dict[str, Any]:
+    """``manifest.json`` for the part files in ``job.parts`` (or ``parts``, a set about to be swapped in)."""
     chunks = {p.stem: {"sha256": file_sha256(p), "items": part_items(p)}
-              for p in sorted(job.parts.glob("chunk-*.parquet"))}
-    manifest = {"version": job.version, "n_items": len(job.items), "n_chunks": job.n_chunks, "chunks": chunks}
+              for p in sorted(Path(parts or job.parts).glob("chunk-*.parquet"))}
+    manifest = {"version": job.version, "n_items": len(job.items), "n_chunks": job.catalog_chunks, "chunks": chunks}
     atomic_write_json(Path(job.out_dir) / "manifest.json", manifest)
     return manifest
 
@@ -159,8 +245,8 @@ def write_manifest(job: TagJob) -> dict[str, Any]:
 def run_local(job: TagJob, tag_batch: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
               pending: list[int], progress: bool = True) -> None:
     """Tag the ``pending`` chunks in this process, committing each as it finishes."""
-    done = len(job.items) - sum(len(b) for c in pending for b in job.chunk_batches(c))
-    with tqdm(total=len(job.items), initial=done, desc="tag", unit="item", disable=not progress) as bar:
+    done = job.stop - sum(len(b) for c in pending for b in job.chunk_batches(c))
+    with tqdm(total=job.stop, initial=done, desc="tag", unit="item", disable=not progress) as bar:
         for chunk in pending:
             results = []
             for batch in job.chunk_batches(chunk):
@@ -169,29 +255,40 @@ def run_local(job: TagJob, tag_batch: Callable[[list[dict[str, Any]]], list[dict
             write_part(job, chunk, results)
 
 
-def iter_parts(job: TagJob) -> Iterator[pd.DataFrame]:
-    for chunk in range(job.n_chunks):
+def collect_parts(job: TagJob) -> pd.DataFrame:
+    """The run's parts (every one must exist), then the catalog's next ones while they follow on
+    whole (parts finished by earlier runs past a ``limit``), concatenated."""
+    frames: list[pd.DataFrame] = []
+    for chunk in range(job.catalog_chunks):
         path = job.part_path(chunk)
+        if chunk >= job.n_chunks and (not path.exists() or len(frames[-1]) < job.chunk_size):
+            break
         if not path.exists():
             raise FileNotFoundError(f"{path}: chunk {chunk} not tagged yet (rerun the job to resume)")
-        yield pd.read_parquet(path)
+        frames.append(read_part(path))
+    return pd.concat(frames, ignore_index=True)
 
 
 def finalize(job: TagJob) -> pd.DataFrame:
-    """Concatenate all parts into ``tags.parquet`` + ``hidden.npy`` + ``version.json``; the tags.
+    """The tags the parts hold (items ``0..m-1``, at least the run's); once they cover the whole
+    catalog (``m == n``) also written as ``tags.parquet`` + ``hidden.npy`` + ``version.json``.
 
-    Nothing is written unless the parts hold exactly items ``0..n-1`` of ``job.items``, ids included.
+    Nothing is written unless the parts hold exactly items ``0..n-1`` of ``job.items``, ids
+    included; a table already there is left alone while they cover fewer.
     """
-    frame = pd.concat(list(iter_parts(job)), ignore_index=True)
-    got = frame["item_idx"].tolist()
-    if got != list(range(len(job.items))):
-        missing = sorted(set(range(len(job.items))) - set(got))
-        extra = sorted(set(got) - set(range(len(job.items))) | {i for i, n in Counter(got).items() if n > 1})
-        raise ValueError(f"{job.parts}: the parts do not hold items 0..{len(job.items) - 1} once each in order "
+    frame = collect_parts(job)
+    got, n = frame["item_idx"].tolist(), len(job.items)
+    if got != list(range(len(got))) or len(got) < job.stop or len(got) > n:
+        want = range(max(job.stop, min(len(got), n)))
+        missing = sorted(set(want) - set(got))
+        extra = sorted(set(got) - set(range(n)) | {i for i, k in Counter(got).items() if k > 1})
+        raise ValueError(f"{job.parts}: the parts do not hold items 0..{len(want) - 1} once each in order "
                          f"(missing {spans(missing) or 'none'}, extra or repeated {spans(extra) or 'none'}); "
                          "rerun `recsys tag` to redo them, or with --fresh to start over")
-    require_same_items(frame["item_id"].tolist(), job.items, str(job.parts))
+    require_same_items(frame["item_id"].tolist(), job.items.iloc[: len(got)], str(job.parts))
     hidden = np.stack([np.asarray(h, dtype=np.float32) for h in frame.pop("hidden")])
+    if len(got) < n:
+        return frame
     out = Path(job.out_dir)
     atomic_write(out / "tags.parquet", lambda fh: frame.to_parquet(fh, index=False))
     atomic_write(out / "hidden.npy", lambda fh: np.save(fh, hidden, allow_pickle=False))

@@ -69,8 +69,8 @@ def run_ray(job: TagJob, model_dir: str, schema: dict[str, Any], settings: Tagge
                                                 "settings": settings.__dict__, "template": template.model_dump()},
             batch_size=1, concurrency=concurrency, num_cpus=per_actor_cpus)
         received: dict[int, dict[int, list[dict[str, Any]]]] = {c: {} for c in pending}
-        done = len(job.items) - sum(len(b) for c in pending for b in batches[c])
-        with tqdm(total=len(job.items), initial=done, desc="tag (ray)", unit="item", disable=not progress) as bar:
+        done = job.stop - sum(len(b) for c in pending for b in batches[c])
+        with tqdm(total=job.stop, initial=done, desc="tag (ray)", unit="item", disable=not progress) as bar:
             for row in ds.iter_rows():
                 chunk, b = int(row["chunk"]), int(row["batch"])
                 received[chunk][b] = pickle.loads(row["results"])

@@ -43,3 +43,34 @@ def test_after_prepare_rebuilds_the_split_old_tags_are_refused_not_moved_onto_ot
     _one_line_error(runner.invoke(app, ["tag", "embed-train", "--artifacts", str(art), "--epochs", "1", "--dim", "8"]),
                     stale, "recsys tag")
     assert not (art / "tags" / "items.parquet").exists() and not (art / "tags" / "embed").exists()
+
+
+def _broken_model(tmp_path: Path, kind: str) -> Path:
+    """A copy of the tiny tagger with one thing a load needs missing or broken."""
+    broken = tmp_path / f"model-{kind}"
+    broken.mkdir()
+    keep = {"no-weights": ["config.json"], "no-tokenizer": ["config.json", "model.safetensors"],
+            "config-not-json": ["model.safetensors"]}[kind]
+    for name in keep:
+        (broken / name).write_bytes((tiny_model_dir() / name).read_bytes())
+    if kind == "config-not-json":
+        (broken / "config.json").write_text("not json")
+    return broken
+
+
+@pytest.mark.parametrize(("kind", "says"), [("no-weights", "no model weights there"),
+                                            ("config-not-json", "config.json: not valid JSON"),
+                                            ("no-tokenizer", "the tagging model cannot be loaded")])
+def test_fresh_with_a_model_that_cannot_load_is_one_error_line_and_keeps_every_part(art: Path, tmp_path: Path,
+                                                                                   kind: str, says: str):
+    tag = ["tag", "--artifacts", str(art), "--chunk-size", "2", "--batch-size", "2", "--max-new-tokens", "80",
+           "--threads", "1"]
+    assert runner.invoke(app, [*tag, "--model", str(tiny_model_dir())]).exit_code == 0
+    tags = art / "tags"
+    before = {p.relative_to(tags): p.read_bytes() for p in sorted(tags.rglob("*")) if p.is_file()}
+    broken = _broken_model(tmp_path, kind)
+    res = runner.invoke(app, [*tag, "--model", str(broken), "--fresh"])
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit) and "Traceback" not in res.output
+    [line] = [ln for ln in res.output.splitlines() if ln.startswith("error: ")]  # after transformers' progress bar
+    assert str(broken) in line and says in line, line
+    assert {p.relative_to(tags): p.read_bytes() for p in sorted(tags.rglob("*")) if p.is_file()} == before

@@ -108,6 +108,73 @@ def test_a_short_part_of_a_limit_run_is_redone_by_a_larger_run(tmp_path):
     assert summary["genre_f1_micro"] == whole["genre_f1_micro"]
 
 
+def test_a_limit_run_after_a_complete_run_keeps_every_part_and_the_whole_table(tmp_path):
+    split = catalog_split(6)
+    tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=4, batch_size=2, progress=False)
+    before = _digests(tmp_path / "tags")
+    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=4, batch_size=2, limit=5,
+                          progress=False)
+    assert summary["items_tagged_this_run"] == 0  # chunk 1 holds items 4..5: more than the limit asks, so done
+    assert summary["items"] == 6 and summary["table_written"] is True
+    assert _digests(tmp_path / "tags") == before
+    assert load_tags(tmp_path / "tags")[0]["item_id"].tolist() == [f"i{i}" for i in range(6)]
+
+
+def test_a_limit_run_short_of_the_catalog_writes_no_table_and_leaves_the_one_there(tmp_path):
+    split = catalog_split(10)
+    tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=4, batch_size=2, progress=False)
+    table = _digests(tmp_path / "tags")["tags.parquet"]
+    for chunk in (1, 2):
+        (tmp_path / "tags" / "parts" / f"chunk-0000{chunk}.parquet").unlink()
+    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=4, batch_size=2, limit=5,
+                          progress=False)
+    assert summary["items"] == 5 and summary["items_tagged_this_run"] == 1 and summary["table_written"] is False
+    assert _digests(tmp_path / "tags")["tags.parquet"] == table
+    assert len(load_tags(tmp_path / "tags")[0]) == 10
+
+
+def test_a_logits_limit_run_refuses_to_replace_parts_past_its_limit(tmp_path):
+    split = catalog_split(10)
+    tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=4, batch_size=2, progress=False)
+    before = _digests(tmp_path / "tags")
+    with pytest.raises(ValueError, match=r"parts: chunk-00001.parquet, chunk-00002.parquet there hold tags past "
+                                         r"item 4; a --method logits run .* rerun without --limit, or with --fresh"):
+        tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, method="logits", chunk_size=4, batch_size=4,
+                    limit=5, progress=False)
+    assert _digests(tmp_path / "tags") == before
+    assert sorted(p.name for p in (tmp_path / "tags" / "parts").iterdir()) == [
+        "chunk-00000.parquet", "chunk-00001.parquet", "chunk-00002.parquet"]
+
+
+@pytest.mark.parametrize("damage", ["torn", "empty", "rewritten"])
+def test_a_damaged_part_is_redone_and_the_files_match_an_undamaged_run(tmp_path, damage):
+    split = catalog_split(6)
+    tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)
+    before = _digests(tmp_path / "tags")
+    part = tmp_path / "tags" / "parts" / "chunk-00001.parquet"
+    if damage == "torn":
+        part.write_bytes(part.read_bytes()[:1000])
+    elif damage == "empty":
+        part.write_bytes(b"")
+    else:  # still a readable part of two rows, but not the file the manifest recorded
+        pd.read_parquet(part).assign(summary="edited").to_parquet(part, index=False)
+    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)
+    assert summary["items_tagged_this_run"] == 2 and list(summary["damaged_parts"]) == ["chunk-00001.parquet"]
+    assert ("cannot be read" if damage != "rewritten" else "sha256") in summary["damaged_parts"]["chunk-00001.parquet"]
+    assert _digests(tmp_path / "tags") == before
+
+
+def test_a_part_that_cannot_be_read_is_named_by_finalize(tmp_path):
+    split = catalog_split(4)
+    tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)
+    tags_dir = tmp_path / "tags"
+    part = tags_dir / "parts" / "chunk-00001.parquet"
+    part.write_bytes(b"")
+    job = TagJob(tags_dir, split.items, json.loads((tags_dir / "manifest.json").read_text())["version"], 2, 2)
+    with pytest.raises(ValueError, match=rf"{part}: cannot be read .*rerun `recsys tag` to redo it"):
+        finalize(job)
+
+
 def test_finalize_names_a_gap_and_overwrites_nothing(tmp_path):
     split = catalog_split(6)
     tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)

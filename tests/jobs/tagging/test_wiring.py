@@ -48,7 +48,7 @@ def test_tag_embed_merge_end_to_end_on_a_tiny_catalog(tmp_path):
                 chunk_size=4, batch_size=4, progress=False)
     meta = train_embeddings(split, tmp_path / "tags", EmbedSettings(dim=16, hidden=32, epochs=40, batch_size=8))
     assert meta["n_items"] == 8 and meta["loss_per_epoch"][-1] < meta["loss_per_epoch"][0]
-    channel = LLMEmbeddingChannel.load(tmp_path, window=5)
+    channel = LLMEmbeddingChannel.load(tmp_path, split.items["item_id"].tolist(), window=5)
     assert np.allclose(np.linalg.norm(channel.vectors, axis=1), 1.0, atol=1e-5)
     report = write_tagged_items(split, tmp_path / "tags")
     assert report["items"] == 8 and len(load_tagged_items(tmp_path)) == 8
