@@ -101,27 +101,20 @@ def prepare(
 ) -> Split:
     """Load the dataset, split it with the protocol and save it (reused when inputs are unchanged).
 
-    ``k_core``, ``catalog`` (``offline.protocol.make_split``), ``fmt`` and the synthetic
-    ``n_users``/``n_items`` left None take the values the split already under ``artifact_dir``
-    was prepared with when it was prepared from the same dataset (``same_dataset``) or from a
-    refresh of it (``refreshed``: a directory of the same name whose files changed, as a grown
-    log or a newly listed product), else the defaults (5-core, the interacted catalog, the
-    detected layout, 600 x 1200); a format given that is the one detected counts as not given.
-    A rebuild over a split prepared otherwise logs a ``note:`` warning naming what changed (and,
-    for a refresh, the options kept), once the new split is saved.
+    ``k_core`` and ``catalog`` (``offline.protocol.make_split``) left None keep the values the
+    split already under ``artifact_dir`` was prepared with, whatever dataset it was prepared
+    from (a shop's next export, in a directory of another name too), until given otherwise;
+    ``fmt`` and the synthetic ``n_users``/``n_items`` left None keep theirs only for the same
+    dataset (``same_dataset``; for ``fmt`` also a ``refreshed`` one: same name, other files);
+    else the defaults (5-core, the interacted catalog, the detected layout, 600 x 1200). A format
+    given that is the one detected counts as not given. A rebuild over a split prepared
+    otherwise logs a ``note:`` warning naming what changed and the options kept without being
+    given, once the new split is saved.
     """
     split_dir = Path(artifact_dir) / "split"
     before = recorded_source(artifact_dir)
     same = same_dataset(before, data)
-    kept = same or refreshed(before, data)
-    if fmt is None:
-        fmt = before.get("format") if kept else None
-    elif data is not None and fmt == detect_format(Path(data)):
-        fmt = None  # the detected layout, named: the same split as when it is not
-    if k_core is None:
-        k_core = int(before.get("k_core", DEFAULT_K_CORE)) if kept else DEFAULT_K_CORE
-    if catalog is None:
-        catalog = before.get("catalog", DEFAULT_CATALOG) if kept else DEFAULT_CATALOG
+    fmt, k_core, catalog, inherited = _options(before, data, same, fmt, k_core, catalog)
     synthetic = {key: v for key, v in synthetic.items() if v is not None}
     if data is None:
         for key, default in SYNTHETIC_DEFAULTS.items():
@@ -141,7 +134,7 @@ def prepare(
     (split_dir / "source.json").unlink(missing_ok=True)
     split.save(split_dir)
     atomic_write_json(split_dir / "source.json", fp)
-    if before and (changed := _changes(before, fp, same, kept)):
+    if before and (changed := _changes(before, fp, same, inherited)):
         log.warning("note: %s: the split was rebuilt (%s); stages trained on the old one retrain",
                     artifact_dir, ", ".join(changed))
     if left_out := catalog_left_out(ds, split):
@@ -179,27 +172,50 @@ def refreshed(recorded: dict[str, Any], data: Path | None) -> bool:
             and not same_dataset(recorded, data))
 
 
-def _changes(before: dict[str, Any], after: dict[str, Any], same: bool, kept: bool) -> list[str]:
-    """What differs between two fingerprints, for the rebuild note (``kept``: the options were kept,
-    the dataset being the same or a refresh of it; a refresh names its kept options)."""
-    if not kept:
-        return [f"dataset {before.get('data')!r} -> {after['data']!r}"
-                + (" (other files)" if before.get("data") == after["data"] else "")]
-    out = [] if same else [f"the files of dataset {after['data']!r} changed" + _kept_options(after)]
+def _options(before: dict[str, Any], data: Path | None, same: bool, fmt: str | None, k_core: int | None,
+             catalog: str | None) -> tuple[str | None, int, str, dict[str, Any]]:
+    """``(fmt, k_core, catalog, inherited)`` for ``prepare`` (see there); ``inherited`` holds the
+    options taken from the recorded split ``before`` that are not the defaults (for the note)."""
+    inherited: dict[str, Any] = {}
+    if fmt is None:
+        if (same or refreshed(before, data)) and before.get("format"):
+            fmt = inherited["format"] = before["format"]
+    elif data is not None and fmt == detect_format(Path(data)):
+        fmt = None  # the detected layout, named: the same split as when it is not
+    if k_core is None:
+        k_core = int(before.get("k_core", DEFAULT_K_CORE))
+        if k_core != DEFAULT_K_CORE:
+            inherited["k_core"] = k_core
+    if catalog is None:
+        catalog = str(before.get("catalog", DEFAULT_CATALOG))
+        if catalog != DEFAULT_CATALOG:
+            inherited["catalog"] = catalog
+    return fmt, k_core, catalog, inherited
+
+
+def _changes(before: dict[str, Any], after: dict[str, Any], same: bool, inherited: dict[str, Any]) -> list[str]:
+    """What differs between two fingerprints, for the rebuild note, and the options ``inherited``
+    from the old split without being given (so a user who meant the defaults sees they did not apply).
+
+    >>> _changes({"data": "a", "k_core": 5, "format": None, "synthetic": {}}, {"data": "b", "k_core": 3,
+    ...          "format": None, "synthetic": {}, "catalog": "listed"}, False, {"catalog": "listed"})
+    ["dataset 'a' -> 'b'", 'k_core 5 -> 3', 'catalog interacted -> listed', 'kept: catalog listed (give --catalog to change it)']
+    """
+    out = []
+    if not same:
+        out.append(f"the files of dataset {after['data']!r} changed" if before.get("data") == after["data"]
+                   else f"dataset {before.get('data')!r} -> {after['data']!r}")
     out += [f"{key} {before.get(key)} -> {after[key]}" for key in ("k_core", "format") if before.get(key) != after[key]]
     if (old := before.get("catalog", DEFAULT_CATALOG)) != (new := after.get("catalog", DEFAULT_CATALOG)):
         out.append(f"catalog {old} -> {new}")
     old_synth = before.get("synthetic", {})
-    return out + [f"synthetic {key} {old_synth.get(key)} -> {v}" for key, v in after["synthetic"].items()
-                  if old_synth.get(key) != v]
-
-
-def _kept_options(fp: dict[str, Any]) -> str:
-    """``" (kept: k_core 3, catalog listed)"`` for the options of ``fp`` that are not the defaults."""
-    opts = [f"k_core {fp['k_core']}"] if fp["k_core"] != DEFAULT_K_CORE else []
-    opts += [f"format {fp['format']}"] if fp.get("format") else []
-    opts += [f"catalog {fp['catalog']}"] if fp.get("catalog", DEFAULT_CATALOG) != DEFAULT_CATALOG else []
-    return f" (kept: {', '.join(opts)}; give the option to change it)" if opts else ""
+    out += [f"synthetic {key} {old_synth.get(key)} -> {v}" for key, v in after["synthetic"].items()
+            if old_synth.get(key) != v]
+    if inherited and not same:
+        opts = ", ".join(f"{key} {v}" for key, v in inherited.items())
+        flags = "/".join(f"--{key.replace('_', '-')}" for key in inherited)
+        out.append(f"kept: {opts} (give {flags} to change it)")
+    return out
 
 
 def holdout_sequences(split: Split, positions: int = 1) -> tuple[list[np.ndarray], np.ndarray]:

@@ -101,10 +101,28 @@ def test_a_refreshed_dataset_keeps_its_catalog_and_k_core_and_the_note_says_so(t
         assert runner.invoke(app, ["prepare", *art]).exit_code == 0
     protocol = json.loads((tmp_path / "p.json").read_text())["protocol"]
     assert (protocol["catalog"], protocol["k_core"], protocol["n_items"]) == ("listed", 3, 14)
-    assert ("the split was rebuilt (the files of dataset 'shop' changed (kept: k_core 3, catalog listed; "
-            "give the option to change it))") in caplog.text
+    assert ("the split was rebuilt (the files of dataset 'shop' changed, kept: k_core 3, catalog listed "
+            "(give --k-core/--catalog to change it))") in caplog.text
     caplog.clear()
-    with caplog.at_level("WARNING"):  # an option given still changes it, and is named
+    (shop / "items.csv").write_text("\n".join([*items, "i91,Listed today", "i92,Listed later"]) + "\n")
+    with caplog.at_level("WARNING"):  # an option given changes it, and is not said to be kept
         assert runner.invoke(app, ["prepare", *art, "--catalog", "interacted"]).exit_code == 0
-    assert "catalog listed -> interacted" in caplog.text
+    assert "(the files of dataset 'shop' changed, catalog listed -> interacted, kept: k_core 3 (give --k-core" in caplog.text
     assert json.loads((tmp_path / "p.json").read_text())["n_items"] == 12
+
+
+def test_a_dataset_exported_under_another_name_into_the_same_artifacts_keeps_the_options(tmp_path: Path, caplog):
+    """Hostile pass 12: a date-stamped export (shop_2024_06, then shop_2024_07) into one artifact
+    directory went back to the interacted 5-core catalog, the note naming only the dataset."""
+    june = _tiny_generic(tmp_path / "shop_2024_06")
+    (june / "items.csv").write_text("item_id,title\n" + "".join(f"i{i},P{i}\n" for i in range(12)) + "i90,New\n")
+    art = ["--artifacts", str(tmp_path / "art"), "--out", str(tmp_path / "p.json")]
+    assert runner.invoke(app, ["prepare", "--data", str(june), *art, "--catalog", "listed", "--k-core", "3"]).exit_code == 0
+    july = _tiny_generic(tmp_path / "shop_2024_07")
+    (july / "items.csv").write_text((june / "items.csv").read_text() + "i91,Newer\n")
+    with caplog.at_level("WARNING"):
+        assert runner.invoke(app, ["prepare", "--data", str(july), *art]).exit_code == 0
+    protocol = json.loads((tmp_path / "p.json").read_text())["protocol"]
+    assert (protocol["catalog"], protocol["k_core"], protocol["n_items"]) == ("listed", 3, 14)
+    assert ("(dataset 'shop_2024_06' -> 'shop_2024_07', kept: k_core 3, catalog listed "
+            "(give --k-core/--catalog to change it))") in caplog.text
