@@ -44,8 +44,8 @@ def _split(settings: Settings, data: Path | None, artifacts: Path | None) -> tup
 
 
 def _model_dir(settings: Settings, root: Path, explicit: Path | None, base: bool = False) -> str:
-    """The tagger's model: ``--model`` (checked here, before any job writes; ``jobs.tagging.run.check_model_dir``
-    then checks its config and weights, and the model loads before a part is cleared), else ``tags/model``,
+    """The tagger's model: ``--model`` (checked here, before any job writes; ``jobs.tagging.model_dir.check_model_dir``
+    then checks its config and weight files, and the model loads before a part is cleared), else ``tags/model``,
     else the base."""
     if explicit is not None:
         if not explicit.is_dir():

@@ -100,14 +100,18 @@ class JsonBodyCheck:
     ``PUT /admin/{kind}`` is not covered: it takes YAML as well as JSON (``serving.hot_reload``
     bounds it). The body is at most ``serving.max_body_bytes`` (``BodySizeLimit`` runs first),
     so buffering it here is cheap. ``on_refused(kind)`` is called for every refused body.
+    The ``bodyless`` paths take no body at all: a body there is not checked as JSON (telling the
+    client how to encode JSON would be wrong) but passed on, and the route refuses it (422).
     """
 
     def __init__(self, app: ASGIApp, max_depth: int, prefixes: tuple[str, ...] = ("/v1/", "/admin/"),
-                 on_refused: Callable[[str], None] | None = None):
+                 on_refused: Callable[[str], None] | None = None, bodyless: tuple[str, ...] = ("/admin/reload",)):
         self.app, self.max_depth, self.prefixes, self.on_refused = app, max_depth, prefixes, on_refused
+        self.bodyless = frozenset(bodyless)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("method") != "POST" or not scope["path"].startswith(self.prefixes):
+        if (scope["type"] != "http" or scope.get("method") != "POST" or not scope["path"].startswith(self.prefixes)
+                or scope["path"] in self.bodyless):
             await self.app(scope, receive, send)
             return
         chunks = []
@@ -224,17 +228,32 @@ def _not_utf8(body: bytes) -> BodyProblem | None:
     checks here were skipped while the route parsed the document (duplicate keys passed, a
     surrogate was a 500). RFC 8259 requires UTF-8 between systems, so such a body is refused.
 
+    A NUL byte where UTF-16 or UTF-32 text would not have one (``b'\\x00{"k": 5}'``: UTF-8 with a
+    stray NUL, which the guess also reads as UTF-16-BE) is named as what it is, by its offset.
+
     >>> _not_utf8('{"k": 5}'.encode("utf-16-le")).detail
     'body is not UTF-8: it reads as UTF-16-LE (NUL bytes among its first four); send JSON as UTF-8'
+    >>> _not_utf8(b'\\x00{"k": 5}').detail
+    'body holds a NUL byte at offset 0 (JSON text has none); send the JSON document alone, as UTF-8'
     >>> _not_utf8(b'{"k": 5}') is None
     True
     """
     encoding = json.detect_encoding(body)
     if encoding in ("utf-8", "utf-8-sig"):
         return None
-    why = (f"it starts with a {encoding.upper()} byte-order mark" if encoding in ("utf-16", "utf-32")
-           else f"it reads as {encoding.upper()} (NUL bytes among its first four)")
+    if encoding in ("utf-16", "utf-32"):
+        why = f"it starts with a {encoding.upper()} byte-order mark"
+    elif all((body[i] == 0) == nul for i, nul in enumerate(_NUL_LAYOUT[encoding]) if i < len(body)):
+        why = f"it reads as {encoding.upper()} (NUL bytes among its first four)"
+    else:
+        return BodyProblem(400, f"body holds a NUL byte at offset {body.index(0)} (JSON text has none); send the "
+                                "JSON document alone, as UTF-8", "nul_byte")
     return BodyProblem(400, f"body is not UTF-8: {why}; send JSON as UTF-8", "body_not_utf8")
+
+
+# Where the first four bytes of JSON text (whose first characters are ASCII) in each encoding are NUL.
+_NUL_LAYOUT = {"utf-16-be": (True, False, True, False), "utf-16-le": (False, True, False, True),
+               "utf-32-be": (True, True, True, False), "utf-32-le": (False, True, True, True)}
 
 
 def _deeper_than(data: object, limit: int) -> bool:

@@ -75,18 +75,32 @@ def event_streams(client: Any, limit: int = 20, max_scans: int = 100) -> list[st
 def missing_stream_message(client: Any, namespace: str) -> str:
     """Why ``{namespace}:events`` reads as nothing: it does not exist; the namespaces whose stream does.
 
+    Stream names are written as they are when printable, else quoted (``stream_name``), so the
+    message stays one line whatever the namespace holds.
+
     >>> class Empty:
     ...     def scan(self, cursor, match, count): return 0, []
     >>> missing_stream_message(Empty(), "shop1")
     "shop1:events does not exist: no events under namespace 'shop1', and no *:events stream at all here"
+    >>> missing_stream_message(Empty(), "shop1\\nfoo")
+    "'shop1\\\\nfoo:events' does not exist: no events under namespace 'shop1\\\\nfoo', and no *:events stream at all here"
     """
     there = event_streams(client)
+    missing = f"{stream_name(namespace)} does not exist: no events under namespace {namespace!r}"
     if not there:
-        return f"{namespace}:events does not exist: no events under namespace {namespace!r}, and no *:events stream " \
-               "at all here"
-    return (f"{namespace}:events does not exist: no events under namespace {namespace!r}; the event streams here "
-            f"are {', '.join(f'{n}:events' for n in there)} (serving's namespace is serving.redis_namespace, by "
-            "default the name of the artifact directory it was started on)")
+        return f"{missing}, and no *:events stream at all here"
+    return (f"{missing}; the event streams here are {', '.join(stream_name(n) for n in there)} (serving's namespace "
+            "is serving.redis_namespace, by default the name of the artifact directory it was started on)")
+
+
+def stream_name(namespace: str) -> str:
+    """``{namespace}:events`` as written in a message: as is when printable, else quoted by ``repr``.
+
+    >>> stream_name("shop1"), stream_name("a\\tb")
+    ('shop1:events', "'a\\\\tb:events'")
+    """
+    name = f"{namespace}:events"
+    return name if name.isprintable() else repr(name)
 
 
 def trimmed_warning(client: Any, namespace: str, n_read: int) -> str | None:
@@ -96,7 +110,7 @@ def trimmed_warning(client: Any, namespace: str, n_read: int) -> str | None:
     added = client.get(f"{namespace}:{EVENTS_ADDED}")
     if added is None or int(added) <= n_read:
         return None
-    return (f"{namespace}:events holds {n_read:,} of the {int(added):,} events serving added: the stream's length cap "
+    return (f"{stream_name(namespace)} holds {n_read:,} of the {int(added):,} events serving added: the stream's length cap "
             "(serving.events_stream_maxlen) trimmed the oldest, so this analysis covers only the later part of the "
             "experiment; raise the cap, or export the log (--export) more often")
 

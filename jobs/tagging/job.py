@@ -4,11 +4,14 @@ Items are tagged in item order; chunk ``c`` always holds items ``[c*C, (c+1)*C)`
 into batches the same way every run, so decoding (greedy) sees identical batches whether the
 job ran in one go, was killed (SIGKILL included) and rerun, or ran on Ray. A finished chunk is
 one Parquet file ``parts/chunk-NNNNN.parquet`` written to a temporary name and renamed, so a
-part either exists whole or not at all; the manifest lists the finished parts with their
-sha256 and item count and is rebuilt from the parts on every start, so a kill between the
-rename and the manifest write loses nothing. A part is done when it can be read, holds at least
-the items this run asks of its chunk and still has the sha256 the manifest recorded; a damaged
-part (unreadable, or changed since) is removed at the start and redone. A ``limit`` run tags
+part either exists whole or not at all; each part carries the job version it was made with
+(``jobs.tagging.parts``), and the manifest lists the finished parts with their sha256 and item
+count and is rebuilt from the parts on every start. A part is done when it can be read, holds at
+least the items this run asks of its chunk and still has the sha256 the manifest recorded; a part
+the manifest does not vouch for (a kill between its rename and the manifest write, or no usable
+manifest) is read whole and kept when it is this version's and holds its chunk's items with their
+ids, so such a kill loses nothing. A damaged part (unreadable, or changed since) is removed at
+the start and redone. A ``limit`` run tags
 the chunks over its first ``limit`` items: its short last part is redone by a later, larger
 run, and a part holding more than the limit asks (finished by an earlier run) is kept.
 ``finalize`` checks the parts cover items ``0..n-1`` of the whole catalog (with their ids)
@@ -18,7 +21,9 @@ before it writes anything, then concatenates them into ``tags.parquet`` and ``hi
 
 A run whose version (model digest, prompt version, schema hash, decoding settings, chunking,
 the catalog's item ids; the prompt version is ``t1`` for the built-in prompt, ``t1.<digest>``
-for another prompt document) differs from the parts already on disk refuses to mix them;
+for another prompt document) differs from the parts already on disk (each part's own version, or
+for parts from before parts carried one, the manifest's) refuses to mix them, and parts whose
+version cannot be established (no own version, no usable manifest) are refused too;
 ``fresh=True`` clears them, in ``start``, which the caller runs only once the model has loaded
 (``plan`` before it only reads). A ``limit`` is not part of the version (it only shortens the run).
 
@@ -27,7 +32,6 @@ Deliberately left out: the model (``jobs.tagging.generate``), Ray (``jobs.taggin
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -37,12 +41,20 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from jobs.tagging.catalog import catalog_digest, require_same_items
 from jobs.tagging.generate import TaggerSettings
+from jobs.tagging.parts import (
+    content_problem,
+    part_items,
+    part_table,
+    part_version,
+    read_manifest,
+    read_part,
+    unreadable,
+    write_part_table,
+)
 from jobs.tagging.prompt import PROMPT_VERSION, prompt_description
 from jobs.tagging.schema import schema_hash
 from llm_rerank.backbone import weights_digest
@@ -51,7 +63,8 @@ from recsys.atomic import atomic_write, atomic_write_json
 from recsys.digest import file_sha256
 
 VERSION_WORDS = {"catalog": "catalog (the split was prepared again)", "model_digest": "model",
-                 "prompt_version": "prompt", "schema_hash": "tag schema"}
+                 "prompt_version": "prompt", "schema_hash": "tag schema", "settings": "decoding settings",
+                 "chunk_size": "chunk size", "batch_size": "batch size", "categories": "category list"}
 TAG_COLUMNS = ("item_idx", "item_id", "genres", "audience", "risk_flags", "themes", "summary", "fallback",
                "reason", "raw", "attempts", "new_tokens")
 
@@ -134,26 +147,40 @@ def item_rows(items: pd.DataFrame, categories: list[str], start: int, stop: int)
 def plan(job: TagJob, fresh: bool = False) -> tuple[list[int], dict[int, str]]:
     """(the run's chunks still to do, in order; the damaged parts of the catalog: chunk -> why).
 
-    Reads only: parts of another version are refused here (unless ``fresh``), but nothing is
-    removed or written until ``start``, so a model that then fails to load costs no finished part.
+    Reads only: parts of another version, or of a version that cannot be established, are refused
+    here (unless ``fresh``), but nothing is removed or written until ``start``, so a model that
+    then fails to load costs no finished part.
     """
     if fresh:
         return list(range(job.n_chunks)), {}
-    manifest_path = Path(job.out_dir) / "manifest.json"
-    manifest = read_manifest(manifest_path)
-    if manifest is not None and job.parts.exists() and any(job.parts.glob("chunk-*.parquet")):
-        on_disk = manifest["version"]
-        if on_disk != job.version:
-            changed = [VERSION_WORDS.get(k, k) for k in sorted(set(on_disk) | set(job.version))
-                       if on_disk.get(k) != job.version.get(k)]
-            raise ValueError(f"{job.parts}: the parts there were made with another {', '.join(changed)} than this "
-                             "run; rerun with --fresh (fresh=True) to discard them and start over")
+    manifest, why_not = read_manifest(Path(job.out_dir) / "manifest.json")
+    refuse_another_version(job, manifest, why_not)
     recorded = manifest["chunks"] if manifest is not None else {}
     damaged = {c: why for c in range(job.catalog_chunks)
-               if (why := part_damage(job.part_path(c), recorded.get(job.part_path(c).stem))) is not None}
+               if (why := part_damage(job, c, recorded.get(job.part_path(c).stem))) is not None}
     pending = [c for c in range(job.n_chunks)
                if c in damaged or (part_items(job.part_path(c)) or 0) < len(job.chunk_items(c))]
     return pending, damaged
+
+
+def refuse_another_version(job: TagJob, manifest: dict[str, Any] | None, why_not: str) -> None:
+    """A ValueError when a readable part on disk was made with another version than ``job``'s (its
+    own, else the manifest's), or carries none while there is no usable manifest (``why_not``)."""
+    parts = sorted(job.parts.glob("chunk-*.parquet")) if job.parts.exists() else []
+    unknown = []
+    for path in (p for p in parts if part_items(p) is not None):  # an unreadable part is damaged: redone
+        made_with = part_version(path) or (manifest["version"] if manifest is not None else None)
+        if made_with is None:
+            unknown.append(path.name)
+        elif made_with != job.version:
+            changed = [VERSION_WORDS.get(k, k) for k in sorted(set(made_with) | set(job.version))
+                       if made_with.get(k) != job.version.get(k)]
+            raise ValueError(f"{job.parts}: the parts there were made with another {', '.join(changed)} than this "
+                             "run; rerun with --fresh (fresh=True) to discard them and start over")
+    if unknown:
+        raise ValueError(f"{why_not}, and {', '.join(unknown)} in {job.parts} carry no version of their own (written "
+                         "before parts recorded it), so what made them cannot be established; rerun with --fresh "
+                         "(fresh=True) to discard them and start over")
 
 
 def start(job: TagJob, fresh: bool = False, damaged: dict[int, str] | None = None) -> None:
@@ -169,54 +196,31 @@ def start(job: TagJob, fresh: bool = False, damaged: dict[int, str] | None = Non
     write_manifest(job)
 
 
-def read_manifest(path: Path) -> dict[str, Any] | None:
-    """The manifest at ``path``; None when there is none."""
+def part_damage(job: TagJob, chunk: int, record: dict[str, Any] | None) -> str | None:
+    """Why ``chunk``'s part file cannot count as done (unreadable, or neither the file the manifest
+    recorded nor a whole part of this job holding the chunk's items); None when it is whole or absent."""
+    path = job.part_path(chunk)
     if not path.exists():
         return None
-    try:
-        return dict(json.loads(path.read_text()))
-    except (json.JSONDecodeError, TypeError, ValueError) as exc:
-        raise ValueError(f"{path}: not a tagging manifest ({exc}); rerun with --fresh to start over") from exc
-
-
-def part_damage(path: Path, record: dict[str, Any] | None) -> str | None:
-    """Why the part file at ``path`` cannot count as done (unreadable, or not the file the manifest
-    recorded); None when it is whole or absent. A part the manifest does not list yet (a kill
-    between its rename and the manifest write) is whole if it can be read."""
-    if not path.exists():
+    if (why := unreadable(path)) is not None:
+        return why
+    if record is not None and record.get("sha256") == file_sha256(path):
         return None
-    try:
-        pq.read_metadata(path)
-    except (OSError, pa.ArrowException) as exc:
-        return f"cannot be read ({' '.join(str(exc).split())})"
-    if record is not None and record.get("sha256") != file_sha256(path):
-        return "its sha256 is not the one manifest.json recorded"
-    return None
-
-
-def part_items(path: Path) -> int | None:
-    """How many items the part file ``path`` holds (from its Parquet footer); None when absent or unreadable."""
-    try:
-        return pq.read_metadata(path).num_rows if path.exists() else None
-    except (OSError, pa.ArrowException):
+    first = chunk * job.chunk_size
+    ids = job.items["item_id"].iloc[first : first + job.chunk_size].astype(str).tolist()
+    why = content_problem(path, job.version, first, ids)
+    if why is None:
         return None
-
-
-def read_part(path: Path) -> pd.DataFrame:
-    """The part file at ``path``; a ValueError naming it when it cannot be read."""
-    try:
-        return pd.read_parquet(path)
-    except (OSError, pa.ArrowException) as exc:
-        raise ValueError(f"{path}: cannot be read ({' '.join(str(exc).split())}); rerun `recsys tag` to "
-                         "redo it") from exc
+    unvouched = "its sha256 is not the one manifest.json recorded" if record is not None else "manifest.json does not list it"
+    return f"{unvouched}, and {why}"
 
 
 def write_part(job: TagJob, chunk: int, results: list[dict[str, Any]], parts: Path | None = None) -> None:
     """Commit one chunk atomically (tmp + rename), then refresh the manifest; into ``parts``
     instead of ``job.parts`` (no manifest then) when the caller swaps a whole set in itself."""
-    frame = part_frame(job, chunk, results)
+    table = part_table(part_frame(job, chunk, results), job.version)
     path = job.part_path(chunk) if parts is None else Path(parts) / job.part_path(chunk).name
-    atomic_write(path, lambda fh: frame.to_parquet(fh, index=False))
+    atomic_write(path, lambda fh: write_part_table(fh, table))
     if parts is None:
         write_manifest(job)
 

@@ -5,8 +5,9 @@ resumes whatever parts exist, runs the chosen engine, finalises the table and re
 summary (items, seconds, items/s, schema-valid rate, fallbacks, genre F1 on all items and on
 the items held out of adaptation). Layout under ``<artifact_dir>/tags/``: ``parts/``,
 ``manifest.json``, ``tags.parquet``, ``hidden.npy``, ``version.json``, ``summary.json``. The
-model is loaded before the job clears or writes any part (``job.plan`` then ``job.start``), so a
-model directory that cannot load costs no finished part; a ``limit`` run writes no table until
+model is checked (``jobs.tagging.model_dir``) and loaded in this process before the job clears or
+writes any part (``job.plan`` then ``job.start``), on the Ray engine too, so a model directory
+that cannot load is one error and costs no finished part; a ``limit`` run writes no table until
 the parts cover the whole catalog (``job.finalize``).
 
 ``adapt_tagger_for`` writes the adapted model to ``tags/model/`` with the held-out item list
@@ -47,7 +48,6 @@ from jobs.tagging.job import (
     finalize,
     item_rows,
     job_version,
-    part_items,
     plan,
     run_local,
     start,
@@ -56,6 +56,8 @@ from jobs.tagging.job import (
 )
 from jobs.tagging.label_prompt import LABEL_PROMPT_VERSION
 from jobs.tagging.logits import LogitTagger, tag_items
+from jobs.tagging.model_dir import check_model_dir, load_or_refuse
+from jobs.tagging.parts import part_items
 from jobs.tagging.quality import genre_f1, holdout_items
 from jobs.tagging.ray_engine import run_ray
 from jobs.tagging.schema import catalog_categories, concrete_schema
@@ -69,7 +71,6 @@ Engine = Literal["local", "ray"]
 Method = Literal["generate", "logits"]
 HOLDOUT_FRACTION = 0.5  # the share of items held out of adaptation and calibration (reports/tag_ml100k.json)
 HOLDOUT_FILE = "holdout.json"
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
 def tags_dir(artifact_dir: Path) -> Path:
@@ -123,25 +124,6 @@ def heldout_for(split: Any, out: Path, seed: int, model_dir: str | None = None) 
     atomic_write_json(Path(out) / HOLDOUT_FILE, {"fraction": HOLDOUT_FRACTION, "seed": seed, "items": held.tolist()},
                       indent=None)
     return held
-
-
-def check_model_dir(model_dir: str) -> None:
-    """Refuse a local model directory that cannot load (no config.json, one that is not a JSON
-    object, no weights) before the job writes anything; another location is left to the loader."""
-    path = Path(model_dir)
-    if not path.is_dir():
-        return
-    config = path / "config.json"
-    if not config.is_file():
-        raise FileNotFoundError(f"{path}: no config.json there (not a Hugging Face model directory)")
-    try:
-        parsed = json.loads(config.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{config}: not valid JSON ({exc})") from exc
-    if not isinstance(parsed, dict):
-        raise ValueError(f"{config}: not a JSON object (a Hugging Face model config)")
-    if not any((path / name).is_file() for name in WEIGHT_FILES):
-        raise FileNotFoundError(f"{path}: no model weights there ({', '.join(WEIGHT_FILES)})")
 
 
 def tag_catalog(split: Any, model_dir: str, artifact_dir: Path, settings: TaggerSettings, *,
@@ -198,29 +180,23 @@ def tag_catalog(split: Any, model_dir: str, artifact_dir: Path, settings: Tagger
 def _tag_generate(job: TagJob, model_dir: str, schema: dict[str, Any], settings: TaggerSettings,
                   template: PromptTemplate, fresh: bool, progress: bool, *, engine: Engine, address: str | None,
                   concurrency: int, num_cpus: int) -> tuple[int, dict[str, Any]]:
-    """Tag the chunks ``plan`` finds undone, the model loaded before ``start`` clears or removes any
-    part; (items tagged, what the summary adds)."""
+    """Tag the chunks ``plan`` finds undone, the model loaded here before ``start`` clears or removes
+    any part, on either engine (Ray's actors load it again: loading it once in this process first is
+    what keeps a model that cannot load from costing the parts a ``fresh`` run would clear, and turns
+    its failure into one error instead of a dead actor); (items tagged, what the summary adds)."""
     pending, damaged = plan(job, fresh)
     for chunk, why in damaged.items():
         log.warning("note: %s %s: removed, and redone by a run over its items", job.part_path(chunk), why)
-    tagger = _loaded(Tagger(model_dir, schema, settings, template), model_dir) if pending and engine == "local" else None
+    tagger = load_or_refuse(Tagger(model_dir, schema, settings, template), model_dir) if pending else None
     start(job, fresh, damaged)
-    if tagger is not None:
+    if tagger is not None and engine == "local":
         run_local(job, tagger.tag_batch, pending, progress)
     elif pending:
+        del tagger  # the actors load their own copies
         run_ray(job, model_dir, schema, settings, pending, address=address, concurrency=concurrency,
                 num_cpus=num_cpus, progress=progress, template=template)
     extra = {"damaged_parts": {job.part_path(c).name: why for c, why in damaged.items()}} if damaged else {}
     return sum(len(job.chunk_items(c)) for c in pending), extra
-
-
-def _loaded(tagger: Any, model_dir: str) -> Any:
-    """``tagger.load()``; a failure (a directory that is no loadable model) as a ValueError naming it."""
-    try:
-        return tagger.load()
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{model_dir}: the tagging model cannot be loaded ({' '.join(str(exc).split())}); "
-                         "no part was changed") from exc
 
 
 def _refuse_a_limit_that_replaces_more(job: TagJob, fresh: bool) -> None:
@@ -239,7 +215,7 @@ def _tag_logits(job: TagJob, model_dir: str, schema: dict[str, Any], settings: T
     for those on disk as one set; thresholds and phase timings."""
     cats, skip = job.items["categories"], set(held.tolist())
     known = {i: [str(c) for c in cats.iloc[i]] for i in range(job.stop) if i not in skip and len(cats.iloc[i])}
-    tagger = _loaded(LogitTagger(model_dir, schema, settings, template), model_dir)
+    tagger = load_or_refuse(LogitTagger(model_dir, schema, settings, template), model_dir)
     rows = item_rows(job.items, job.version["categories"], 0, job.stop)
     run = tag_items(tagger, rows, known, batch_size=job.batch_size, shots=shots, seed=seed, progress=progress)
     with staged_dir(job.parts) as parts:

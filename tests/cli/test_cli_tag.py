@@ -49,27 +49,53 @@ def _broken_model(tmp_path: Path, kind: str) -> Path:
     """A copy of the tiny tagger with one thing a load needs missing or broken."""
     broken = tmp_path / f"model-{kind}"
     broken.mkdir()
+    rest = ["config.json", "tokenizer.json", "tokenizer_config.json"]
     keep = {"no-weights": ["config.json"], "no-tokenizer": ["config.json", "model.safetensors"],
-            "config-not-json": ["model.safetensors"]}[kind]
+            "config-not-json": ["model.safetensors"], "truncated": [*rest, "model.safetensors"],
+            "torn-header": [*rest, "model.safetensors"],
+            "bad-dtype": [*rest, "model.safetensors"], "index-without-map": rest, "bin-not-a-checkpoint": rest}[kind]
     for name in keep:
         (broken / name).write_bytes((tiny_model_dir() / name).read_bytes())
+    weights = broken / "model.safetensors"
     if kind == "config-not-json":
         (broken / "config.json").write_text("not json")
+    elif kind == "truncated":  # an interrupted download or copy
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    elif kind == "torn-header":
+        weights.write_bytes(weights.read_bytes()[:100])
+    elif kind == "bad-dtype":  # a whole file whose header only the loader refuses (SafetensorError)
+        data = weights.read_bytes()
+        weights.write_bytes(data.replace(b'"dtype":"F32"', b'"dtype":"X32"', 1))
+    elif kind == "index-without-map":
+        (broken / "model.safetensors.index.json").write_text("{}")
+    elif kind == "bin-not-a-checkpoint":
+        (broken / "pytorch_model.bin").write_text("hi\n")
     return broken
 
 
-@pytest.mark.parametrize(("kind", "says"), [("no-weights", "no model weights there"),
-                                            ("config-not-json", "config.json: not valid JSON"),
-                                            ("no-tokenizer", "the tagging model cannot be loaded")])
+@pytest.mark.parametrize(("kind", "says"), [
+    ("no-weights", "no model weights there"),
+    ("config-not-json", "config.json: not valid JSON"),
+    ("no-tokenizer", "the tagging model cannot be loaded"),
+    # hostile pass 12 #2: these were tracebacks (SafetensorError, KeyError: 'weight_map', KeyError: 105)
+    ("truncated", "model.safetensors: 3,183,964 bytes, but its header lists tensors up to byte 6,367,928 (truncated"),
+    ("torn-header", "model.safetensors: not a whole safetensors file (100 bytes; its header cannot be read"),
+    ("bad-dtype", "the tagging model cannot be loaded (SafetensorError: Error while deserializing header"),
+    ("index-without-map", "model.safetensors.index.json: not a shard index (no 'weight_map' object"),
+    ("bin-not-a-checkpoint", "pytorch_model.bin: not a PyTorch checkpoint (it starts with b'hi\\n'"),
+])
+@pytest.mark.parametrize("engine", ["local", "ray"])
 def test_fresh_with_a_model_that_cannot_load_is_one_error_line_and_keeps_every_part(art: Path, tmp_path: Path,
-                                                                                   kind: str, says: str):
+                                                                                   kind: str, says: str, engine: str):
+    """Hostile pass 12 #1: on --engine ray the model loaded only in the actors, after --fresh had deleted
+    every part, and its failure was a Ray traceback."""
     tag = ["tag", "--artifacts", str(art), "--chunk-size", "2", "--batch-size", "2", "--max-new-tokens", "80",
            "--threads", "1"]
     assert runner.invoke(app, [*tag, "--model", str(tiny_model_dir())]).exit_code == 0
     tags = art / "tags"
     before = {p.relative_to(tags): p.read_bytes() for p in sorted(tags.rglob("*")) if p.is_file()}
     broken = _broken_model(tmp_path, kind)
-    res = runner.invoke(app, [*tag, "--model", str(broken), "--fresh"])
+    res = runner.invoke(app, [*tag, "--model", str(broken), "--fresh", "--engine", engine])
     assert res.exit_code == 2 and isinstance(res.exception, SystemExit) and "Traceback" not in res.output
     [line] = [ln for ln in res.output.splitlines() if ln.startswith("error: ")]  # after transformers' progress bar
     assert str(broken) in line and says in line, line

@@ -139,6 +139,31 @@ def test_a_utf16_or_utf32_body_is_400_on_every_json_route(online: TestClient, en
     assert ok.status_code == 200 and len(ok.json()["items"]) == 2
 
 
+def test_a_utf8_body_led_by_a_nul_byte_is_named_as_such_not_as_utf16(online: TestClient) -> None:
+    """Hostile pass 12 #8: ``b'\\x00{...}'`` is UTF-8 with a stray NUL, which json's guess reads as UTF-16-BE;
+    the 400 said "it reads as UTF-16-BE". Real UTF-16 keeps its own message."""
+    headers = {"content-type": "application/json", "x-api-key": ADMIN_KEY}
+    for route in ("/v1/recommend", "/v1/events", "/admin/rules/rollback"):
+        resp = online.post(route, content=b'\x00{"user_id": "u001", "k": 3}', headers=headers)
+        assert (resp.status_code, resp.json()) == (400, {"detail": "body holds a NUL byte at offset 0 (JSON text has "
+                                                                   "none); send the JSON document alone, as UTF-8"})
+    refused = re.search(r'recsys_errors_total\{kind="nul_byte"\} (\S+)', online.get("/metrics").text)
+    assert refused is not None and float(refused.group(1)) == 3.0
+    resp = online.post("/v1/recommend", content='{"user_id": "u1"}'.encode("utf-16-be"), headers=headers)
+    assert resp.json() == {"detail": "body is not UTF-8: it reads as UTF-16-BE (NUL bytes among its first four); "
+                                     "send JSON as UTF-8"}
+
+
+@pytest.mark.parametrize("body", [b"\xff\xfe{\x00}\x00", b'\x00{"user_id": "u001"}', b"\xff\xfe\x00"])
+def test_a_body_sent_to_admin_reload_is_told_it_takes_none_not_how_to_encode_json(online: TestClient,
+                                                                                  body: bytes) -> None:
+    """Hostile pass 12 #8: POST /admin/reload takes no body, yet a UTF-16 one was told to "send JSON as UTF-8"."""
+    resp = online.post("/admin/reload", content=body, headers={"content-type": "application/json",
+                                                               "x-api-key": ADMIN_KEY})
+    assert (resp.status_code, resp.json()) == (422, {"detail": f"POST /admin/reload takes no body (got {len(body)} "
+                                                               "bytes): it reloads the served artifact directory"})
+
+
 def test_a_key_given_twice_is_422_naming_it(client: TestClient) -> None:
     """``{"k": 5, "k": 50}`` used to be served with k=50 (json.loads keeps the last value silently)."""
     resp = client.post("/v1/recommend", content=b'{"user_id": "u1", "k": 5, "k": 50}',

@@ -210,6 +210,29 @@ def test_analyze_with_a_wrong_namespace_names_the_streams_there(tmp_path: Path, 
     client.close()
 
 
+def test_analyze_with_a_namespace_holding_a_newline_is_one_error_line(tmp_path: Path,
+                                                                      redis_env: str) -> None:  # noqa: F811
+    # hostile pass 12 #9: the namespace went into the error as is, so `error:` spanned two lines
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    url = f"{redis_env}?db=10"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    client.xadd("odd\nname:events", {"type": "impression", "user_id": "u1", "item_id": "m1", "variant": "control"})
+    out = tmp_path / "an.json"
+    res = CliRunner().invoke(app, ["ab", "analyze", "--redis-url", url, "--namespace", "shop1\nfoo", "--out", str(out)])
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit), res.output
+    assert res.stderr.strip().splitlines() == [
+        f"error: Redis at {url}: 'shop1\\nfoo:events' does not exist: no events under namespace 'shop1\\nfoo'; the "
+        "event streams here are 'odd\\nname:events' (serving's namespace is serving.redis_namespace, by default the "
+        "name of the artifact directory it was started on)"]
+    assert not out.exists()
+    client.flushdb()
+    client.close()
+
+
 def test_fusion_override_reweights_only_that_variant(tmp_path: Path) -> None:
     save_toy_split(tmp_path)
     fusion = StageSpec(name="fusion", kind="fusion")

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
 from jobs.tagging.embed import EmbedSettings, train_embeddings
 from jobs.tagging.generate import TaggerSettings
 from jobs.tagging.job import TagJob, finalize
+from jobs.tagging.parts import VERSION_KEY
 from jobs.tagging.run import tag_catalog
 from jobs.tagging.schema import catalog_categories, concrete_schema, validation_errors
 from jobs.tagging.wiring import write_tagged_items
@@ -187,6 +189,106 @@ def test_finalize_names_a_gap_and_overwrites_nothing(tmp_path):
         finalize(job)
     for name in ("tags.parquet", "hidden.npy"):
         assert hashlib.sha256((tags_dir / name).read_bytes()).hexdigest() == before[name]
+
+
+def _files(tags_dir: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(tags_dir)): p.read_bytes() for p in sorted(tags_dir.rglob("*")) if p.is_file()}
+
+
+def _strip_versions(parts: Path) -> None:
+    """Rewrite every part as parts were written before they carried their job version."""
+    for part in sorted(parts.glob("chunk-*.parquet")):
+        table = pq.read_table(part)
+        meta = {k: v for k, v in (table.schema.metadata or {}).items() if k != VERSION_KEY}
+        pq.write_table(table.replace_schema_metadata(meta), part)
+
+
+def test_without_its_manifest_a_part_is_checked_against_its_own_version(tmp_path):
+    """Hostile pass 12 #3: with manifest.json deleted, parts decoded with max_new_tokens 80 counted as done
+    for a run with 40, and version.json then claimed 40."""
+    split = catalog_split(4)
+    tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)
+    tags = tmp_path / "tags"
+    before = _files(tags)
+    (tags / "manifest.json").unlink()
+    other = TaggerSettings(precision="fp32", max_new_tokens=40, threads=1)
+    with pytest.raises(ValueError, match=r"^.*parts: the parts there were made with another decoding settings than "
+                                         r"this run; rerun with --fresh \(fresh=True\) to discard them and start over$"):
+        tag_catalog(split, str(tiny_model_dir()), tmp_path, other, chunk_size=2, batch_size=2, progress=False)
+    assert _files(tags) == {k: v for k, v in before.items() if k != "manifest.json"}
+    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)
+    assert summary["items_tagged_this_run"] == 0 and "damaged_parts" not in summary
+    assert {k: v for k, v in _files(tags).items() if k != "summary.json"} == {
+        k: v for k, v in before.items() if k != "summary.json"}  # the manifest rebuilt as it was
+
+
+def test_parts_without_a_version_of_their_own_or_a_manifest_are_refused(tmp_path):
+    split = catalog_split(4)
+    tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)
+    tags = tmp_path / "tags"
+    _strip_versions(tags / "parts")
+    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)
+    assert "damaged_parts" in summary  # their sha256 changed: redone under the manifest, with their version
+    _strip_versions(tags / "parts")
+    (tags / "manifest.json").unlink()
+    before = _files(tags)
+    with pytest.raises(ValueError) as refused:
+        tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)
+    assert str(refused.value) == (
+        f"{tags / 'manifest.json'} is missing, and chunk-00000.parquet, chunk-00001.parquet in {tags / 'parts'} carry "
+        "no version of their own (written before parts recorded it), so what made them cannot be established; "
+        "rerun with --fresh (fresh=True) to discard them and start over")
+    assert _files(tags) == before
+
+
+MALFORMED = {"{}": lambda m: {}, "[]": lambda m: [], "version 1": lambda m: {"version": 1},
+             "pairs": lambda m: [["version", 1]], "no chunks": lambda m: {"version": m["version"]},
+             "chunks a list": lambda m: {**m, "chunks": []},
+             "a record a string": lambda m: {**m, "chunks": {**m["chunks"], "chunk-00000": "x"}}}
+
+
+@pytest.mark.parametrize("shape", list(MALFORMED))
+def test_a_manifest_of_another_shape_is_rebuilt_from_parts_that_carry_their_version(tmp_path, shape):
+    """Hostile pass 12 #4: these gave KeyError / TypeError / AttributeError tracebacks."""
+    split = catalog_split(4)
+    tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)
+    path = tmp_path / "tags" / "manifest.json"
+    good = json.loads(path.read_text())
+    path.write_text(json.dumps(MALFORMED[shape](good)))
+    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, limit=3,
+                          progress=False)
+    assert summary["items_tagged_this_run"] == 0 and "damaged_parts" not in summary
+    assert json.loads(path.read_text()) == good
+    _strip_versions(tmp_path / "tags" / "parts")  # parts from before they carried a version: nothing vouches for them
+    path.write_text(json.dumps(MALFORMED[shape](good)))
+    with pytest.raises(ValueError, match=rf"^{path} is not a tagging manifest \(.+\), and chunk-00000.parquet, "
+                                         r"chunk-00001.parquet in .* carry no version of their own .*--fresh"):
+        tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)
+
+
+def test_a_part_renamed_in_before_its_manifest_write_is_kept_not_called_damaged(tmp_path):
+    """Hostile pass 12 #5: a kill between a part's rename and the manifest write left a whole, correct
+    part whose sha256 the manifest had not recorded: it was called damaged, deleted and redone."""
+    split = catalog_split(6)
+    full = tag_catalog(split, str(tiny_model_dir()), tmp_path / "full", FP32, chunk_size=2, batch_size=2,
+                       progress=False)
+    assert full["items_tagged_this_run"] == 6
+    tag_catalog(split, str(tiny_model_dir()), tmp_path / "run", FP32, chunk_size=2, batch_size=2, limit=3,
+                progress=False)  # parts 0 (2 items) and 1 (1 item)
+    parts = tmp_path / "run" / "tags" / "parts"
+    # the state a kill leaves: chunk 1 redone whole and renamed in, the manifest still the 1-item part's
+    (parts / "chunk-00001.parquet").write_bytes((tmp_path / "full" / "tags" / "parts" / "chunk-00001.parquet").read_bytes())
+    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path / "run", FP32, chunk_size=2, batch_size=2,
+                          progress=False)
+    assert summary["items_tagged_this_run"] == 2 and "damaged_parts" not in summary
+    assert _digests(tmp_path / "run" / "tags") == _digests(tmp_path / "full" / "tags")
+    # a part of the right items but of another chunk's content is still damaged
+    (parts / "chunk-00002.parquet").write_bytes((parts / "chunk-00001.parquet").read_bytes())
+    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path / "run", FP32, chunk_size=2, batch_size=2,
+                          progress=False)
+    assert summary["damaged_parts"] == {"chunk-00002.parquet": "its sha256 is not the one manifest.json recorded, and "
+                                                              "it does not hold items 4.. of its chunk in order"}
+    assert _digests(tmp_path / "run" / "tags") == _digests(tmp_path / "full" / "tags")
 
 
 JOB = """
