@@ -199,7 +199,7 @@ def _read_redis(url: str, namespace: str) -> tuple[Any, list[str]]:
     from redis.exceptions import RedisError  # lazy: as redis
     from redis.exceptions import TimeoutError as RedisTimeoutError  # lazy: as redis
 
-    from jobs.ab.events import read_stream, trimmed_warning  # lazy: keeps `recsys --help` fast
+    from jobs.ab.events import read_stream, stream_name, trimmed_warning  # lazy: keeps `recsys --help` fast
 
     shown = _redacted(url)
     try:
@@ -212,7 +212,7 @@ def _read_redis(url: str, namespace: str) -> tuple[Any, list[str]]:
     except (RedisConnectionError, RedisTimeoutError) as exc:
         return c.fail(f"cannot reach Redis at {shown}: {' '.join(str(exc).split())}")
     except RedisError as exc:  # e.g. the key holds something other than a stream
-        return c.fail(f"Redis at {shown}: cannot read {namespace}:events: {' '.join(str(exc).split())}")
+        return c.fail(f"Redis at {shown}: cannot read {stream_name(namespace)}: {' '.join(str(exc).split())}")
     except ValueError as exc:  # no such stream (a wrong --namespace): not an empty log
         return c.fail(f"Redis at {shown}: {exc}")
     finally:

@@ -64,8 +64,15 @@ def check_safetensors(path: Path) -> None:
             raise ValueError(f"{path}: its safetensors header is not JSON ({exc})") from exc
     if not isinstance(header, dict):
         raise ValueError(f"{path}: its safetensors header is not a JSON object")
-    ends = [t.get("data_offsets", [0, 0])[-1] for k, t in header.items() if k != "__metadata__" and isinstance(t, dict)]
-    expected = 8 + n + max((int(e) for e in ends), default=0)
+    ends = []
+    for name, tensor in header.items():
+        offsets = tensor.get("data_offsets", [0, 0]) if isinstance(tensor, dict) and name != "__metadata__" else [0, 0]
+        if not (isinstance(offsets, list) and len(offsets) == 2
+                and all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)):
+            raise ValueError(f"{path}: tensor {name!r} in its safetensors header has data_offsets {offsets!r}, "
+                             "not two byte offsets")
+        ends.append(offsets[1])
+    expected = 8 + n + max(ends, default=0)
     if size < expected:
         raise ValueError(f"{path}: {size:,} bytes, but its header lists tensors up to byte {expected:,} (truncated: "
                          "an interrupted download or copy?)")

@@ -1,5 +1,6 @@
 """``recsys tag``: bad input is one ``error:`` line (exit 2) and writes nothing; stale tags are refused."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -52,7 +53,7 @@ def _broken_model(tmp_path: Path, kind: str) -> Path:
     rest = ["config.json", "tokenizer.json", "tokenizer_config.json"]
     keep = {"no-weights": ["config.json"], "no-tokenizer": ["config.json", "model.safetensors"],
             "config-not-json": ["model.safetensors"], "truncated": [*rest, "model.safetensors"],
-            "torn-header": [*rest, "model.safetensors"],
+            "torn-header": [*rest, "model.safetensors"], "bad-offsets": [*rest, "model.safetensors"],
             "bad-dtype": [*rest, "model.safetensors"], "index-without-map": rest, "bin-not-a-checkpoint": rest}[kind]
     for name in keep:
         (broken / name).write_bytes((tiny_model_dir() / name).read_bytes())
@@ -63,6 +64,13 @@ def _broken_model(tmp_path: Path, kind: str) -> Path:
         weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     elif kind == "torn-header":
         weights.write_bytes(weights.read_bytes()[:100])
+    elif kind == "bad-offsets":  # a tensor's data_offsets not two byte offsets, the header padded to its length
+        data = weights.read_bytes()
+        n = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8:8 + n])
+        header[next(k for k in header if k != "__metadata__")]["data_offsets"] = 5
+        text = json.dumps(header, separators=(",", ":")).encode()
+        weights.write_bytes(data[:8] + text.ljust(n) + data[8 + n:])
     elif kind == "bad-dtype":  # a whole file whose header only the loader refuses (SafetensorError)
         data = weights.read_bytes()
         weights.write_bytes(data.replace(b'"dtype":"F32"', b'"dtype":"X32"', 1))
@@ -81,6 +89,8 @@ def _broken_model(tmp_path: Path, kind: str) -> Path:
     ("truncated", "model.safetensors: 3,183,964 bytes, but its header lists tensors up to byte 6,367,928 (truncated"),
     ("torn-header", "model.safetensors: not a whole safetensors file (100 bytes; its header cannot be read"),
     ("bad-dtype", "the tagging model cannot be loaded (SafetensorError: Error while deserializing header"),
+    # hostile pass 13 #1: a TypeError traceback
+    ("bad-offsets", "in its safetensors header has data_offsets 5, not two byte offsets"),
     ("index-without-map", "model.safetensors.index.json: not a shard index (no 'weight_map' object"),
     ("bin-not-a-checkpoint", "pytorch_model.bin: not a PyTorch checkpoint (it starts with b'hi\\n'"),
 ])

@@ -229,6 +229,10 @@ def test_analyze_with_a_namespace_holding_a_newline_is_one_error_line(tmp_path: 
         "event streams here are 'odd\\nname:events' (serving's namespace is serving.redis_namespace, by default the "
         "name of the artifact directory it was started on)"]
     assert not out.exists()
+    client.set("shop2\nfoo:events", "not a stream")  # hostile pass 13: a key of another type, same one line
+    res = CliRunner().invoke(app, ["ab", "analyze", "--redis-url", url, "--namespace", "shop2\nfoo", "--out", str(out)])
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert res.stderr.startswith(f"error: Redis at {url}: cannot read 'shop2\\nfoo:events': WRONGTYPE")
     client.flushdb()
     client.close()
 
