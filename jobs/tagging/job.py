@@ -60,9 +60,10 @@ from jobs.tagging.schema import schema_hash
 from llm_rerank.backbone import weights_digest
 from llm_rerank.template import DEFAULT, PromptTemplate
 from recsys.atomic import atomic_write, atomic_write_json
-from recsys.digest import file_sha256
+from recsys.digest import file_sha256, json_sha256
 
 VERSION_WORDS = {"catalog": "catalog (the split was prepared again)", "model_digest": "model",
+                 "item_text": "item titles or texts (the split was prepared again)",
                  "prompt_version": "prompt", "schema_hash": "tag schema", "settings": "decoding settings",
                  "chunk_size": "chunk size", "batch_size": "batch size", "categories": "category list"}
 TAG_COLUMNS = ("item_idx", "item_id", "genres", "audience", "risk_flags", "themes", "summary", "fallback",
@@ -120,17 +121,24 @@ class TagJob:
 
 
 def job_version(model_dir: str, schema: dict[str, Any], settings: TaggerSettings, chunk_size: int,
-                batch_size: int, item_ids: Sequence[object], template: PromptTemplate = DEFAULT) -> dict[str, Any]:
+                batch_size: int, item_ids: Sequence[object], template: PromptTemplate = DEFAULT,
+                items: pd.DataFrame | None = None) -> dict[str, Any]:
     """Everything the tags depend on; stored in the manifest and in the final outputs.
 
     ``item_ids`` are the whole split's ids in item_idx order (not a ``limit``'s first rows): the
-    catalog the positions of the parts refer to.
+    catalog the positions of the parts refer to. ``items`` (the split's items table) adds
+    ``item_text``, a digest of the titles and texts the prompt reads: the same ids prepared again
+    with new titles are other inputs, so their old tags must not count as done.
     """
     genres = schema["properties"]["genres"]["items"]["enum"]
     prompt = PROMPT_VERSION if template.tagging_is_default() else f"{PROMPT_VERSION}.{template.tagging_digest()}"
-    return {"model_digest": weights_digest(model_dir), "prompt_version": prompt,
-            "schema_hash": schema_hash(schema), "categories": list(genres), "settings": asdict(settings),
-            "chunk_size": chunk_size, "batch_size": batch_size, "catalog": catalog_digest(item_ids)}
+    version = {"model_digest": weights_digest(model_dir), "prompt_version": prompt,
+               "schema_hash": schema_hash(schema), "categories": list(genres), "settings": asdict(settings),
+               "chunk_size": chunk_size, "batch_size": batch_size, "catalog": catalog_digest(item_ids)}
+    if items is not None:
+        version["item_text"] = json_sha256([[str(t), str(x or "")] for t, x in zip(items["title"], items["text"],
+                                                                                   strict=True)])[:16]
+    return version
 
 
 def item_rows(items: pd.DataFrame, categories: list[str], start: int, stop: int) -> list[dict[str, Any]]:

@@ -150,7 +150,8 @@ def tag_catalog(split: Any, model_dir: str, artifact_dir: Path, settings: Tagger
     schema = concrete_schema(categories)
     out = tags_dir(artifact_dir)
     out.mkdir(parents=True, exist_ok=True)
-    version = job_version(model_dir, schema, settings, chunk_size, batch_size, split.items["item_id"], template)
+    version = job_version(model_dir, schema, settings, chunk_size, batch_size, split.items["item_id"], template,
+                          items=split.items)
     if method == "logits":
         version.update({"method": "logits", "label_prompt_version": LABEL_PROMPT_VERSION, "shots": shots})
     job = TagJob(out, split.items, version, chunk_size, batch_size, limit)

@@ -46,6 +46,18 @@ def test_after_prepare_rebuilds_the_split_old_tags_are_refused_not_moved_onto_ot
     assert not (art / "tags" / "items.parquet").exists() and not (art / "tags" / "embed").exists()
 
 
+def test_the_same_ids_prepared_again_with_new_titles_are_not_served_the_old_tags(art: Path):
+    """Hostile pass 13: every title changed under the same ids, and `recsys tag` counted the old parts as
+    done in a second ("Gadget 0 is a comedy" for an item now titled as a horror film), exit 0."""
+    tag = ["tag", "--artifacts", str(art), "--model", str(tiny_model_dir()), "--chunk-size", "2", "--batch-size", "2",
+           "--max-new-tokens", "80", "--threads", "1"]
+    assert runner.invoke(app, tag).exit_code == 0
+    split = catalog_split(4)
+    split.items["title"] = [f"Retitled {i}" for i in range(4)]
+    split.save(art / "split")
+    _one_line_error(runner.invoke(app, tag), "another item titles or texts", "--fresh")
+
+
 def _broken_model(tmp_path: Path, kind: str) -> Path:
     """A copy of the tiny tagger with one thing a load needs missing or broken."""
     broken = tmp_path / f"model-{kind}"
