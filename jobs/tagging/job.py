@@ -63,7 +63,8 @@ from recsys.atomic import atomic_write, atomic_write_json
 from recsys.digest import file_sha256, json_sha256
 
 VERSION_WORDS = {"catalog": "catalog (the split was prepared again)", "model_digest": "model",
-                 "item_text": "item titles or texts (the split was prepared again)",
+                 "item_text": ("item titles or texts (the split was prepared again, or the parts predate "
+                               "this check)"),
                  "prompt_version": "prompt", "schema_hash": "tag schema", "settings": "decoding settings",
                  "chunk_size": "chunk size", "batch_size": "batch size", "categories": "category list"}
 TAG_COLUMNS = ("item_idx", "item_id", "genres", "audience", "risk_flags", "themes", "summary", "fallback",
