@@ -105,7 +105,7 @@ def prepare(
     split already under ``artifact_dir`` was prepared with, whatever dataset it was prepared
     from (a shop's next export, in a directory of another name too), until given otherwise;
     ``fmt`` and the synthetic ``n_users``/``n_items`` left None keep theirs only for the same
-    dataset (``same_dataset``; for ``fmt`` also a ``refreshed`` one: same name, other files);
+    dataset (``same_dataset``; for ``fmt`` also a refresh of it, ``same_name``: other files);
     else the defaults (5-core, the interacted catalog, the detected layout, 600 x 1200). A format
     given that is the one detected counts as not given. A rebuild over a split prepared
     otherwise logs a ``note:`` warning naming what changed and the options kept without being
@@ -164,12 +164,11 @@ def catalog_left_out(ds: Dataset, split: Split) -> str:
             f"{none:,} with no event{hint}, {len(out) - none:,} removed by the {k}-core filter (--k-core sets it)")
 
 
-def refreshed(recorded: dict[str, Any], data: Path | None) -> bool:
-    """Whether ``data`` is a refresh of the dataset ``recorded`` was prepared from: a directory of the
-    same name whose files changed (``same_dataset`` is the unchanged case). A shop's next export
-    keeps the options it was prepared with (``--catalog listed`` must not lapse with a new product)."""
-    return (data is not None and bool(recorded.get("files")) and recorded.get("data") == dataset_name(data)
-            and not same_dataset(recorded, data))
+def same_name(recorded: dict[str, Any], data: Path | None) -> bool:
+    """Whether ``data`` is a directory of the name the dataset ``recorded`` was prepared from: with
+    other files, a refresh of it (``same_dataset`` is the unchanged case, and is checked first: it
+    hashes every file, so it is not asked again here)."""
+    return data is not None and bool(recorded.get("files")) and recorded.get("data") == dataset_name(data)
 
 
 def _options(before: dict[str, Any], data: Path | None, same: bool, fmt: str | None, k_core: int | None,
@@ -178,7 +177,7 @@ def _options(before: dict[str, Any], data: Path | None, same: bool, fmt: str | N
     options taken from the recorded split ``before`` that are not the defaults (for the note)."""
     inherited: dict[str, Any] = {}
     if fmt is None:
-        if (same or refreshed(before, data)) and before.get("format"):
+        if (same or same_name(before, data)) and before.get("format"):
             fmt = inherited["format"] = before["format"]
     elif data is not None and fmt == detect_format(Path(data)):
         fmt = None  # the detected layout, named: the same split as when it is not
