@@ -18,7 +18,6 @@ from recall.train import (
     _Run,
     deterministic_kernels,
     train_two_tower,
-    training_windows,
 )
 from tests.recall.two_tower_factories import successor_split, tiny_config
 
@@ -26,16 +25,6 @@ from tests.recall.two_tower_factories import successor_split, tiny_config
 @pytest.fixture(scope="module")
 def split():
     return successor_split()
-
-
-def test_training_windows_cut_from_the_end_and_skip_empty_users():
-    x, y, owner, start = training_windows([np.array([5, 6, 7, 8, 9]), np.array([], dtype=np.int64), np.array([3])], 3)
-    assert x.tolist() == [[6, 7, 8], [-1, -2, 5], [-1, -1, -2]]
-    assert y.tolist() == [[7, 8, 9], [-1, 5, 6], [-1, -1, 3]]
-    assert owner.tolist() == [0, 0, 2]
-    assert start.tolist() == [2, 0, 0]
-    with pytest.raises(ValueError, match="every sequence is empty"):
-        training_windows([np.array([], dtype=np.int64)], 3)
 
 
 @pytest.mark.parametrize("loss", ["full", "sampled"])
@@ -192,34 +181,13 @@ def test_the_default_patience_rides_out_a_plateau_and_keeps_the_later_best(split
     assert short["best_epoch"] == 2 and short["epochs"] == 5  # the old default: stopped on the plateau
 
 
-def test_seen_pairs_list_each_targets_past_and_never_the_target_itself():
-    import torch
-
-    from recall.train import seen_pairs
-
-    g = np.random.default_rng(0)
-    x = torch.from_numpy(g.integers(-2, 9, (4, 6)))  # -1 PAD and -2 BOS are no items
-    y = torch.from_numpy(g.integers(-1, 9, (4, 6)))
-    prior = [g.integers(0, 9, n) for n in (0, 3, 1, 5)]
-    rows, items = seen_pairs(x, y, prior)
-    got = set(zip(rows.tolist(), items.tolist(), strict=True))
-    want, row = set(), 0
-    for b in range(4):
-        for t in range(6):
-            if y[b, t] < 0:
-                continue
-            past = {int(i) for i in x[b, :t + 1] if i >= 0} | {int(i) for i in prior[b]}
-            want |= {(row, i) for i in past if i != int(y[b, t])}
-            row += 1
-    assert got == want
-
-
 @pytest.mark.parametrize("loss", ["full", "sampled"])
 def test_masking_the_history_takes_its_items_out_of_the_negatives(split, tmp_path: Path, loss: str):
     # dropping negatives can only lower a softmax loss; here every window has a past, so strictly
     import torch
 
     from recall.train import _batch_loss, _setup
+    from recall.windows import training_windows
 
     cfg = tiny_config(loss=loss, n_negatives=64)
     run = _setup(split, tmp_path, cfg, None, None, progress=False, seed=0)
