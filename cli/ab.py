@@ -77,7 +77,7 @@ def offline(
         report = compare_offline(settings_a, settings_b, art, split, names=pair,  # type: ignore[arg-type]
                                  n_boot=n_boot, progress=True, artifact_dir_b=artifacts_b)
     except ValueError as exc:  # StaleArtifacts, B's artifacts on another split
-        c.fail(" ".join(str(exc).split()))
+        c.fail(str(exc))
     latencies = report.pop("latencies_ms")
     report = c.strict_json(report)  # the Markdown and the JSON show the same (NaN -> None)
     for name, path in zip(pair, (a, b), strict=True):
@@ -205,14 +205,14 @@ def _read_redis(url: str, namespace: str) -> tuple[Any, list[str]]:
     try:
         client = redis.Redis.from_url(url, socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S)
     except ValueError as exc:
-        return c.fail(f"--redis-url {shown}: {' '.join(str(exc).split())}")
+        return c.fail(f"--redis-url {shown}: {exc}")
     try:
         log = read_stream(client, namespace)
         return log, [w] if (w := trimmed_warning(client, namespace, len(log))) else []
     except (RedisConnectionError, RedisTimeoutError) as exc:
-        return c.fail(f"cannot reach Redis at {shown}: {' '.join(str(exc).split())}")
+        return c.fail(f"cannot reach Redis at {shown}: {exc}")
     except RedisError as exc:  # e.g. the key holds something other than a stream
-        return c.fail(f"Redis at {shown}: cannot read {stream_name(namespace)}: {' '.join(str(exc).split())}")
+        return c.fail(f"Redis at {shown}: cannot read {stream_name(namespace)}: {exc}")
     except ValueError as exc:  # no such stream (a wrong --namespace): not an empty log
         return c.fail(f"Redis at {shown}: {exc}")
     finally:
@@ -258,7 +258,7 @@ def simulate(
     except ValueError as exc:
         c.fail(str(exc))
     except httpx.TransportError as exc:  # nothing listening, a timeout, a dropped connection
-        c.fail(f"cannot reach the server at {url}: {type(exc).__name__}: {' '.join(str(exc).split())}")
+        c.fail(f"cannot reach the server at {url}: {type(exc).__name__}: {exc}")
     for warning in report["warnings"]:
         typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)
     _write_report(report, out)

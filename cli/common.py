@@ -184,7 +184,8 @@ def fail(message: str, code: int = 2) -> Any:
 
 
 def _say(message: str) -> None:
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    """The error on one line (an exception's text may span several; the contract is one line)."""
+    typer.secho(f"error: {' '.join(message.split())}", fg=typer.colors.RED, err=True)
 
 
 # what bad input raises: LimitError/ValidationError/ConfigError/DataError are ValueErrors
@@ -206,11 +207,11 @@ class UserErrorGroup(TyperGroup):
             raise SystemExit(exc.exit_code) from None
         except UsageError as exc:  # BadParameter, NoSuchOption, MissingParameter, ...
             where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
-            _exit_with(" ".join(exc.format_message().split()) + where, 2)
+            _exit_with(exc.format_message() + where, 2)
         except typer.Abort:
             _exit_with("aborted", 1)
         except ClickException as exc:
-            _exit_with(" ".join(exc.format_message().split()), exc.exit_code)
+            _exit_with(exc.format_message(), exc.exit_code)
         raise SystemExit(code if isinstance(code, int) else 0)
 
     def invoke(self, ctx: Any) -> Any:

@@ -104,7 +104,7 @@ def tag(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, 
                               ray_concurrency=ray_concurrency, fresh=fresh, prompt=template,
                               method=method, seed=settings.seed, shots=shots)
     except (ValueError, OSError) as exc:  # bad input, stale parts, a model that cannot load (nothing lost)
-        c.fail(" ".join(str(exc).split()))
+        c.fail(str(exc))
     c.write_report(summary, out)
 
 
