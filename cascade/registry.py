@@ -21,12 +21,14 @@ from pydantic import BaseModel
 
 from cascade.settings import Settings
 from fusion.stage import weights_key_for
-from offline.split import split_id
+from offline.split import Phase, split_id
 from recall.config import DEFAULT_DEPTH, RecallConfig
 from recsys.config import STAGE_KINDS, StageSpec
 from recsys.contract import Stage
 from recsys.digest import json_sha256
 from recsys.pipeline import Pipeline
+
+RECALL_KINDS = ("recall", "recall_llm")  # the kinds whose load takes a phase (recall.stage.RecallStage.load)
 
 # kind -> the Settings section its stage is built with, as Cls(spec, section, **stage_context(kind, settings))
 STAGE_SECTIONS: dict[str, str] = {
@@ -95,11 +97,15 @@ def build_stage(spec: StageSpec, settings: Settings, *, cls: type | None = None)
 
 
 def build_pipeline(
-    settings: Settings, artifact_dir: Path, *, load: bool = True, only: tuple[str, ...] | None = None
+    settings: Settings, artifact_dir: Path, *, load: bool = True, only: tuple[str, ...] | None = None,
+    phase: Phase = "test",
 ) -> Pipeline:
     """Construct every enabled stage (disabled ones are kept, unloaded, for the trace).
 
     ``only`` keeps just the named stages (e.g. recall + coarse to produce LLM training data).
+    ``phase="valid"`` builds the pipeline the jobs that tune or measure on valid items run: the
+    recall stage loads the model that never learnt them and the valid-time popularity
+    (``recall.stage.RecallStage.load``); ``"test"`` is the served pipeline.
     """
     pairs: list[tuple[StageSpec, Stage]] = []
     for spec in settings.pipeline.stages:
@@ -107,9 +113,18 @@ def build_pipeline(
             continue
         stage = build_stage(spec, settings)
         if load and spec.enabled:
-            stage.load(Path(artifact_dir))
+            load_stage(spec, stage, Path(artifact_dir), phase)
         pairs.append((spec, stage))
     return Pipeline(pairs, request_budget_ms=settings.pipeline.request_budget_ms)
+
+
+def load_stage(spec: StageSpec, stage: Stage, artifact_dir: Path, phase: Phase = "test") -> Stage:
+    """``stage.load(artifact_dir)``, for ``phase`` (see ``build_pipeline``); the stage."""
+    if phase != "test" and spec.kind in RECALL_KINDS:
+        stage.load(artifact_dir, phase=phase)  # type: ignore[call-arg]
+    else:
+        stage.load(artifact_dir)
+    return stage
 
 
 def _recorded(meta: Path, key: str = "split_id") -> str | None:
@@ -126,7 +141,7 @@ class StaleArtifacts(ValueError):
 
 
 # the stages whose artifacts hold item and user indices into the split they were trained on
-INDEXED_KINDS = ("recall", "recall_llm", "coarse")
+INDEXED_KINDS = (*RECALL_KINDS, "coarse")
 
 
 def check_trained_on_split(pipeline: Pipeline, artifact_dir: Path) -> None:
@@ -192,7 +207,7 @@ def trained_under_other_settings(settings: Settings, artifact_dir: Path) -> list
     a recorded id (older artifacts) or in another subdir are not compared."""
     out = []
     for spec in settings.pipeline.stages:
-        if not spec.enabled or spec.kind not in ("recall", "recall_llm", "coarse") or spec.params.get("subdir"):
+        if not spec.enabled or spec.kind not in INDEXED_KINDS or spec.params.get("subdir"):
             continue
         stage = "recall" if spec.kind != "coarse" else "coarse"
         recorded = _recorded(Path(artifact_dir) / stage / "stage.json", "config_id")

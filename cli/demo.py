@@ -29,7 +29,7 @@ import httpx
 import numpy as np
 import typer
 
-from cascade.registry import weights_key
+from cascade.registry import RECALL_KINDS, build_stage, load_stage, weights_key
 from cascade.settings import Settings
 from fusion.stage import WEIGHTS_FILE, save_weights
 from jobs.cascade_run import requests_for
@@ -141,7 +141,11 @@ def tune_gate(rec: Any, settings: Settings, artifact_dir: Path, split: Any) -> d
     t0 = time.perf_counter()
     # offline tuning waits for every LLM answer: a serving budget missed on a busy machine would
     # leave the LLM column out (and the abandoned calls would slow the next ones down)
-    pipeline = with_llm_budget(rec, settings, None).pipeline
+    served = with_llm_budget(rec, settings, None).pipeline
+    # the valid phase's recall model: the served one (refit) has learnt the valid items tuned on
+    pipeline = Pipeline([(spec, load_stage(spec, build_stage(spec, settings), artifact_dir, "valid")
+                          if spec.enabled and spec.kind in RECALL_KINDS else stage) for spec, stage in served.stages],
+                        request_budget_ms=served.request_budget_ms)
     rng = np.random.default_rng(settings.seed)
     sample = set(rng.choice(split.n_users, min(GATE_USERS, split.n_users), replace=False).tolist())
     requests = [r for r in requests_for(split, "valid") if r.user_idx in sample]

@@ -166,7 +166,7 @@ def evaluate_pipeline(
     """Measure every stage on ``phase`` and return the eval report (see issue #3's format)."""
     require_bootstrap_users(split)
     t0 = time.perf_counter()
-    pipeline = memoised(build_pipeline(settings, artifact_dir))  # policy passes replay the scorers
+    pipeline = memoised(build_pipeline(settings, artifact_dir, phase=phase))  # policy passes replay the scorers
     load_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     run = run_cascade(pipeline, split, phase, progress)

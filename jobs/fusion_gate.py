@@ -65,10 +65,11 @@ def tune_fusion(settings: Settings, artifact_dir: Path, split: Split, *, progres
 
 
 def gate_pipeline(settings: Settings, artifact_dir: Path) -> Any:
-    """The pipeline up to the stage whose candidates fusion reads (the one before ``fusion``)."""
+    """The pipeline up to the stage whose candidates fusion reads (the one before ``fusion``), as the
+    valid phase sees it (``cascade.registry.build_pipeline``: no model that learnt the valid items)."""
     names = [s.name for s in settings.pipeline.stages if s.enabled]
     before_fusion = names[names.index("fusion") - 1] if "fusion" in names else names[-1]
-    return build_pipeline(settings, artifact_dir, only=tuple(names[: names.index(before_fusion) + 1]))
+    return build_pipeline(settings, artifact_dir, only=tuple(names[: names.index(before_fusion) + 1]), phase="valid")
 
 
 def fit_gate(pipeline: Any, split: Split, requests: list[Any], settings: Settings, *,

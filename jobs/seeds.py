@@ -64,7 +64,7 @@ def evaluate_seeds(
         report = evaluate_pipeline(seeded, directory, split, phase=phase, progress=progress)  # type: ignore[arg-type]
         report["train_s"] = {k: v.get("seconds") for k, v in trained.items()}
         report["warnings"] = training_warnings(seeded, trained)  # `recsys eval` prints them, as for one seed
-        report["recall_train"] = {k: {f: trained[k].get(f) for f in ("train_s", "channels")}
+        report["recall_train"] = {k: {f: trained[k].get(f) for f in ("train_s", "best_epoch", "channels", "refit")}
                                   for k in ("recall", "recall_holdout") if k in trained}
         coarse = trained.get("coarse", {})
         report["coarse_importance"] = coarse.get("feature_importance_gain", coarse.get("feature_importance_top10"))

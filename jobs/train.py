@@ -283,6 +283,10 @@ def training_warnings(settings: Settings, report: dict[str, Any]) -> list[str]:
             out.append(f"{stage}: the wall-clock cap recall.max_train_s ({recall.max_train_s:g} s) stopped the "
                        f"two-tower at epoch {rep.get('epochs')}, before its logit budget; the result depends on this "
                        "machine's speed and load (raise recall.max_train_s for a reproducible model)")
+        elif (rep.get("refit") or {}).get("out_of_time"):
+            out.append(f"{stage}: the wall-clock cap recall.max_train_s ({recall.max_train_s:g} s) stopped the refit "
+                       f"at epoch {rep['refit'].get('epochs')} of {rep.get('best_epoch')}; the served model depends on "
+                       "this machine's speed and load (raise recall.max_train_s for a reproducible model)")
         elif rep.get("out_of_budget") and rep.get("best_epoch") == rep.get("epochs"):
             out.append(f"{stage}: the logit budget recall.max_train_logits ({recall.max_train_logits:g}) stopped the "
                        f"two-tower at epoch {rep.get('epochs')} while it was still improving (raise it for a "
@@ -358,7 +362,8 @@ def _train_fusion(settings: Settings, artifact_dir: Path, split: Split, progress
 
 
 def _train_llm(settings: Settings, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
-    cascade = PipelineStage(build_pipeline(settings, artifact_dir, only=("recall", "coarse")))
+    # valid phase: the LLM learns from valid items, which the served (refit) recall model has learnt
+    cascade = PipelineStage(build_pipeline(settings, artifact_dir, only=("recall", "coarse"), phase="valid"))
     return train_llm(split, cascade, settings, artifact_dir, progress=progress)
 
 

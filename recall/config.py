@@ -13,6 +13,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 DEFAULT_DEPTH = 200  # the recall stage's depth when its spec gives none
+# with ``refit`` on, the early-stopped model's copy inside the served ``recall/`` directory: what the
+# jobs that tune or measure on the valid phase load (the served model has learnt every valid item)
+EARLY_STOPPED_DIR = "early_stopped"
 
 # params of a ``recall_llm`` stage (recall.llm_channel) that are the LLM channel's, not RecallConfig keys
 LLM_CHANNEL_PARAMS = ("llm_share", "llm_window")
@@ -78,6 +81,14 @@ class RecallConfig(BaseModel):
         "negatives (the served ranking excludes a user's history, so it never competes with them there); a "
         "repeat of an earlier item stays a target. On ML-100K, 3 seeds: two-tower NDCG@10 +0.014, "
         "candidate recall@200 +0.006.")
+    # ML-100K, 3 seeds: see recall.train's module doc (Refit) for the measured lift.
+    refit: bool = Field(
+        True, description="After early stopping on the valid items, train the served two-tower again from scratch "
+        "on each user's training sequence plus its valid item, for the best epoch count, and refit the extra "
+        "channels on those sequences (their shares stay the ones gated on valid). The valid item is in every "
+        "test-time history and the most recent thing a user did; without the refit no model ever learnt from it. "
+        "The early-stopped model is kept in recall/early_stopped/ for the jobs that tune on the valid phase "
+        "(fusion gate, LLM adaptation). Costs one more fit of at most the best epoch count.")
     loss: Literal["auto", "full", "sampled"] = Field(
         "auto", description="full softmax over the catalog, sampled softmax with logQ correction, or auto."
     )

@@ -19,7 +19,11 @@
    +0.003 on valid and lost 0.01-0.03 of test candidate recall on every seed
    (``reports/h18_recall_levers_ml100k.json``);
 3. write ``channels.json``: the shares, the whole grid's recall, each channel's own
-   candidate recall at the depth, and the matrix sizes.
+   candidate recall at the depth, and the matrix sizes;
+4. with ``RecallConfig.refit`` all of that happens in ``recall/early_stopped/``, and
+   ``refit_channels`` then fits the served channels on the refit sequences (training + valid
+   item) and serves them with the shares gated there (``shares_from``), never gated again on
+   the valid items they now hold.
 
 ``channel_candidate_recall`` gives the same per-channel figures on any phase for the eval
 report. Deliberately left out: tuning the popularity share (kept from the config) and any
@@ -71,14 +75,7 @@ def train_channels(split: Any, stage_root: Path, subdir: str, sequences: list[np
     in memory only (the stage is loaded with its valid-time popularity, not ``<stage_root>/split``).
     """
     recall_dir = Path(stage_root) / subdir
-    n_items = len(np.load(recall_dir / "item_vectors.npy", mmap_mode="r"))
-    fitted = fit_channels(sequences, n_items, config)
-    (recall_dir / CHANNELS_DIR).mkdir(parents=True, exist_ok=True)
-    meta: dict[str, Any] = {"channels": {}, "shares": {name: 0.0 for name in fitted}}
-    for name, (kind, w, last_n) in fitted.items():
-        sparse.save_npz(recall_dir / CHANNELS_DIR / f"{name}.npz", w)
-        meta["channels"][name] = {"kind": kind, "last_n": last_n, "nnz": int(w.nnz),
-                                  "mbytes": round((w.data.nbytes + w.indices.nbytes + w.indptr.nbytes) / 2**20, 2)}
+    meta = _fit_and_save(recall_dir, sequences, config)
     _write(recall_dir, meta)  # provisional (zero shares) so the stage loads for tuning
     stage = RecallStage(StageSpec(name="recall", kind="recall", depth=depth),
                         config.model_copy(update={"channel_shares": None}))
@@ -91,6 +88,34 @@ def train_channels(split: Any, stage_root: Path, subdir: str, sequences: list[np
     meta["own_recall"] = own_recall(lists, excludes, tgt, depth)
     _write(recall_dir, meta)
     return {k: v for k, v in meta.items() if k != "grid"}
+
+
+def refit_channels(recall_dir: Path, tuned_dir: Path, sequences: list[np.ndarray], config: RecallConfig
+                   ) -> dict[str, Any]:
+    """Fit the channels of the refit model in ``recall_dir`` on its ``sequences`` and serve them with
+    the shares gated in ``tuned_dir`` (the early-stopped model's, ``recall.train``'s refit); the report.
+
+    The shares are not gated again: the refit sequences hold the valid items, the only targets to gate on.
+    """
+    tuned = json.loads((Path(tuned_dir) / CHANNELS_FILE).read_text())
+    meta = _fit_and_save(Path(recall_dir), sequences, config)
+    meta.update({"shares": {name: float(tuned["shares"].get(name, 0.0)) for name in meta["channels"]},
+                 "shares_from": Path(tuned_dir).name, "gate": tuned.get("gate", {})})
+    _write(Path(recall_dir), meta)
+    return meta
+
+
+def _fit_and_save(recall_dir: Path, sequences: list[np.ndarray], config: RecallConfig) -> dict[str, Any]:
+    """Fit every channel on ``sequences``, save each matrix; the metadata with zero shares."""
+    n_items = len(np.load(recall_dir / "item_vectors.npy", mmap_mode="r"))
+    fitted = fit_channels(sequences, n_items, config)
+    (recall_dir / CHANNELS_DIR).mkdir(parents=True, exist_ok=True)
+    meta: dict[str, Any] = {"channels": {}, "shares": {name: 0.0 for name in fitted}}
+    for name, (kind, w, last_n) in fitted.items():
+        sparse.save_npz(recall_dir / CHANNELS_DIR / f"{name}.npz", w)
+        meta["channels"][name] = {"kind": kind, "last_n": last_n, "nnz": int(w.nnz),
+                                  "mbytes": round((w.data.nbytes + w.indices.nbytes + w.indptr.nbytes) / 2**20, 2)}
+    return meta
 
 
 def channel_lists_for(stage: Any, histories: list[np.ndarray], attrs: list[dict[str, Any]],

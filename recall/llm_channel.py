@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from offline.split import Split
+from offline.split import Phase, Split
 from offline.tag_store import catalog_digest, load_embeddings
 from recall.channels import merge_channels
 from recall.config import RecallConfig
@@ -107,8 +107,8 @@ class LLMChannelRecallStage(RecallStage):
         super().__init__(spec.model_copy(update={"params": params}), config)
         self._llm: LLMEmbeddingChannel | None = None
 
-    def load(self, artifact_dir: Any, subdir: str = "recall") -> None:
-        super().load(artifact_dir, subdir)
+    def load(self, artifact_dir: Any, subdir: str = "recall", phase: Phase = "test") -> None:
+        super().load(artifact_dir, subdir, phase)
         items = Split.load(Path(artifact_dir) / "split").items["item_id"]
         self._llm = LLMEmbeddingChannel.load(Path(artifact_dir), items.tolist(), self.llm_window)
 

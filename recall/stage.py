@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from offline.split import Split
+from offline.split import Phase, Split
 from recall.channels import TWO_TOWER, Channel, PopularityChannel, merge_channels
-from recall.config import DEFAULT_DEPTH, RecallConfig
+from recall.config import DEFAULT_DEPTH, EARLY_STOPPED_DIR, RecallConfig
 from recall.features import UserVocab
 from recall.index import ItemIndex
 from recsys.config import StageSpec
@@ -61,16 +61,23 @@ class RecallStage:
         self._tuned_shares: dict[str, float] = {}
         self._version = "unloaded"
 
-    def load(self, artifact_dir: Any, subdir: str = "recall") -> None:
+    def load(self, artifact_dir: Any, subdir: str = "recall", phase: Phase = "test") -> None:
         """Load the user tower, item vectors, faiss index and popularity counts (once, at start-up).
 
         ``subdir`` selects another trained copy, e.g. ``recall_holdout`` (trained without each
         user's last training item) when producing coarse-ranker training candidates. The
-        popularity counts are the test-time ones of ``<artifact_dir>/split``.
+        popularity counts are the ``phase``'s of ``<artifact_dir>/split`` (test: serving's).
+
+        ``phase="valid"`` is for the jobs that tune or measure on valid items (the fusion gate,
+        LLM adaptation, ``eval --phase valid``): a refit model (``RecallConfig.refit``) has learnt
+        them, so its early-stopped copy in ``<subdir>/early_stopped`` is loaded instead when there is one.
         """
         root = Path(artifact_dir)
-        _check_trained(root / subdir)  # the missing model is the error to name, before the split
-        self.load_from(root / subdir, Split.load(root / "split").item_popularity("test"))
+        model_dir = root / subdir
+        if phase == "valid" and (model_dir / EARLY_STOPPED_DIR).is_dir():
+            model_dir = model_dir / EARLY_STOPPED_DIR
+        _check_trained(model_dir)  # the missing model is the error to name, before the split
+        self.load_from(model_dir, Split.load(root / "split").item_popularity(phase))
 
     def load_from(self, recall_dir: Path, popularity: np.ndarray) -> None:
         """``load`` from one trained directory and given popularity counts per item, no split on disk:

@@ -1,13 +1,17 @@
 """The whole cascade at toy size: prepare -> train every stage -> evaluate, and reuse on rerun."""
 
+import hashlib
 from pathlib import Path
 
 import pytest
 
+from cascade.registry import build_pipeline
 from cascade.settings import Settings
+from jobs.fusion_gate import gate_pipeline
 from jobs.evaluate import evaluate_pipeline
 from jobs.train import DEFAULT_STAGES, holdout_sequences, prepare, train_stages, training_warnings
-from recsys.pipeline import SHORT_EXHAUSTED, SHORT_RULES
+from recall.config import EARLY_STOPPED_DIR
+from recsys.pipeline import SHORT_EXHAUSTED, SHORT_RULES, Pipeline
 
 TINY = {
     "recall": {"dim": 16, "max_len": 10, "n_blocks": 1, "n_heads": 1, "max_epochs": 4, "eval_every": 2,
@@ -33,6 +37,16 @@ def test_tiny_cascade_trains_evaluates_and_is_reused(tmp_path: Path):
     later = train_stages(settings, art, split)
     assert [k for k, r in later.items() if not r.get("reused")] == ["fusion"]
     assert all(r.get("reused") for r in train_stages(settings, art, split).values())
+    # the served recall model is the refit; the jobs that tune on valid items read the early-stopped one
+    def recall_version(pipeline: Pipeline) -> str:
+        return next(stage for spec, stage in pipeline.stages if spec.kind == "recall").version()
+
+    early = hashlib.sha256((art / "recall" / EARLY_STOPPED_DIR / "model.pt").read_bytes()).hexdigest()[:12]
+    assert recall_version(gate_pipeline(settings, art)) == early
+    assert recall_version(build_pipeline(settings, art, phase="valid")) == early
+    assert recall_version(build_pipeline(settings, art)) != early
+    assert report["recall"]["refit"]["epochs"] == report["recall"]["best_epoch"]
+    assert "refit" not in report["recall_holdout"]
 
     ev = evaluate_pipeline(settings, art, split, phase="test", progress=False, n_boot=200)
     assert ev["n_users"] == split.n_users and ev["dataset"] == "synthetic"
@@ -152,6 +166,12 @@ def test_a_two_tower_stopped_by_the_clock_is_a_warning_and_by_the_budget_only_wh
     # the budget after the best epoch had passed, or early stopping: nothing to say
     assert training_warnings(settings, {"recall": {**budget, "best_epoch": 4}}) == []
     assert training_warnings(settings, {"recall": {**budget, "out_of_budget": False}}) == []
+    # the refit (recall.refit) has no budget, only the clock
+    refit = {"epochs": 20, "best_epoch": 12, "out_of_time": False, "out_of_budget": False,
+             "refit": {"epochs": 7, "out_of_time": True}}
+    warnings = training_warnings(settings, {"recall": refit})
+    assert len(warnings) == 1 and "stopped the refit at epoch 7 of 12" in warnings[0]
+    assert training_warnings(settings, {"recall": {**refit, "refit": {"epochs": 12, "out_of_time": False}}}) == []
 
 
 def test_an_interrupted_prepare_leaves_no_split_rather_than_a_mixed_one(tmp_path: Path,

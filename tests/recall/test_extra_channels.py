@@ -10,7 +10,7 @@ import pytest
 
 from offline.protocol import SALT_CHANNEL_GATE, gate_halves
 from recall.channels import clean_channel, merge_channels
-from recall.config import RecallConfig
+from recall.config import EARLY_STOPPED_DIR, RecallConfig
 from recall.extra_channels import (
     CHANNELS_FILE,
     MIN_TWO_TOWER_SHARE,
@@ -70,7 +70,8 @@ def test_channels_are_on_by_default_and_shares_validated() -> None:
 
 def test_training_saves_channels_and_tunes_shares_on_valid(trained) -> None:
     root, _, report = trained
-    meta = json.loads((root / "recall" / CHANNELS_FILE).read_text())
+    # the shares are gated with the early-stopped model (the refit one has learnt the valid items)
+    meta = json.loads((root / "recall" / EARLY_STOPPED_DIR / CHANNELS_FILE).read_text())
     assert set(meta["channels"]) == {"covisit", "item_model"} and meta["channels"]["item_model"]["kind"] == "ease"
     assert (root / "recall" / "channels" / "covisit.npz").is_file()
     room = 1.0 - RecallConfig().popularity_share - MIN_TWO_TOWER_SHARE
@@ -85,6 +86,20 @@ def test_training_saves_channels_and_tunes_shares_on_valid(trained) -> None:
     assert meta["shares"] == served
     assert set(meta["own_recall"]) == {f"{c}@{DEPTH}" for c in ("two_tower", "covisit", "item_model", "popularity")}
     assert report["channels"]["shares"] == meta["shares"]
+    served = json.loads((root / "recall" / CHANNELS_FILE).read_text())
+    assert served["shares"] == meta["shares"] and served["shares_from"] == EARLY_STOPPED_DIR
+    assert served["gate"] == meta["gate"] and "grid" not in served
+    assert report["refit"]["channels"]["shares"] == meta["shares"]
+
+
+def test_the_refit_channels_are_fitted_on_the_valid_items_too(trained) -> None:
+    root, split, _ = trained
+    early = RecallStage(StageSpec(name="recall", kind="recall", depth=DEPTH, params=ON), RecallConfig())
+    early.load(root, phase="valid")
+    served = _stage(root)
+    for name in ("covisit", "item_model"):
+        weights = [next(c for c in s._extra if c.name == name).weights for s in (early, served)]
+        assert (weights[0] != weights[1]).nnz > 0, name  # each user's valid item added a pair or more
 
 
 def test_stage_serves_the_channels_with_quotas(trained) -> None:

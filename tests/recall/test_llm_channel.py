@@ -67,7 +67,7 @@ def test_embeddings_that_do_not_name_their_catalog_are_refused(tmp_path: Path):
 
 
 def test_the_stage_checks_the_embeddings_against_the_split_on_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(RecallStage, "load", lambda self, artifact_dir, subdir="recall": None)  # no recall model here
+    monkeypatch.setattr(RecallStage, "load", lambda self, artifact_dir, subdir="recall", phase="test": None)  # no recall model here
     split = catalog_split(4)
     _embed_dir(tmp_path, split.items["item_id"].tolist())
     spec = StageSpec(name="recall", kind="recall_llm", depth=3, params={"llm_share": 0.5})

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from offline.metrics import per_user_metrics, rank_full, summarize
-from recall.config import RecallConfig
+from recall.config import EARLY_STOPPED_DIR, RecallConfig
+from recall.stage import RecallStage
 from recall.train import (
     MODEL_FILE,
     SPEC_FILE,
@@ -19,7 +20,9 @@ from recall.train import (
     deterministic_kernels,
     train_two_tower,
 )
-from tests.recall.two_tower_factories import successor_split, tiny_config
+from recsys.config import StageSpec
+from recsys.contract import Candidates, Request
+from tests.recall.two_tower_factories import successor_split, tiny_config, valid_only_split
 
 
 @pytest.fixture(scope="module")
@@ -200,3 +203,70 @@ def test_masking_the_history_takes_its_items_out_of_the_negatives(split, tmp_pat
         off = _batch_loss(*args, cfg.model_copy(update={"mask_history": False}), run.log_q,
                           torch.Generator().manual_seed(1), [])
     assert float(on) < float(off)
+
+
+NO_CHANNELS = {"covisit_channel": False, "item_model": "off"}
+
+
+def _top(stage: RecallStage, split, users: np.ndarray) -> float:
+    """Share of ``users`` whose test item ``stage`` ranks among its candidates (test-time history)."""
+    return float(np.mean([split.test[u] in stage.run(Request(user_id="u", history=split.history(int(u), "test")),
+                                                     Candidates.empty()).items for u in users]))
+
+
+def test_the_refit_learns_from_the_valid_items_and_the_valid_phase_keeps_the_early_stopped_model(tmp_path: Path):
+    split = valid_only_split()
+    split.save(tmp_path / "split")
+    report = train_two_tower(split, tmp_path / "recall", tiny_config(**NO_CHANNELS), progress=False)
+    assert report["refit"]["epochs"] == report["best_epoch"] and "test_early_stopped" in report
+    assert (tmp_path / "recall" / EARLY_STOPPED_DIR / SPEC_FILE).is_file()
+    spec = StageSpec(name="recall", kind="recall", depth=5)  # the ring successor r+1 stays first
+    config = RecallConfig(popularity_share=0.0, **NO_CHANNELS)
+    served, early = RecallStage(spec, config), RecallStage(spec, config)
+    served.load(tmp_path)
+    early.load(tmp_path, phase="valid")
+    assert served.version() != early.version()
+    # "after r comes N_r" is only in other users' valid items: the served (refit) model learnt it
+    new_item_users = np.flatnonzero(split.test >= 30)
+    assert len(new_item_users) == 24
+    assert _top(served, split, new_item_users) >= 0.75
+    assert _top(early, split, new_item_users) <= 0.25
+    # the early-stopped model is what a valid-phase load serves, with the valid-time popularity
+    np.testing.assert_array_equal(early.item_vectors(), np.load(tmp_path / "recall" / EARLY_STOPPED_DIR / VECTORS_FILE))
+    np.testing.assert_array_equal(early._popularity.popularity, split.item_popularity("valid"))
+    np.testing.assert_array_equal(served._popularity.popularity, split.item_popularity("test"))
+
+
+def test_without_the_refit_one_model_serves_both_phases_and_an_old_early_stopped_copy_goes(split, tmp_path: Path):
+    split.save(tmp_path / "split")
+    train_two_tower(split, tmp_path / "recall", tiny_config(max_epochs=5, **NO_CHANNELS), progress=False)
+    assert (tmp_path / "recall" / EARLY_STOPPED_DIR).is_dir()
+    report = train_two_tower(split, tmp_path / "recall", tiny_config(max_epochs=5, refit=False, **NO_CHANNELS),
+                             progress=False)
+    assert "refit" not in report and "test" in report
+    assert not (tmp_path / "recall" / EARLY_STOPPED_DIR).exists()
+    spec, config = StageSpec(name="recall", kind="recall", depth=5), RecallConfig(**NO_CHANNELS)
+    test, valid = RecallStage(spec, config), RecallStage(spec, config)
+    test.load(tmp_path)
+    valid.load(tmp_path, phase="valid")
+    assert test.version() == valid.version()
+
+
+def test_the_held_out_copy_is_never_refit(split, tmp_path: Path):
+    seqs = [s[:-1] for s in split.train_sequences]
+    targets = np.array([s[-1] for s in split.train_sequences])
+    report = train_two_tower(split, tmp_path, tiny_config(max_epochs=5, **NO_CHANNELS), sequences=seqs,
+                             early_stop_targets=targets, progress=False)
+    assert "refit" not in report and not (tmp_path / EARLY_STOPPED_DIR).exists()
+
+
+def test_the_refit_never_learns_a_new_item_of_the_cold_item_protocol(tmp_path: Path):
+    split = valid_only_split()
+    new = np.arange(30, split.n_items)
+    split.protocol = {**split.protocol, "cold_items": {"items": new.tolist()}}  # as jobs.cold_items marks them
+    split.save(tmp_path / "split")
+    train_two_tower(split, tmp_path / "recall", tiny_config(**NO_CHANNELS), progress=False)
+    served = RecallStage(StageSpec(name="recall", kind="recall", depth=5), RecallConfig(popularity_share=0.0,
+                                                                                        **NO_CHANNELS))
+    served.load(tmp_path)
+    assert _top(served, split, np.flatnonzero(np.isin(split.test, new))) <= 0.25  # N_r is content alone

@@ -52,3 +52,26 @@ def tiny_config(**overrides: object) -> RecallConfig:
 
 def successor_of(history: np.ndarray, n_items: int) -> int:
     return int((history[-1] + 1) % n_items)
+
+
+def valid_only_split(n_ring: int = 30, n_new: int = 6, per_new: int = 4, ring_users: int = 60) -> Split:
+    """A ring of ``n_ring`` items plus ``n_new`` new items N_r that only valid and test items hold.
+
+    For each r < n_new, ``per_new`` users go ``r-5 .. r`` then N_r (their *valid* item) then r+1,
+    and ``per_new`` others go ``r-6 .. r-1`` then r (valid) then N_r (*test*): "after r comes N_r"
+    is in no training sequence, only in the first group's valid items. A model that learnt from the
+    valid items (``RecallConfig.refit``) ranks N_r first for the second group; one that did not
+    has never trained on N_r at all. ``ring_users`` plain ring runs teach the ring itself.
+    """
+    seqs: list[list[str]] = [[f"i{(u + t) % n_ring}" for t in range(12)] for u in range(ring_users)]
+    for r in range(n_new):
+        run = [f"i{(r - 6 + t) % n_ring}" for t in range(7)]  # r-6 .. r
+        seqs += [run[1:] + [f"n{r}", f"i{(r + 1) % n_ring}"] for _ in range(per_new)]
+        seqs += [run + [f"n{r}"] for _ in range(per_new)]
+    rows = [(f"u{u}", item, 4.0, 1000 * u + t) for u, seq in enumerate(seqs) for t, item in enumerate(seq)]
+    inter = pd.DataFrame(rows, columns=["user_id", "item_id", "rating", "timestamp"])
+    ids = [f"i{i}" for i in range(n_ring)] + [f"n{r}" for r in range(n_new)]
+    items = pd.DataFrame({"item_id": ids, "title": [f"Film {i}" for i in ids],
+                          "categories": [[GENRES[k % 3]] for k in range(len(ids))]})
+    users = pd.DataFrame({"user_id": [f"u{u}" for u in range(len(seqs))]})
+    return make_split(Dataset(name="valid-only", interactions=inter, items=items, users=users), k_core=5)
