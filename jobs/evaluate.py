@@ -48,7 +48,7 @@ def list_lengths(settings: Settings, artifact_dir: Path, split: Split, ks: list[
                  progress: bool = True) -> dict[str, Any]:
     """For each ``k``: every user's request through the served pipeline; complete, short and empty
     lists, why they are short, and how many served items came from backfill (``recsys bench lists``)."""
-    pipeline = build_pipeline(settings, artifact_dir)
+    pipeline = build_pipeline(settings, artifact_dir, phase=phase)
     out: dict[str, Any] = {"dataset": split.name, "phase": phase, "users": split.n_users, "k": {}}
     for k in ks:
         served, backfilled = np.zeros(split.n_users, dtype=np.int64), 0

@@ -216,23 +216,24 @@ def _setup(
     )
 
 
-def _fit(run: _Run, config: RecallConfig, seed: int, t0: float, progress: bool, epochs: int | None = None
-         ) -> dict[str, Any]:
+def _fit(run: _Run, config: RecallConfig, seed: int, t0: float, progress: bool, epochs: int | None = None,
+         max_logits: float | None = None) -> dict[str, Any]:
     """The epoch loop with early stopping; leaves the best evaluated weights in the towers.
 
-    With ``epochs`` (the refit) it trains exactly that many, evaluates nothing and keeps the last
-    weights; the logit budget does not apply (the epoch count came from a fit it bounded), the
-    wall-clock cap does."""
+    With ``epochs`` (the refit) it trains that many, evaluates nothing and keeps the last weights;
+    ``max_logits`` then replaces ``config.max_train_logits`` as the budget (the refit's share of what the
+    early-stopped fit had spent at its best evaluation). The wall-clock cap holds either way."""
     params = list(run.item_tower.parameters()) + list(run.user_tower.parameters())
     opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     x_all, y_all, owner, start = training_windows(run.seqs, config.max_len)
     gen, rng = torch.Generator().manual_seed(seed), np.random.default_rng(seed)
     best: dict[str, Any] = {"valid": {"ndcg@10": -1.0}, "best_epoch": 0, "state": None}
     history: list[dict[str, Any]] = []
-    bad_evals, epoch, out_of_time, out_of_budget, steps, logits = 0, 0, False, False, 0, 0
+    bad_evals, epoch, out_of_time, out_of_budget, steps, logits, cut_short = 0, 0, False, False, 0, 0, False
     scored = len(run.item_tower.known) if run.log_q is None else 1 + config.n_negatives  # items per target position
     positions = (y_all >= 0).sum(axis=1)  # target positions per window
-    budget = float("inf") if config.max_train_logits is None or epochs else config.max_train_logits
+    budget = max_logits if epochs else config.max_train_logits
+    budget = float("inf") if budget is None else budget
     last = epochs or config.max_epochs
     bar = tqdm(range(1, last + 1), desc="two-tower refit" if epochs else "two-tower", disable=not progress)
     for epoch in bar:
@@ -255,10 +256,11 @@ def _fit(run: _Run, config: RecallConfig, seed: int, t0: float, progress: bool, 
             out_of_budget = logits >= budget
             out_of_time = time.perf_counter() - t0 > config.max_train_s
             if out_of_budget or out_of_time:
+                cut_short = s + config.batch_size < len(order) or epoch < last
                 break  # within the epoch: one epoch over millions of windows can outlast the budget many times
         if epochs:  # the refit: no held-out target to evaluate on
             bar.set_postfix(loss=round(float(np.mean(losses)), 4))
-            if out_of_time:
+            if out_of_budget or out_of_time:
                 break
             continue
         if epoch % config.eval_every and epoch != config.max_epochs and not (out_of_budget or out_of_time):
@@ -269,18 +271,21 @@ def _fit(run: _Run, config: RecallConfig, seed: int, t0: float, progress: bool, 
         bar.set_postfix(loss=history[-1]["loss"], ndcg10=metrics["ndcg@10"])
         if metrics["ndcg@10"] > best["valid"]["ndcg@10"]:
             state = copy.deepcopy((run.item_tower.state_dict(), run.user_tower.state_dict()))
-            best, bad_evals = {"valid": metrics, "best_epoch": epoch, "state": state}, 0
+            best, bad_evals = {"valid": metrics, "best_epoch": epoch, "state": state, "logits": logits}, 0
         else:
             bad_evals += 1
         if bad_evals >= config.patience or out_of_budget or out_of_time:
             break
     bar.close()
     if epochs:
-        return {"epochs": epoch, "n_windows": len(x_all), "steps": steps, "logits": logits, "out_of_time": out_of_time}
+        # the budget reached at the last step of the last epoch is the refit done, not cut
+        return {"epochs": epoch, "n_windows": len(x_all), "steps": steps, "logits": logits,
+                "out_of_budget": out_of_budget and cut_short, "out_of_time": out_of_time and not out_of_budget}
     run.item_tower.load_state_dict(best["state"][0])
     run.user_tower.load_state_dict(best["state"][1])
     return {"epochs": epoch, "best_epoch": best["best_epoch"], "n_windows": len(x_all), "steps": steps,
-            "logits": logits, "out_of_budget": out_of_budget, "out_of_time": out_of_time and not out_of_budget,
+            "logits": logits, "best_logits": best["logits"], "positions": int(positions.sum()),
+            "out_of_budget": out_of_budget, "out_of_time": out_of_time and not out_of_budget,
             "loss": "full" if run.log_q is None else "sampled", "valid": best["valid"], "history": history}
 
 
@@ -372,8 +377,12 @@ def _refit(split: Split, out_dir: Path, config: RecallConfig, fitted: dict[str, 
     sequences = [split.history(u, "test") if learnt[u] else split.train_sequences[u] for u in range(split.n_users)]
     torch.manual_seed(seed)
     run = _setup(split, out_dir / TEXT_CACHE_DIR, config, sequences, np.full(split.n_users, -1), progress, seed)
+    positions = sum(len(s) for s in sequences)  # target positions: every item (the first after BOS)
+    # the same logits per target position as the early-stopped fit had spent at its best evaluation: a fit
+    # the budget cut inside an epoch (large data) is not refit for whole epochs
+    budget = fitted["best_logits"] * positions / max(fitted["positions"], 1)
     with deterministic_kernels():
-        report = _fit(run, config, seed, t0, progress, epochs=max(int(fitted["best_epoch"]), 1))
+        report = _fit(run, config, seed, t0, progress, epochs=max(int(fitted["best_epoch"]), 1), max_logits=budget)
     report["test"] = run.evaluate(*_test_targets(split, config, seed))
     report["train_s"] = round(time.perf_counter() - t0, 1)
     save_artifacts(out_dir, run.item_tower, run.user_tower, run.item_vectors(), run.vocab, config,

@@ -270,3 +270,19 @@ def test_the_refit_never_learns_a_new_item_of_the_cold_item_protocol(tmp_path: P
                                                                                         **NO_CHANNELS))
     served.load(tmp_path)
     assert _top(served, split, np.flatnonzero(np.isin(split.test, new))) <= 0.25  # N_r is content alone
+
+
+def test_a_fit_the_budget_cut_inside_an_epoch_is_refit_for_the_same_logits_per_target(split, tmp_path: Path):
+    # at scale the budget stops a fit part-way through its first epoch: the refit must not run whole epochs
+    n_items = split.n_items
+    cfg = tiny_config(max_train_logits=3 * 32 * 8 * n_items, max_epochs=50, eval_every=1, batch_size=32, **NO_CHANNELS)
+    report = train_two_tower(split, tmp_path, cfg, progress=False)
+    assert report["out_of_budget"] and report["best_epoch"] == report["epochs"] == 1 and report["steps"] < 32
+    refit = report["refit"]
+    assert refit["out_of_budget"] and refit["epochs"] == 1 and refit["steps"] < refit["n_windows"] / 32
+    budget = report["best_logits"] * (report["positions"] + split.n_users) / report["positions"]
+    assert budget <= refit["logits"] < budget + 32 * 8 * n_items  # one step past, as the fit's own budget
+    # one that early stopping ended: the refit runs the best epoch count whole, never "cut" by the budget
+    whole = train_two_tower(split, tmp_path / "whole", tiny_config(max_epochs=4, eval_every=2, **NO_CHANNELS),
+                            progress=False)
+    assert whole["refit"]["epochs"] == whole["best_epoch"] and not whole["refit"]["out_of_budget"]
