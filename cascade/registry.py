@@ -180,7 +180,8 @@ def config_id(settings: Settings, stage: str) -> str:
     config: Any
     if stage in ("recall", "recall_holdout"):
         depth = recall_depth(settings)
-        config = {**recall_config(settings).model_dump(mode="json"),
+        config = {**recall_config(settings).model_dump(mode="json", exclude={"refit"} if stage == "recall_holdout"
+                                                       else None),
                   **({"stage_depth": depth} if depth != DEFAULT_DEPTH else {})}
     else:
         section = getattr(settings, stage, None)

@@ -143,7 +143,7 @@ def measure_cold(settings: Settings, cold_dir: Path, cold: Split, *, phase: str 
     ``candidates:<stage>`` (1 when the target was among the candidates it received), for paired CIs
     between pipelines (``jobs.cold_sources``). ``users`` (ascending user indices) measures only those
     users' requests, for a pipeline too slow to run every user (the LLM path, ``jobs.cold_sources``)."""
-    pipeline = memoised(build_pipeline(settings, cold_dir))
+    pipeline = memoised(build_pipeline(settings, cold_dir, phase=phase))  # type: ignore[arg-type]
     targets = cold.targets(phase)  # type: ignore[arg-type]
     requests, measured = None, None
     if users is not None:

@@ -256,6 +256,8 @@ def train_stages(
                 and meta.get("upstream", upstream) == upstream):  # stage.json before session 9: no record
             report[stage] = {"reused": True, **meta.get("report", {})}
             continue
+        # an interrupted retrain must not leave the old completion marker vouching for half-new files
+        (stage_dir / "stage.json").unlink(missing_ok=True)
         t0 = time.perf_counter()
         rep = _TRAINERS[stage](settings, artifact_dir, split, progress)
         rep["seconds"] = round(time.perf_counter() - t0, 2)
@@ -283,14 +285,14 @@ def training_warnings(settings: Settings, report: dict[str, Any]) -> list[str]:
             out.append(f"{stage}: the wall-clock cap recall.max_train_s ({recall.max_train_s:g} s) stopped the "
                        f"two-tower at epoch {rep.get('epochs')}, before its logit budget; the result depends on this "
                        "machine's speed and load (raise recall.max_train_s for a reproducible model)")
-        elif (rep.get("refit") or {}).get("out_of_time"):
-            out.append(f"{stage}: the wall-clock cap recall.max_train_s ({recall.max_train_s:g} s) stopped the refit "
-                       f"at epoch {rep['refit'].get('epochs')} of {rep.get('best_epoch')}; the served model depends on "
-                       "this machine's speed and load (raise recall.max_train_s for a reproducible model)")
         elif rep.get("out_of_budget") and rep.get("best_epoch") == rep.get("epochs"):
             out.append(f"{stage}: the logit budget recall.max_train_logits ({recall.max_train_logits:g}) stopped the "
                        f"two-tower at epoch {rep.get('epochs')} while it was still improving (raise it for a "
                        "converged model)")
+        if (rep.get("refit") or {}).get("out_of_time"):  # the refit has its own clock (recall.train._refit)
+            out.append(f"{stage}: the wall-clock cap recall.max_train_s ({recall.max_train_s:g} s) stopped the refit "
+                       f"at epoch {rep['refit'].get('epochs')} of {rep.get('best_epoch')}; the served model depends on "
+                       "this machine's speed and load (raise recall.max_train_s for a reproducible model)")
     return out
 
 

@@ -74,10 +74,19 @@ class RecallStage:
         """
         root = Path(artifact_dir)
         model_dir = root / subdir
-        if phase == "valid" and (model_dir / EARLY_STOPPED_DIR).is_dir():
-            model_dir = model_dir / EARLY_STOPPED_DIR
         _check_trained(model_dir)  # the missing model is the error to name, before the split
+        refit_of = _refit_of(model_dir) if phase == "valid" else None
+        if refit_of is not None:
+            model_dir = model_dir / EARLY_STOPPED_DIR
+            if not _is_trained(model_dir):
+                raise FileNotFoundError(f"{model_dir}: the recall model in {model_dir.parent} is a refit (recall.refit) "
+                                        "and the valid phase reads its early-stopped copy here, which is missing; "
+                                        "retrain recall (`recsys train recall --force`)")
         self.load_from(model_dir, Split.load(root / "split").item_popularity(phase))
+        if refit_of is not None and self._version != refit_of:
+            raise ValueError(f"{model_dir}: this early-stopped model ({self._version}) is not the one the served refit "
+                             f"model was trained after ({refit_of}): a retrain was interrupted between the two; "
+                             "retrain recall (`recsys train recall --force`)")
 
     def load_from(self, recall_dir: Path, popularity: np.ndarray) -> None:
         """``load`` from one trained directory and given popularity counts per item, no split on disk:
@@ -198,8 +207,22 @@ class RecallStage:
         return h[(h >= 0) & (h < self.n_items)]
 
 
+def _is_trained(recall_dir: Path) -> bool:
+    from recall.train import SPEC_FILE  # lazy: imports torch
+
+    return (recall_dir / SPEC_FILE).is_file()
+
+
 def _check_trained(recall_dir: Path) -> None:
     from recall.train import SPEC_FILE  # lazy: imports torch
 
     if not (recall_dir / SPEC_FILE).is_file():
         raise FileNotFoundError(f"{recall_dir / SPEC_FILE}: no trained recall model here (run training first)")
+
+
+def _refit_of(recall_dir: Path) -> str | None:
+    """The early-stopped version a refit model in ``recall_dir`` was trained after (None: not a refit)."""
+    from recall.train import SPEC_FILE  # lazy: imports torch
+
+    spec = json.loads((recall_dir / SPEC_FILE).read_text())
+    return spec.get("refit_of") if isinstance(spec, dict) else None

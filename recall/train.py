@@ -80,6 +80,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import hashlib
 import json
 import os
 import shutil
@@ -280,7 +281,7 @@ def _fit(run: _Run, config: RecallConfig, seed: int, t0: float, progress: bool, 
     if epochs:
         # the budget reached at the last step of the last epoch is the refit done, not cut
         return {"epochs": epoch, "n_windows": len(x_all), "steps": steps, "logits": logits,
-                "out_of_budget": out_of_budget and cut_short, "out_of_time": out_of_time and not out_of_budget}
+                "out_of_budget": out_of_budget and cut_short, "out_of_time": out_of_time and cut_short and not out_of_budget}
     run.item_tower.load_state_dict(best["state"][0])
     run.user_tower.load_state_dict(best["state"][1])
     return {"epochs": epoch, "best_epoch": best["best_epoch"], "n_windows": len(x_all), "steps": steps,
@@ -346,6 +347,7 @@ def train_two_tower(
         report["channels"]["seconds"] = round(time.perf_counter() - t1, 1)
         (fit_dir / REPORT_FILE).write_text(json.dumps(report, indent=2))
     if refit:
+        del run  # the early-stopped towers and data are on disk: not held through a second fit
         report["test_early_stopped"] = report.pop("test")
         report["refit"] = _refit(split, out_dir, config, report, progress, seed)
         report["test"] = report["refit"].pop("test")
@@ -385,8 +387,9 @@ def _refit(split: Split, out_dir: Path, config: RecallConfig, fitted: dict[str, 
         report = _fit(run, config, seed, t0, progress, epochs=max(int(fitted["best_epoch"]), 1), max_logits=budget)
     report["test"] = run.evaluate(*_test_targets(split, config, seed))
     report["train_s"] = round(time.perf_counter() - t0, 1)
+    early = hashlib.sha256((out_dir / EARLY_STOPPED_DIR / MODEL_FILE).read_bytes()).hexdigest()[:12]
     save_artifacts(out_dir, run.item_tower, run.user_tower, run.item_vectors(), run.vocab, config,
-                   {**fitted, "refit": report})
+                   {**fitted, "refit": report}, refit_of=early)
     if config.extra_channels:
         report["channels"] = refit_channels(out_dir, out_dir / EARLY_STOPPED_DIR, sequences, config)
     return report
@@ -394,16 +397,20 @@ def _refit(split: Split, out_dir: Path, config: RecallConfig, fitted: dict[str, 
 
 def save_artifacts(
     out_dir: Path, item_tower: ItemTower, user_tower: UserTower, item_vectors: np.ndarray,
-    vocab: UserVocab, config: RecallConfig, report: dict[str, Any],
+    vocab: UserVocab, config: RecallConfig, report: dict[str, Any], refit_of: str | None = None,
 ) -> None:
-    """Write the model, spec, item vectors, faiss index and report; ``model.json`` last."""
+    """Write the model, spec, item vectors, faiss index and report; ``model.json`` last.
+
+    ``refit_of`` (a refit model): the version of the early-stopped copy it was trained after, which
+    ``model.json`` records so a valid-phase load finds that copy or refuses (``RecallStage.load``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write(out_dir / MODEL_FILE, lambda fh: torch.save(
         {"item_tower": item_tower.state_dict(), "user_tower": user_tower.state_dict()}, fh))
     atomic_write(out_dir / VECTORS_FILE, lambda fh: np.save(fh, item_vectors.astype(np.float32)))
     ItemIndex.build(item_vectors, kind=config.index).save(out_dir / INDEX_DIR)
     (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2))
-    spec = {"config": config.model_dump(), "n_items": len(item_vectors), "user_vocab": vocab.to_json()}
+    spec = {"config": config.model_dump(), "n_items": len(item_vectors), "user_vocab": vocab.to_json(),
+            **({"refit_of": refit_of} if refit_of else {})}
     atomic_write_json(out_dir / SPEC_FILE, spec)
 
 

@@ -127,7 +127,8 @@ def paired_differences(a: dict[str, np.ndarray], b: dict[str, np.ndarray], *, n_
     return out
 
 
-def checked_pipeline(settings: Settings, artifact_dir: Path, name: str) -> tuple[Pipeline, list[str]]:
+def checked_pipeline(settings: Settings, artifact_dir: Path, name: str, phase: Phase = "test"
+                     ) -> tuple[Pipeline, list[str]]:
     """The loaded pipeline of ``settings`` on ``artifact_dir`` and its warnings, after serving's checks:
     ``StaleArtifacts`` when a stage was trained on another split, a warning naming the recall/coarse
     stages trained under other settings than these (measured as trained)."""
@@ -138,7 +139,7 @@ def checked_pipeline(settings: Settings, artifact_dir: Path, name: str) -> tuple
                         f"{name}'s config (a recall depth, params or section, or a coarse setting, differs); "
                         f"they are measured as trained, not as {name} would train them: train {name}'s config "
                         "into its own artifact directory (`recsys ab offline --artifacts-b`)")
-    return build_pipeline(settings, artifact_dir), warnings
+    return build_pipeline(settings, artifact_dir, phase=phase), warnings
 
 
 def list_warnings(name: str, lists: dict[str, Any]) -> list[str]:
@@ -165,7 +166,7 @@ def compare_offline(
         check_same_split(art_a, art_b)  # names what differs, e.g. catalog listed vs interacted
     pipelines, warnings = {}, []
     for name, settings, art in ((names[0], settings_a, art_a), (names[1], settings_b, art_b)):
-        pipelines[name], stale = checked_pipeline(settings, art, name)
+        pipelines[name], stale = checked_pipeline(settings, art, name, phase)
         warnings += stale
     runs = {name: measure_variant(pipeline, split, phase, progress) for name, pipeline in pipelines.items()}
     a, b = (runs[n]["per_user"] for n in names)

@@ -115,3 +115,11 @@ def test_serving_names_stages_trained_under_other_settings(tmp_path: Path) -> No
     assert trained_under_other_settings(Settings.build({"pipeline": {"stages": stages}}), tmp_path) == []
     (tmp_path / "coarse" / "stage.json").write_text("{}")  # older artifacts: nothing recorded, nothing said
     assert trained_under_other_settings(Settings.build({"coarse": {"n_estimators": 7}}), tmp_path) == []
+
+
+def test_the_refit_switch_retrains_the_served_recall_model_only() -> None:
+    from cascade.registry import config_id
+
+    on, off = Settings.build({}), Settings.build({"recall": {"refit": False}})
+    assert config_id(on, "recall") != config_id(off, "recall")
+    assert config_id(on, "recall_holdout") == config_id(off, "recall_holdout")  # never refit (recall.train)

@@ -93,7 +93,7 @@ def test_cold_slices_report_candidate_recall_of_the_stages_that_ran_keyed_by_dep
     lists["llm"] = lists["coarse"]
     run = {"tops": {s: np.full((n, 10), -1, dtype=np.int64) for s in (*SCORED, "final")}, "candidates": lists,
            "status": {"recall": {"ok": n}, "coarse": {"ok": n}, "llm": {"skipped": n}, "rules": {"ok": n}}}
-    monkeypatch.setattr(jobs.cold_items, "build_pipeline", lambda settings, directory: None)
+    monkeypatch.setattr(jobs.cold_items, "build_pipeline", lambda settings, directory, phase: None)
     monkeypatch.setattr(jobs.cold_items, "memoised", lambda pipeline: pipeline)
     monkeypatch.setattr(jobs.cold_items, "run_cascade", lambda *args, **kwargs: run)
     per_user: dict = {}

@@ -7,8 +7,8 @@ import pytest
 
 from cascade.registry import build_pipeline
 from cascade.settings import Settings
-from jobs.fusion_gate import gate_pipeline
 from jobs.evaluate import evaluate_pipeline
+from jobs.fusion_gate import gate_pipeline
 from jobs.train import DEFAULT_STAGES, holdout_sequences, prepare, train_stages, training_warnings
 from recall.config import EARLY_STOPPED_DIR
 from recsys.pipeline import SHORT_EXHAUSTED, SHORT_RULES, Pipeline

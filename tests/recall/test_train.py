@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -286,3 +287,21 @@ def test_a_fit_the_budget_cut_inside_an_epoch_is_refit_for_the_same_logits_per_t
     whole = train_two_tower(split, tmp_path / "whole", tiny_config(max_epochs=4, eval_every=2, **NO_CHANNELS),
                             progress=False)
     assert whole["refit"]["epochs"] == whole["best_epoch"] and not whole["refit"]["out_of_budget"]
+
+
+def test_a_valid_phase_load_refuses_a_refit_whose_early_stopped_copy_is_missing_or_another_runs(
+        split, tmp_path: Path):
+    split.save(tmp_path / "split")
+    config = tiny_config(max_epochs=4, eval_every=2, **NO_CHANNELS)
+    train_two_tower(split, tmp_path / "recall", config, progress=False, seed=1)
+    spec, serve = StageSpec(name="recall", kind="recall", depth=5), RecallConfig(**NO_CHANNELS)
+    early = tmp_path / "recall" / EARLY_STOPPED_DIR
+    # a retrain interrupted after its early-stopped fit: a new copy beside the old served model
+    train_two_tower(split, tmp_path / "other", config, progress=False, seed=2)
+    (early / MODEL_FILE).write_bytes((tmp_path / "other" / EARLY_STOPPED_DIR / MODEL_FILE).read_bytes())
+    with pytest.raises(ValueError, match="not the one the served refit model was trained after"):
+        RecallStage(spec, serve).load(tmp_path, phase="valid")
+    shutil.rmtree(early)  # copied without its subdirectories, or deleted by hand
+    with pytest.raises(FileNotFoundError, match="is a refit .* early-stopped copy here, which is missing"):
+        RecallStage(spec, serve).load(tmp_path, phase="valid")
+    RecallStage(spec, serve).load(tmp_path)  # serving needs only the refit model
