@@ -37,7 +37,7 @@ mask. On ML-100K, 3 seeds paired: two-tower NDCG@10 0.1059 -> 0.1196 (+0.0137 +-
 candidate recall@200 0.8303 -> 0.8360 (+0.0057 +- 0.0016); coarse NDCG@10 +0.0029 +- 0.0035 and
 coarse@50 -0.0138 +- 0.0080 (``reports/h18_seeds_ml100k_mask_history.json``).
 
-Refit (``RecallConfig.refit``, on by default): once early stopping on the valid items has chosen
+Refit (``RecallConfig.refit``, off by default): once early stopping on the valid items has chosen
 the epoch count, the served model is trained again from scratch, same seed, on each user's
 training sequence *plus its valid item* for that many epochs, and the extra channels are refitted
 on those sequences (their shares stay the ones gated with the early-stopped model). The valid item
@@ -46,10 +46,13 @@ model learnt from it (it was the early-stopping target). The early-stopped model
 ``recall/early_stopped/``: the jobs that tune or measure on valid items load it
 (``RecallStage.load(phase="valid")``, ``cascade.registry.build_pipeline(phase=...)``), since the
 served one has learnt those items. The held-out copy (``recall_holdout``, given ``sequences``) is
-never refit: it would learn the coarse ranker's labels. On ML-100K, seeds 42-44 (probe at the
-served merge; the full cascade is in the README): candidate recall@200 0.8360 -> 0.8409 (+0.0064,
-+0.0074, +0.0011), co-visitation's own 0.7731 -> 0.7752, EASE's 0.7487 -> 0.7572, two-tower
-NDCG@10 0.1196 -> 0.1219; the refit takes 130-240 s on top of a 195-260 s fit.
+never refit: it would learn the coarse ranker's labels. On ML-100K, seeds 42-44
+(``reports/h18_refit_probe_session24_ml100k.json``, the served merge): candidate recall@200
+0.8360 -> 0.8409 (+0.0064, +0.0074, +0.0011), co-visitation's own 0.7731 -> 0.7752, EASE's
+0.7487 -> 0.7572, two-tower NDCG@10 0.1196 -> 0.1219; the refit takes 130-240 s on top of a
+195-260 s fit. But the coarse ranker, trained on ``recall_holdout``'s candidates, ranks the refit's
+candidates worse on every seed (``reports/h18_seeds_ml100k_refit.json``, paired against the
+early-stopped model served with the same coarse model; README, Results), so it is off by default.
 
 Artifacts in ``out_dir`` (the per-dataset ``recall/`` directory): ``model.pt`` (both towers'
 state dicts), ``model.json`` (config + vocabularies), ``item_vectors.npy``, ``index/`` (faiss,

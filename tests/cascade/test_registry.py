@@ -120,6 +120,6 @@ def test_serving_names_stages_trained_under_other_settings(tmp_path: Path) -> No
 def test_the_refit_switch_retrains_the_served_recall_model_only() -> None:
     from cascade.registry import config_id
 
-    on, off = Settings.build({}), Settings.build({"recall": {"refit": False}})
+    on, off = Settings.build({"recall": {"refit": True}}), Settings.build({})
     assert config_id(on, "recall") != config_id(off, "recall")
     assert config_id(on, "recall_holdout") == config_id(off, "recall_holdout")  # never refit (recall.train)

@@ -22,7 +22,7 @@ TINY = {
 
 @pytest.mark.slow
 def test_tiny_cascade_trains_evaluates_and_is_reused(tmp_path: Path):
-    settings = Settings.build(TINY)
+    settings = Settings.build({**TINY, "recall": {**TINY["recall"], "refit": True}})
     art = tmp_path / "synthetic"
     split = prepare(None, art, n_users=60, n_items=120, seed=3)
     report = train_stages(settings, art, split)

@@ -34,7 +34,8 @@ def trained(tmp_path_factory) -> tuple[Path, object, dict]:
     split = successor_split()
     root = tmp_path_factory.mktemp("art")
     split.save(root / "split")
-    report = train_two_tower(split, root / "recall", tiny_config(max_epochs=5, **ON), progress=False, depth=DEPTH)
+    report = train_two_tower(split, root / "recall", tiny_config(max_epochs=5, refit=True, **ON), progress=False,
+                             depth=DEPTH)
     return root, split, report
 
 

@@ -207,6 +207,7 @@ def test_masking_the_history_takes_its_items_out_of_the_negatives(split, tmp_pat
 
 
 NO_CHANNELS = {"covisit_channel": False, "item_model": "off"}
+REFIT = {"refit": True, **NO_CHANNELS}  # recall.refit is off by default
 
 
 def _top(stage: RecallStage, split, users: np.ndarray) -> float:
@@ -218,7 +219,7 @@ def _top(stage: RecallStage, split, users: np.ndarray) -> float:
 def test_the_refit_learns_from_the_valid_items_and_the_valid_phase_keeps_the_early_stopped_model(tmp_path: Path):
     split = valid_only_split()
     split.save(tmp_path / "split")
-    report = train_two_tower(split, tmp_path / "recall", tiny_config(**NO_CHANNELS), progress=False)
+    report = train_two_tower(split, tmp_path / "recall", tiny_config(**REFIT), progress=False)
     assert report["refit"]["epochs"] == report["best_epoch"] and "test_early_stopped" in report
     assert (tmp_path / "recall" / EARLY_STOPPED_DIR / SPEC_FILE).is_file()
     spec = StageSpec(name="recall", kind="recall", depth=5)  # the ring successor r+1 stays first
@@ -240,9 +241,9 @@ def test_the_refit_learns_from_the_valid_items_and_the_valid_phase_keeps_the_ear
 
 def test_without_the_refit_one_model_serves_both_phases_and_an_old_early_stopped_copy_goes(split, tmp_path: Path):
     split.save(tmp_path / "split")
-    train_two_tower(split, tmp_path / "recall", tiny_config(max_epochs=5, **NO_CHANNELS), progress=False)
+    train_two_tower(split, tmp_path / "recall", tiny_config(max_epochs=5, **REFIT), progress=False)
     assert (tmp_path / "recall" / EARLY_STOPPED_DIR).is_dir()
-    report = train_two_tower(split, tmp_path / "recall", tiny_config(max_epochs=5, refit=False, **NO_CHANNELS),
+    report = train_two_tower(split, tmp_path / "recall", tiny_config(max_epochs=5, **NO_CHANNELS),
                              progress=False)
     assert "refit" not in report and "test" in report
     assert not (tmp_path / "recall" / EARLY_STOPPED_DIR).exists()
@@ -256,7 +257,7 @@ def test_without_the_refit_one_model_serves_both_phases_and_an_old_early_stopped
 def test_the_held_out_copy_is_never_refit(split, tmp_path: Path):
     seqs = [s[:-1] for s in split.train_sequences]
     targets = np.array([s[-1] for s in split.train_sequences])
-    report = train_two_tower(split, tmp_path, tiny_config(max_epochs=5, **NO_CHANNELS), sequences=seqs,
+    report = train_two_tower(split, tmp_path, tiny_config(max_epochs=5, **REFIT), sequences=seqs,
                              early_stop_targets=targets, progress=False)
     assert "refit" not in report and not (tmp_path / EARLY_STOPPED_DIR).exists()
 
@@ -266,7 +267,7 @@ def test_the_refit_never_learns_a_new_item_of_the_cold_item_protocol(tmp_path: P
     new = np.arange(30, split.n_items)
     split.protocol = {**split.protocol, "cold_items": {"items": new.tolist()}}  # as jobs.cold_items marks them
     split.save(tmp_path / "split")
-    train_two_tower(split, tmp_path / "recall", tiny_config(**NO_CHANNELS), progress=False)
+    train_two_tower(split, tmp_path / "recall", tiny_config(**REFIT), progress=False)
     served = RecallStage(StageSpec(name="recall", kind="recall", depth=5), RecallConfig(popularity_share=0.0,
                                                                                         **NO_CHANNELS))
     served.load(tmp_path)
@@ -276,7 +277,7 @@ def test_the_refit_never_learns_a_new_item_of_the_cold_item_protocol(tmp_path: P
 def test_a_fit_the_budget_cut_inside_an_epoch_is_refit_for_the_same_logits_per_target(split, tmp_path: Path):
     # at scale the budget stops a fit part-way through its first epoch: the refit must not run whole epochs
     n_items = split.n_items
-    cfg = tiny_config(max_train_logits=3 * 32 * 8 * n_items, max_epochs=50, eval_every=1, batch_size=32, **NO_CHANNELS)
+    cfg = tiny_config(max_train_logits=3 * 32 * 8 * n_items, max_epochs=50, eval_every=1, batch_size=32, **REFIT)
     report = train_two_tower(split, tmp_path, cfg, progress=False)
     assert report["out_of_budget"] and report["best_epoch"] == report["epochs"] == 1 and report["steps"] < 32
     refit = report["refit"]
@@ -284,7 +285,7 @@ def test_a_fit_the_budget_cut_inside_an_epoch_is_refit_for_the_same_logits_per_t
     budget = report["best_logits"] * (report["positions"] + split.n_users) / report["positions"]
     assert budget <= refit["logits"] < budget + 32 * 8 * n_items  # one step past, as the fit's own budget
     # one that early stopping ended: the refit runs the best epoch count whole, never "cut" by the budget
-    whole = train_two_tower(split, tmp_path / "whole", tiny_config(max_epochs=4, eval_every=2, **NO_CHANNELS),
+    whole = train_two_tower(split, tmp_path / "whole", tiny_config(max_epochs=4, eval_every=2, **REFIT),
                             progress=False)
     assert whole["refit"]["epochs"] == whole["best_epoch"] and not whole["refit"]["out_of_budget"]
 
@@ -292,7 +293,7 @@ def test_a_fit_the_budget_cut_inside_an_epoch_is_refit_for_the_same_logits_per_t
 def test_a_valid_phase_load_refuses_a_refit_whose_early_stopped_copy_is_missing_or_another_runs(
         split, tmp_path: Path):
     split.save(tmp_path / "split")
-    config = tiny_config(max_epochs=4, eval_every=2, **NO_CHANNELS)
+    config = tiny_config(max_epochs=4, eval_every=2, **REFIT)
     train_two_tower(split, tmp_path / "recall", config, progress=False, seed=1)
     spec, serve = StageSpec(name="recall", kind="recall", depth=5), RecallConfig(**NO_CHANNELS)
     early = tmp_path / "recall" / EARLY_STOPPED_DIR
