@@ -82,7 +82,7 @@ class RecallConfig(BaseModel):
         "repeat of an earlier item stays a target. On ML-100K, 3 seeds: two-tower NDCG@10 +0.014, "
         "candidate recall@200 +0.006.")
     # Off by default: on ML-100K (3 seeds, recall.train's module doc, Refit) it lifts candidate recall@200
-    # +0.005 (every seed) but costs the coarse ranker's NDCG@10 on every seed, and coarse is what is served.
+    # +0.005 and coarse@50 +0.007 (every seed) but not the served coarse NDCG@10 (-0.0017 +- 0.0037).
     refit: bool = Field(
         False, description="After early stopping on the valid items, train the served two-tower again from scratch "
         "on each user's training sequence plus its valid item, for the best epoch count, and refit the extra "
