@@ -214,9 +214,9 @@ def _is_trained(recall_dir: Path) -> bool:
 
 
 def _check_trained(recall_dir: Path) -> None:
-    from recall.train import SPEC_FILE  # lazy: imports torch
+    if not _is_trained(recall_dir):
+        from recall.train import SPEC_FILE  # lazy: imports torch
 
-    if not (recall_dir / SPEC_FILE).is_file():
         raise FileNotFoundError(f"{recall_dir / SPEC_FILE}: no trained recall model here (run training first)")
 
 

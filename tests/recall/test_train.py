@@ -12,13 +12,12 @@ import pytest
 
 from offline.metrics import per_user_metrics, rank_full, summarize
 from recall.config import EARLY_STOPPED_DIR, RecallConfig
+from recall.fit import Run
 from recall.stage import RecallStage
 from recall.train import (
     MODEL_FILE,
     SPEC_FILE,
     VECTORS_FILE,
-    _Run,
-    deterministic_kernels,
     train_two_tower,
 )
 from recsys.config import StageSpec
@@ -75,22 +74,6 @@ def test_same_seed_same_model_on_two_threads(tmp_path: Path):
     a, b, c = (np.load(tmp_path / d / VECTORS_FILE) for d in "abc")
     np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(a, c)
-
-
-def test_deterministic_kernels_are_scoped_to_the_fit():
-    import torch
-
-    assert not torch.are_deterministic_algorithms_enabled()
-    with deterministic_kernels():
-        assert torch.are_deterministic_algorithms_enabled()
-    assert not torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
-        with deterministic_kernels():
-            pass
-        assert torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled()
-    finally:
-        torch.use_deterministic_algorithms(False)
 
 
 def test_explicit_sequences_and_targets(split, tmp_path: Path):
@@ -164,7 +147,7 @@ def test_the_default_patience_rides_out_a_plateau_and_keeps_the_later_best(split
     # epoch ~60; a patience of 3 stopped the seed-42 fit on that plateau. A scripted valid curve of that shape
     # (peak at epoch 2, five evaluations below it, the real best at epoch 8, flat after):
     curve = [0.05, 0.10, 0.09, 0.095, 0.098, 0.097, 0.099, 0.12] + [0.11] * 30
-    real = _Run.evaluate
+    real = Run.evaluate
 
     def fit(patience: int, where: str) -> dict:
         values = iter(curve)
@@ -173,7 +156,7 @@ def test_the_default_patience_rides_out_a_plateau_and_keeps_the_later_best(split
             out = real(self, histories, targets)
             return {**out, "ndcg@10": next(values)} if targets is self.targets else out
 
-        monkeypatch.setattr(_Run, "evaluate", scripted)
+        monkeypatch.setattr(Run, "evaluate", scripted)
         return train_two_tower(split, tmp_path / where, tiny_config(eval_every=1, max_epochs=30, patience=patience),
                                progress=False)
 
@@ -183,27 +166,6 @@ def test_the_default_patience_rides_out_a_plateau_and_keeps_the_later_best(split
     assert served["epochs"] == 8 + default  # stopped `patience` evaluations after its best
     short = fit(3, "short")
     assert short["best_epoch"] == 2 and short["epochs"] == 5  # the old default: stopped on the plateau
-
-
-@pytest.mark.parametrize("loss", ["full", "sampled"])
-def test_masking_the_history_takes_its_items_out_of_the_negatives(split, tmp_path: Path, loss: str):
-    # dropping negatives can only lower a softmax loss; here every window has a past, so strictly
-    import torch
-
-    from recall.train import _batch_loss, _setup
-    from recall.windows import training_windows
-
-    cfg = tiny_config(loss=loss, n_negatives=64)
-    run = _setup(split, tmp_path, cfg, None, None, progress=False, seed=0)
-    x, y, owner, start = training_windows(run.seqs, cfg.max_len)
-    prior = [run.seqs[o][:s] for o, s in zip(owner, start, strict=True)]
-    args = (run.item_tower, run.user_tower, torch.from_numpy(x), torch.from_numpy(y),
-            torch.from_numpy(run.attrs[owner]))
-    with torch.no_grad():
-        on = _batch_loss(*args, cfg, run.log_q, torch.Generator().manual_seed(1), prior)
-        off = _batch_loss(*args, cfg.model_copy(update={"mask_history": False}), run.log_q,
-                          torch.Generator().manual_seed(1), [])
-    assert float(on) < float(off)
 
 
 NO_CHANNELS = {"covisit_channel": False, "item_model": "off"}

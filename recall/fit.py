@@ -1,0 +1,256 @@
+"""The two-tower's training loop: the loss, one run's model and data, the epoch loop.
+
+Training is SASRec-style next-item prediction at every position (Kang & McAuley 2018): each
+user's sequence is cut from the end into windows of ``max_len``; the user tower's output at
+position t is scored against the target item t+1. The loss is a softmax over the whole
+catalog when it is small (cheap and the strongest choice at ML scale), else a sampled
+softmax over shared negatives drawn from the item frequency with logQ correction (Yi et
+al. 2019, "Sampling-bias-corrected neural modeling for large corpus item recommendations").
+AdamW, dropout, early stopping on full-ranking NDCG@10 of held-out targets with patience (8
+evaluations: ML-100K's valid curve plateaus for 4-5 of them before climbing again; see ``RecallConfig``),
+and a budget of softmax logits (``max_train_logits``, the dominant cost of a step) that bounds
+a fit at scale; the best evaluated weights are kept. Bit-for-bit deterministic for a given seed
+and thread count, on a busy machine as on a quiet one, unless the wall-clock safety cap
+(``max_train_s``) stops a fit first (the report's ``out_of_time``; ``jobs.train.training_warnings``
+then says so).
+
+Reproducibility: the fit runs under ``torch.use_deterministic_algorithms``. Without it, two fits
+of the same seed on 2 threads gave the same epochs and metrics but item vectors up to 4.6e-7
+apart, and the coarse ranker downstream amplified that (its early stop moved from iteration 21
+to 10, coarse NDCG@10 0.1329 vs 0.1194 on the same seed of ML-100K as MovieLens CSV). The
+source is the backward of advanced indexing (``vectors[ids]``, ``h[mask]``), an
+``index_put_(accumulate=True)`` whose CPU kernel adds in thread order; the deterministic kernel
+sorts the indices first. Measured on ML-100K-sized data, 6 epochs, 2 threads, two runs each:
+default 35.2 / 36.6 s with differing vectors, deterministic 27.2 / 28.8 s identical
+(1 thread: identical, 38.9 / 40.0 s).
+
+Items no training sequence holds (new items, e.g. the cold-item protocol's) are unknown, not
+negatives: they are masked out of the full softmax and never sampled as negatives, and their
+vectors are their content alone (``ItemTower``'s ``known`` mask); ``id_dropout`` teaches the
+content part to stand alone (see ``recall.towers``).
+
+The items a user had before a target are no negatives for it either (``mask_history``, on by
+default): the served ranking excludes a user's history, so the loss does not spend its gradient
+pushing those down; a repeat of an earlier item stays a target. ``recall.windows.seen_pairs`` lists them as
+(target row, item) pairs, at most ``len(prior) + max_len`` per row, never a ``[rows, catalog]``
+mask. On ML-100K, 3 seeds paired: two-tower NDCG@10 0.1059 -> 0.1196 (+0.0137 +- 0.0030) and
+candidate recall@200 0.8303 -> 0.8360 (+0.0057 +- 0.0016); coarse NDCG@10 +0.0029 +- 0.0035 and
+coarse@50 -0.0138 +- 0.0080 (``reports/h18_seeds_ml100k_mask_history.json``).
+
+Called by ``recall.train.train_two_tower`` (the fit, then the optional refit with ``fit(epochs=...)``).
+Deliberately left out: artifacts, the extra channels and the test report (``recall.train``).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from offline.protocol import SALT_EARLY_STOP, user_sample
+from offline.split import Split
+from recall.config import RecallConfig
+from recall.features import ItemFeatures, UserVocab
+from recall.scoring import full_ranking_metrics, user_vectors
+from recall.text import embed_items
+from recall.towers import ItemTower, UserTower
+from recall.windows import seen_pairs, training_windows
+
+
+def batch_loss(
+    item_tower: ItemTower, user_tower: UserTower, x: torch.Tensor, y: torch.Tensor, attrs: torch.Tensor,
+    config: RecallConfig, log_q: torch.Tensor | None, gen: torch.Generator, prior: list[np.ndarray],
+) -> torch.Tensor:
+    mask = y >= 0
+    if log_q is None:  # full softmax over the catalog; items never trained on are unknown, not negatives
+        items = item_tower.all_items()
+        h = user_tower(items, x, attrs)[mask] / config.temperature  # scale [b, d], not [b, n_items]
+        logits = (h @ items.T).masked_fill(~item_tower.known[None, :], float("-inf"))
+        if config.mask_history:  # the served ranking never shows them: not negatives either
+            # in place is safe: masked_fill's backward keeps only its mask
+            logits.index_put_(seen_pairs(x, y, prior), torch.tensor(float("-inf")))
+        return F.cross_entropy(logits, y[mask])
+    # log_q is -inf for items never trained on: never sampled as negatives
+    negatives = torch.multinomial(log_q.exp(), config.n_negatives, replacement=True, generator=gen)
+    needed, local = torch.unique(torch.cat([x[x >= 0], y[mask], negatives]), return_inverse=True)
+    vecs = item_tower(needed)
+    n_x = int((x >= 0).sum())
+    x_local = x.clone()
+    x_local[x >= 0] = local[:n_x]
+    y_local = local[n_x:n_x + int(mask.sum())]
+    neg_local = local[n_x + int(mask.sum()):]
+    h = user_tower(vecs, x_local, attrs)[mask]
+    # logQ correction: subtract log sampling probability so popular items are not over-penalised.
+    pos = (h * vecs[y_local]).sum(-1) / config.temperature - log_q[needed[y_local]]
+    neg = h @ vecs[neg_local].T / config.temperature - log_q[needed[neg_local]]
+    hit = neg_local[None, :] == y_local[:, None]  # accidental hits
+    if config.mask_history:  # sampled negatives the user had before the target are no negatives
+        ids = needed.numpy()
+        local_prior = [np.searchsorted(ids, p[np.isin(p, ids)]) for p in prior]
+        y_grid = torch.full_like(y, -1)
+        y_grid[mask] = y_local
+        seen = torch.zeros(len(y_local), len(needed), dtype=torch.bool)
+        seen[seen_pairs(x_local, y_grid, local_prior)] = True
+        hit = hit | seen[:, neg_local]
+    neg = neg.masked_fill(hit, float("-inf"))
+    logits = torch.cat([pos[:, None], neg], dim=1)
+    return F.cross_entropy(logits, torch.zeros(len(logits), dtype=torch.long))
+
+
+@dataclass
+class Run:
+    """One training run's model and data, built by ``setup_run``."""
+
+    item_tower: ItemTower
+    user_tower: UserTower
+    vocab: UserVocab
+    attrs: np.ndarray  # [n_users, 3] UserVocab codes
+    seqs: list[np.ndarray]
+    targets: np.ndarray
+    log_q: torch.Tensor | None  # log item frequency for the sampled loss; None = full softmax
+
+    def item_vectors(self) -> np.ndarray:
+        self.item_tower.eval()
+        with torch.no_grad():
+            return self.item_tower.all_items().numpy()
+
+    def evaluate(self, histories: list[np.ndarray], targets: np.ndarray) -> dict[str, float]:
+        """Full-ranking metrics of the users with a target (>= 0); only they are encoded."""
+        items = self.item_vectors()
+        keep = np.flatnonzero(np.asarray(targets) >= 0)
+        read = [histories[u] for u in keep]
+        return full_ranking_metrics(user_vectors(self.user_tower, items, read, self.attrs[keep]), items,
+                                    read, np.asarray(targets)[keep])
+
+
+def only_targets(targets: np.ndarray, users: np.ndarray) -> np.ndarray:
+    """``targets`` of ``users``, -1 (not read) for everyone else."""
+    out = np.full(len(targets), -1, dtype=np.int64)
+    out[users] = targets[users]
+    return out
+
+
+def setup_run(
+    split: Split, text_cache: Path, config: RecallConfig, sequences: list[np.ndarray] | None,
+    targets: np.ndarray | None, progress: bool, seed: int,
+) -> Run:
+    seqs = list(split.train_sequences if sequences is None else sequences)
+    targets = np.asarray(split.valid if targets is None else targets, dtype=np.int64)
+    if len(seqs) != split.n_users or len(targets) != split.n_users:
+        raise ValueError(f"need one sequence and one target per user ({split.n_users}); "
+                         f"got {len(seqs)} sequences and {len(targets)} targets")
+    # early stopping and the channel-share search read at most tune_users of them (-1: not read)
+    sampled = user_sample(np.flatnonzero(targets >= 0), config.tune_users, seed, salt=SALT_EARLY_STOP)
+    targets = only_targets(targets, sampled)
+    text = None
+    if config.use_text:
+        text = embed_items(split.items, text_cache, progress=progress)
+    vocab = UserVocab.from_users(split.users)
+    counts = np.bincount(np.concatenate([np.zeros(0, np.int64), *seqs]), minlength=split.n_items)
+    known = counts > 0  # an item no training sequence holds (a new item) is placed by its content alone
+    log_q = None
+    if not config.uses_full_softmax(split.n_items):
+        smoothed = np.where(known, counts + 1.0, 0.0)
+        with np.errstate(divide="ignore"):
+            log_q = torch.from_numpy(np.log(smoothed / smoothed.sum())).float()
+    return Run(
+        item_tower=ItemTower(ItemFeatures.from_items(split.items, text), config.dim, known=known,
+                             id_dropout=config.id_dropout),
+        user_tower=UserTower(config.dim, config.max_len, config.n_blocks, config.n_heads, config.dropout,
+                             vocab.sizes),
+        vocab=vocab, attrs=vocab.encode_table(split.users), seqs=seqs, targets=targets, log_q=log_q,
+    )
+
+
+def fit(run: Run, config: RecallConfig, seed: int, t0: float, progress: bool, epochs: int | None = None,
+         max_logits: float | None = None) -> dict[str, Any]:
+    """The epoch loop with early stopping; leaves the best evaluated weights in the towers.
+
+    With ``epochs`` (the refit) it trains that many, evaluates nothing and keeps the last weights;
+    ``max_logits`` then replaces ``config.max_train_logits`` as the budget (the refit's share of what the
+    early-stopped fit had spent at its best evaluation). The wall-clock cap holds either way."""
+    params = list(run.item_tower.parameters()) + list(run.user_tower.parameters())
+    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    x_all, y_all, owner, start = training_windows(run.seqs, config.max_len)
+    gen, rng = torch.Generator().manual_seed(seed), np.random.default_rng(seed)
+    best: dict[str, Any] = {"valid": {"ndcg@10": -1.0}, "best_epoch": 0, "state": None}
+    history: list[dict[str, Any]] = []
+    bad_evals, epoch, out_of_time, out_of_budget, steps, logits, cut_short = 0, 0, False, False, 0, 0, False
+    scored = len(run.item_tower.known) if run.log_q is None else 1 + config.n_negatives  # items per target position
+    positions = (y_all >= 0).sum(axis=1)  # target positions per window
+    budget = max_logits if epochs else config.max_train_logits
+    budget = float("inf") if budget is None else budget
+    last = epochs or config.max_epochs
+    bar = tqdm(range(1, last + 1), desc="two-tower refit" if epochs else "two-tower", disable=not progress)
+    for epoch in bar:
+        run.item_tower.train()
+        run.user_tower.train()
+        losses = []
+        order = rng.permutation(len(x_all))
+        for s in range(0, len(order), config.batch_size):
+            rows = order[s:s + config.batch_size]
+            loss = batch_loss(run.item_tower, run.user_tower, torch.from_numpy(x_all[rows]),
+                               torch.from_numpy(y_all[rows]), torch.from_numpy(run.attrs[owner[rows]]),
+                               config, run.log_q, gen,
+                               [run.seqs[owner[r]][:start[r]] for r in rows] if config.mask_history else [])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            steps += 1
+            logits += int(positions[rows].sum()) * scored
+            out_of_budget = logits >= budget
+            out_of_time = time.perf_counter() - t0 > config.max_train_s
+            if out_of_budget or out_of_time:
+                cut_short = s + config.batch_size < len(order) or epoch < last
+                break  # within the epoch: one epoch over millions of windows can outlast the budget many times
+        if epochs:  # the refit: no held-out target to evaluate on
+            bar.set_postfix(loss=round(float(np.mean(losses)), 4))
+            if out_of_budget or out_of_time:
+                break
+            continue
+        if epoch % config.eval_every and epoch != config.max_epochs and not (out_of_budget or out_of_time):
+            continue
+        metrics = run.evaluate(run.seqs, run.targets)
+        history.append({"epoch": epoch, "loss": round(float(np.mean(losses)), 4), **metrics,
+                        "s": round(time.perf_counter() - t0, 1)})
+        bar.set_postfix(loss=history[-1]["loss"], ndcg10=metrics["ndcg@10"])
+        if metrics["ndcg@10"] > best["valid"]["ndcg@10"]:
+            state = copy.deepcopy((run.item_tower.state_dict(), run.user_tower.state_dict()))
+            best, bad_evals = {"valid": metrics, "best_epoch": epoch, "state": state, "logits": logits}, 0
+        else:
+            bad_evals += 1
+        if bad_evals >= config.patience or out_of_budget or out_of_time:
+            break
+    bar.close()
+    if epochs:
+        # the budget reached at the last step of the last epoch is the refit done, not cut
+        return {"epochs": epoch, "n_windows": len(x_all), "steps": steps, "logits": logits,
+                "out_of_budget": out_of_budget and cut_short, "out_of_time": out_of_time and cut_short and not out_of_budget}
+    run.item_tower.load_state_dict(best["state"][0])
+    run.user_tower.load_state_dict(best["state"][1])
+    return {"epochs": epoch, "best_epoch": best["best_epoch"], "n_windows": len(x_all), "steps": steps,
+            "logits": logits, "best_logits": best["logits"], "positions": int(positions.sum()),
+            "out_of_budget": out_of_budget, "out_of_time": out_of_time and not out_of_budget,
+            "loss": "full" if run.log_q is None else "sampled", "valid": best["valid"], "history": history}
+
+
+@contextmanager
+def deterministic_kernels() -> Iterator[None]:
+    """Torch's deterministic kernels inside the block, the caller's setting restored after (see
+    module doc: Reproducibility). ``warn_only``: an op without one warns rather than stopping a fit."""
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=before[1] if before[0] else True)  # a caller's strict stays
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
