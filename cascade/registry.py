@@ -159,11 +159,17 @@ def check_trained_on_split(pipeline: Pipeline, artifact_dir: Path) -> None:
     stale = []
     for spec, stage in pipeline.stages:
         if spec.enabled and spec.kind in INDEXED_KINDS and _recorded(
-                artifact_dir / str(getattr(stage, "subdir", spec.kind)) / "stage.json") not in (None, current):
+                artifact_dir / _trained_dir(spec, stage) / "stage.json") not in (None, current):
             stale.append(spec.name)
     if stale:
         raise StaleArtifacts(f"{artifact_dir}: stage(s) {stale} were trained on another split than the one in "
                              f"{artifact_dir / 'split'} (it was prepared again since); run `recsys train` to retrain them")
+
+
+def _trained_dir(spec: StageSpec, stage: Stage) -> str:
+    """The folder a stage loads from: ``recall`` for every recall kind (``recall_llm`` serves the
+    two-tower trained there), a coarse stage's ``subdir``, else the kind."""
+    return "recall" if spec.kind in RECALL_KINDS else str(getattr(stage, "subdir", spec.kind))
 
 
 def config_id(settings: Settings, stage: str) -> str:

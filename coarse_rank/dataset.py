@@ -128,3 +128,10 @@ def training_prefix(split: Split, positions: int = 1) -> pd.DataFrame:
     block_end = np.repeat(ends, np.diff(np.r_[-1, ends]))
     from_end = block_end - np.arange(len(users))
     return split.train.loc[from_end >= positions].reset_index(drop=True)
+
+
+def prefix_popularity(split: Split, positions: int = 1) -> np.ndarray:
+    """Interaction counts per item over ``training_prefix``: the popularity a recall stage serving the
+    train-phase groups may know (``split.item_popularity`` counts each train label's own event)."""
+    items = training_prefix(split, positions)["item_idx"].to_numpy()
+    return np.bincount(items, minlength=split.n_items).astype(np.float64)

@@ -58,18 +58,21 @@ def lgbm_params(config: CoarseConfig, seed: int) -> dict[str, Any]:
 
 def train_coarse(
     split: Split, candidate_stage: Stage, out_dir: Path, config: CoarseConfig, *, seed: int = 42,
-    progress: bool = True, tags: ItemTags | None = None,
+    progress: bool = True, tags: ItemTags | None = None, train_stage: Stage | None = None,
 ) -> dict[str, Any]:
     """Fit the ranker on ``candidate_stage``'s candidates, save it under ``out_dir``, return a report.
 
     ``tags``: the item tag tables, required exactly when ``config.tag_features`` (both feature
-    builders use them; see ``jobs.coarse_tags`` for leak-free ones).
+    builders use them; see ``jobs.coarse_tags`` for leak-free ones). ``train_stage``: the stage
+    that recalls the train-phase groups when it must differ from the valid phase's (default
+    ``candidate_stage``): ``jobs.train`` gives the same recall model with the counts of
+    ``coarse_rank.dataset.prefix_popularity``, so no train label's own event is in its popularity.
     """
     import lightgbm as lgb  # lazy: imports lightgbm
 
     check_tags(config, tags, split.n_items)  # fail before the slow candidate pass
     started = time.perf_counter()
-    tr_all = build_groups(split, candidate_stage, "train", users=_users(split, config.max_train_users, seed, SALT_COARSE_TRAIN),
+    tr_all = build_groups(split, candidate_stage if train_stage is None else train_stage, "train", users=_users(split, config.max_train_users, seed, SALT_COARSE_TRAIN),
                           progress=progress, positions=config.train_positions)
     va_all = build_groups(split, candidate_stage, "valid", users=_users(split, config.max_valid_users, seed, SALT_COARSE_VALID),
                           progress=progress)

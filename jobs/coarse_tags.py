@@ -33,10 +33,9 @@ from coarse_rank.item_tags import ItemTags
 from coarse_rank.train import train_coarse
 from jobs.tagging.catalog import require_same_items
 from jobs.tagging.embed import EmbedSettings, cooccurrence_pairs, train_projection
-from jobs.train import holdout_sequences
+from jobs.train import holdout_recall, holdout_sequences
 from offline.split import Split, split_id
 from offline.tag_store import load_tags
-from recall.stage import RecallStage
 from recsys.atomic import atomic_write_json
 from recsys.digest import file_sha256
 
@@ -108,9 +107,9 @@ def train_coarse_tags(settings: Settings, artifact_dir: Path, split: Split, *, e
     source = source or tags_source(settings, root, embed)
     config = _tag_config(settings)
     tags, embed_report = load_item_tags(split, root / "tags", config.train_positions, embed)
-    recall = RecallStage(settings.pipeline.stage("recall"), settings.recall)
-    recall.load(root, subdir="recall_holdout")
-    report = train_coarse(split, recall, root / SUBDIR, config, seed=settings.seed, progress=progress, tags=tags)
+    recall, before_labels = holdout_recall(settings, root, split, config.train_positions)
+    report = train_coarse(split, recall, root / SUBDIR, config, seed=settings.seed, progress=progress, tags=tags,
+                          train_stage=before_labels)
     atomic_write_json(root / SUBDIR / SOURCE_FILE, {"source": source, "embedding": embed_report})
     # the split it indexes, as every trained stage records it (cascade.registry.check_trained_on_split)
     atomic_write_json(root / SUBDIR / "stage.json", {"split_id": split_id(root), "trained_by": "jobs.coarse_tags"})

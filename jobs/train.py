@@ -351,12 +351,25 @@ def _train_recall_holdout(settings: Settings, artifact_dir: Path, split: Split, 
     )
 
 
+def holdout_recall(settings: Settings, artifact_dir: Path, split: Split, positions: int
+                   ) -> tuple[RecallStage, RecallStage]:
+    """``recall_holdout`` as the coarse ranker's training reads it: (for the valid groups, the valid
+    phase's popularity counts; for the train groups, those before their labels,
+    ``coarse_rank.dataset.prefix_popularity``). Test-time counts would hold each label's own event
+    (and every valid one), which no served request's popularity holds."""
+    from coarse_rank.dataset import prefix_popularity  # lazy: imports pandas
+
+    recall = RecallStage(settings.pipeline.stage("recall"), settings.recall)
+    recall.load(artifact_dir, subdir="recall_holdout", phase="valid")
+    return recall, recall.with_popularity(prefix_popularity(split, positions))
+
+
 def _train_coarse(settings: Settings, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
     from coarse_rank.train import train_coarse  # lazy: imports scipy
 
-    recall = RecallStage(settings.pipeline.stage("recall"), settings.recall)
-    recall.load(artifact_dir, subdir="recall_holdout")
-    return train_coarse(split, recall, artifact_dir / "coarse", settings.coarse, seed=settings.seed, progress=progress)
+    recall, before_labels = holdout_recall(settings, artifact_dir, split, settings.coarse.train_positions)
+    return train_coarse(split, recall, artifact_dir / "coarse", settings.coarse, seed=settings.seed, progress=progress,
+                        train_stage=before_labels)
 
 
 def _train_fusion(settings: Settings, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:

@@ -24,6 +24,7 @@ loaded) and any use of incoming candidates (recall is the first stage; it ignore
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from collections.abc import Iterator, Mapping, Sequence
@@ -119,6 +120,18 @@ class RecallStage:
         self._popularity = PopularityChannel(popularity)
         self._extra, self._tuned_shares = load_channels(recall_dir, self.config)
         self._version = hashlib.sha256((recall_dir / MODEL_FILE).read_bytes()).hexdigest()[:12]
+
+    def with_popularity(self, popularity: np.ndarray) -> RecallStage:
+        """This loaded stage (same model, index and channels, shared not copied) with other
+        popularity counts: the coarse ranker's train groups are recalled at the time before their
+        labels (``jobs.train``), where test-time counts would include each label's own event."""
+        if self._popularity is None:
+            raise RuntimeError("RecallStage.with_popularity called before load(artifact_dir)")
+        if len(popularity) != self.n_items:
+            raise ValueError(f"popularity counts {len(popularity)} items but the recall model has {self.n_items}")
+        other = copy.copy(self)
+        other._popularity = PopularityChannel(popularity)
+        return other
 
     @property
     def n_items(self) -> int:

@@ -85,6 +85,11 @@ def test_stages_trained_on_another_split_are_named_before_anything_loads(tmp_pat
     with pytest.raises(StaleArtifacts, match=r"stage\(s\) \['recall', 'coarse'\] were trained on another split .* "
                                              r"run `recsys train`"):
         check_trained_on_split(pipeline, tmp_path)
+    # a recall_llm stage serves the two-tower trained in recall/: checked there
+    llm_recall = settings.model_copy(update={"pipeline": settings.pipeline.model_copy(update={"stages": [
+        s.model_copy(update={"kind": "recall_llm"}) for s in settings.pipeline.stages if s.kind == "recall"]})})
+    with pytest.raises(StaleArtifacts, match=r"\['recall'\]"):
+        check_trained_on_split(build_pipeline(llm_recall, tmp_path, load=False), tmp_path)
     # the tag-feature coarse model is checked in its own folder
     tags = settings.model_copy(update={"pipeline": settings.pipeline.model_copy(update={"stages": [
         s.model_copy(update={"params": {"subdir": "coarse_tags"}}) if s.kind == "coarse" else s

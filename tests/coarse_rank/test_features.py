@@ -10,7 +10,7 @@ import pytest
 
 from coarse_rank import statistics
 from coarse_rank.config import CoarseConfig
-from coarse_rank.dataset import training_prefix
+from coarse_rank.dataset import prefix_popularity, training_prefix
 from coarse_rank.features import FEATURES, FeatureBuilder
 from recsys.contract import Candidates, Request
 from tests.coarse_rank.toy import split_from_sequences
@@ -173,3 +173,15 @@ def test_training_prefix_and_train_queries_with_several_positions(split):
         rows = [i for i, o in enumerate(owners) if o == u]
         expected = [(seq[:-j].tolist(), int(seq[-j])) for j in (1, 2) if len(seq) >= j + 1]
         assert [(histories[i].tolist(), int(labels[i])) for i in rows] == expected
+
+
+def test_prefix_popularity_counts_what_precedes_the_train_labels(split):
+    train_items = split.train["item_idx"].to_numpy()
+    for positions in (1, 2):
+        counts = prefix_popularity(split, positions)
+        expected = np.bincount(training_prefix(split, positions)["item_idx"], minlength=split.n_items)
+        np.testing.assert_array_equal(counts, expected)
+        assert counts.sum() == len(train_items) - sum(min(positions, len(s)) for s in split.train_sequences)
+    # each user's last train item (the label of the train groups) is out of the counts
+    labels = np.bincount([s[-1] for s in split.train_sequences], minlength=split.n_items)
+    np.testing.assert_array_equal(prefix_popularity(split, 1), split.item_popularity("valid") - labels)

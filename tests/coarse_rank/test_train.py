@@ -51,6 +51,16 @@ def test_groups_without_the_label_stay_out_of_training(chain, tmp_path):
     assert report["n_train_rows"] == 8 * hits
 
 
+def test_train_stage_recalls_the_train_groups_and_the_candidate_stage_the_valid_ones(chain, tmp_path):
+    shallow = PopularityStage(chain, depth=8)
+    report = train_coarse(chain, PopularityStage(chain), tmp_path, TOY_CONFIG, seed=7, progress=False,
+                          train_stage=shallow)
+    hits = sum(s[-1] in shallow.run(Request(user_id="x", history=s[:-1]), Candidates.empty()).items
+               for s in chain.train_sequences)
+    assert report["n_train_groups"] == hits < 160 and report["n_train_rows"] == 8 * hits
+    assert report["n_valid_groups"] == 160  # every unseen item is a valid candidate: the full stage
+
+
 def test_no_candidate_holding_a_label_is_an_error(chain, tmp_path):
     with pytest.raises(ValueError, match="none of the 160 train groups"):
         train_coarse(chain, PopularityStage(chain, depth=0), tmp_path, TOY_CONFIG, progress=False)

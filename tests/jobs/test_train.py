@@ -3,13 +3,22 @@
 import hashlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cascade.registry import build_pipeline
 from cascade.settings import Settings
+from coarse_rank.dataset import prefix_popularity
 from jobs.evaluate import evaluate_pipeline
 from jobs.fusion_gate import gate_pipeline
-from jobs.train import DEFAULT_STAGES, holdout_sequences, prepare, train_stages, training_warnings
+from jobs.train import (
+    DEFAULT_STAGES,
+    holdout_recall,
+    holdout_sequences,
+    prepare,
+    train_stages,
+    training_warnings,
+)
 from recall.config import EARLY_STOPPED_DIR
 from recsys.pipeline import SHORT_EXHAUSTED, SHORT_RULES, Pipeline
 
@@ -47,6 +56,12 @@ def test_tiny_cascade_trains_evaluates_and_is_reused(tmp_path: Path):
     assert recall_version(build_pipeline(settings, art)) != early
     assert report["recall"]["refit"]["epochs"] == report["recall"]["best_epoch"]
     assert "refit" not in report["recall_holdout"]
+    # coarse's training recalls its valid groups at valid-time popularity, its train groups before their labels
+    for_valid, for_train = holdout_recall(settings, art, split, settings.coarse.train_positions)
+    np.testing.assert_array_equal(for_valid._popularity.popularity, split.item_popularity("valid"))
+    np.testing.assert_array_equal(for_train._popularity.popularity, prefix_popularity(split, 2))
+    holdout = hashlib.sha256((art / "recall_holdout" / "model.pt").read_bytes()).hexdigest()[:12]
+    assert for_valid.version() == for_train.version() == holdout
 
     ev = evaluate_pipeline(settings, art, split, phase="test", progress=False, n_boot=200)
     assert ev["n_users"] == split.n_users and ev["dataset"] == "synthetic"

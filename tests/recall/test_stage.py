@@ -95,6 +95,23 @@ def test_reload_gives_identical_scores_and_batched_vectors_match_run(artifacts):
     np.testing.assert_allclose(ra.scores["recall_two_tower"][tt], (a.item_vectors() @ va[0])[ra.items[tt]], atol=1e-5)
 
 
+def test_with_popularity_changes_only_the_popularity_channel(artifacts):
+    stage = _stage(artifacts, depth=10, popularity_share=0.5)
+    counts = np.zeros(stage.n_items)
+    counts[[29, 27, 25, 23, 21]] = [5, 4, 3, 2, 1]
+    other = stage.with_popularity(counts)
+    req = Request(user_id="u", history=np.array([3, 4, 5]))
+    a, b = stage.run(req, Candidates.empty()), other.run(req, Candidates.empty())
+    assert a.items[:5].tolist() == b.items[:5].tolist()  # the two-tower's quota comes first, unchanged
+    assert b.items[5:].tolist() == [29, 27, 25, 23, 21] != a.items[5:].tolist()  # then the new counts' order
+    assert stage.run(req, Candidates.empty()).items.tolist() == a.items.tolist()  # the original is unchanged
+    assert other.version() == stage.version()
+    with pytest.raises(ValueError, match="popularity counts 3 items"):
+        stage.with_popularity(np.ones(3))
+    with pytest.raises(RuntimeError, match="before load"):
+        RecallStage(StageSpec(name="recall", kind="recall"), RecallConfig()).with_popularity(counts)
+
+
 def test_use_before_load_and_missing_artifacts_raise(tmp_path: Path):
     stage = RecallStage(StageSpec(name="recall", kind="recall", on_error="fail"), RecallConfig())
     with pytest.raises(RuntimeError, match="before load"):
