@@ -179,9 +179,11 @@ def config_id(settings: Settings, stage: str) -> str:
     For the two-towers that is the recall section with the recall stage's ``params`` on top (what
     the stage serves: a channel switched off there changes the candidates coarse learns from) and
     the recall depth (the channel shares are gated at it, and coarse learns from candidates cut
-    at it); a stage retrained for either reason makes the stages trained on its output stale too
-    (``jobs.train.DEPENDS_ON``). The default depth adds nothing to the digest, so artifacts trained before the
-    depth was recorded keep theirs.
+    at it), and for ``recall_holdout`` the coarse ranker's ``train_positions`` (the items it holds
+    out: with more positions, coarse would learn labels the held-out model had seen); a stage
+    retrained for any of these makes the stages trained on its output stale too
+    (``jobs.train.DEPENDS_ON``). A default depth or position count adds nothing to the digest, so
+    artifacts trained before it was recorded keep theirs.
     """
     config: Any
     if stage in ("recall", "recall_holdout"):
@@ -189,6 +191,9 @@ def config_id(settings: Settings, stage: str) -> str:
         config = {**recall_config(settings).model_dump(mode="json", exclude={"refit"} if stage == "recall_holdout"
                                                        else None),
                   **({"stage_depth": depth} if depth != DEFAULT_DEPTH else {})}
+        positions = settings.coarse.train_positions  # what recall_holdout holds out: the coarse labels
+        if stage == "recall_holdout" and positions != type(settings.coarse).model_fields["train_positions"].default:
+            config["held_out_positions"] = positions
     else:
         section = getattr(settings, stage, None)
         config = section.model_dump(mode="json") if section is not None else None

@@ -116,7 +116,9 @@ def channel_columns(groups: Sequence[QueryGroups]) -> tuple[list[str], list[str]
 
 
 def training_prefix(split: Split, positions: int = 1) -> pd.DataFrame:
-    """``split.train`` without each user's last ``positions`` rows: what a model may see before the train labels.
+    """``split.train`` without the train labels: each user's last ``min(positions, n - 1)`` of ``n``
+    rows, the items ``query_inputs`` makes labels (a user's first item is never one). What a model
+    may see before the train labels, and what ``recall_holdout`` trains on (``jobs.train.holdout_sequences``).
 
     Features of the train-phase groups are fitted on this table, so a label's own interaction
     never feeds its features (otherwise ``follow_last`` would be >= 1 for every train label
@@ -125,13 +127,16 @@ def training_prefix(split: Split, positions: int = 1) -> pd.DataFrame:
     users = split.train["user_idx"].to_numpy()
     # rank of each row from the end of its user's block (0 = last): rows are sorted by user, time
     ends = np.flatnonzero(np.r_[users[1:] != users[:-1], True])
-    block_end = np.repeat(ends, np.diff(np.r_[-1, ends]))
+    lengths = np.diff(np.r_[-1, ends])
+    block_end = np.repeat(ends, lengths)
     from_end = block_end - np.arange(len(users))
-    return split.train.loc[from_end >= positions].reset_index(drop=True)
+    labels = np.minimum(positions, np.repeat(lengths, lengths) - 1)  # label rows of each row's user
+    return split.train.loc[from_end >= labels].reset_index(drop=True)
 
 
 def prefix_popularity(split: Split, positions: int = 1) -> np.ndarray:
-    """Interaction counts per item over ``training_prefix``: the popularity a recall stage serving the
-    train-phase groups may know (``split.item_popularity`` counts each train label's own event)."""
+    """Interaction counts per item over ``training_prefix``: every training event but the train
+    labels, the popularity a recall stage serving the train-phase groups may know
+    (``split.item_popularity("valid")`` also counts each label's own event)."""
     items = training_prefix(split, positions)["item_idx"].to_numpy()
     return np.bincount(items, minlength=split.n_items).astype(np.float64)

@@ -72,8 +72,9 @@ def train_coarse(
 
     check_tags(config, tags, split.n_items)  # fail before the slow candidate pass
     started = time.perf_counter()
-    tr_all = build_groups(split, candidate_stage if train_stage is None else train_stage, "train", users=_users(split, config.max_train_users, seed, SALT_COARSE_TRAIN),
-                          progress=progress, positions=config.train_positions)
+    train_stage = candidate_stage if train_stage is None else train_stage
+    tr_all = build_groups(split, train_stage, "train", users=_users(split, config.max_train_users, seed,
+                          SALT_COARSE_TRAIN), progress=progress, positions=config.train_positions)
     va_all = build_groups(split, candidate_stage, "valid", users=_users(split, config.max_valid_users, seed, SALT_COARSE_VALID),
                           progress=progress)
     scores, flags = channel_columns([tr_all, va_all])
@@ -81,11 +82,11 @@ def train_coarse(
     prefix_fb = FeatureBuilder(config).fit(split, prefix, score_columns=scores, flag_columns=flags, tags=tags)
     builder = FeatureBuilder(config).fit(split, score_columns=scores, flag_columns=flags, tags=tags)
     tr, va = tr_all.subset(tr_all.has_positive), va_all.subset(va_all.has_positive)
-    for name, g, g_all in (("train", tr, tr_all), ("valid", va, va_all)):
+    for name, g, g_all, stage in (("train", tr, tr_all, train_stage), ("valid", va, va_all, candidate_stage)):
         if len(g) == 0:
             raise ValueError(
                 f"train_coarse: none of the {len(g_all)} {name} groups has its label among the candidates "
-                f"of stage {getattr(candidate_stage, 'name', candidate_stage)!r}; nothing to learn from"
+                f"of stage {getattr(stage, 'name', stage)!r}; nothing to learn from"
             )
     x_tr, x_va = _matrix(prefix_fb, tr, progress), _matrix(builder, va, progress)
     x_tr, y_tr, sizes_tr, cold_rows = cold_items_for_training(x_tr, tr, builder.known_items(), prefix_fb,

@@ -354,12 +354,15 @@ def _train_recall_holdout(settings: Settings, artifact_dir: Path, split: Split, 
 def holdout_recall(settings: Settings, artifact_dir: Path, split: Split, positions: int
                    ) -> tuple[RecallStage, RecallStage]:
     """``recall_holdout`` as the coarse ranker's training reads it: (for the valid groups, the valid
-    phase's popularity counts; for the train groups, those before their labels,
-    ``coarse_rank.dataset.prefix_popularity``). Test-time counts would hold each label's own event
-    (and every valid one), which no served request's popularity holds."""
+    phase's popularity counts; for the train groups, every training event but the train labels,
+    ``coarse_rank.dataset.prefix_popularity``, which is what ``recall_holdout`` learnt from).
+    Test-time counts would hold each label's own event (and every valid one), which no served
+    request's popularity holds. The stage serves the recall stage's config (``recall_config``: a
+    ``recall_llm`` stage's own params left out; the LLM channel has no held-out copy)."""
     from coarse_rank.dataset import prefix_popularity  # lazy: imports pandas
 
-    recall = RecallStage(settings.pipeline.stage("recall"), settings.recall)
+    spec = settings.pipeline.stage("recall")
+    recall = RecallStage(spec.model_copy(update={"kind": "recall", "params": {}}), recall_config(settings))
     recall.load(artifact_dir, subdir="recall_holdout", phase="valid")
     return recall, recall.with_popularity(prefix_popularity(split, positions))
 

@@ -72,15 +72,17 @@ def train_channels(split: Any, stage_root: Path, subdir: str, sequences: list[np
     """Fit, save and tune the extra channels of ``<stage_root>/<subdir>`` (see module doc); the report.
 
     ``<stage_root>/<subdir>`` must hold the two-tower artifacts just written; ``split`` may live
-    in memory only (the stage is loaded with its valid-time popularity, not ``<stage_root>/split``).
+    in memory only (the stage is loaded with the popularity of ``sequences``, not ``<stage_root>/split``).
     """
     recall_dir = Path(stage_root) / subdir
     meta = _fit_and_save(recall_dir, sequences, config)
     _write(recall_dir, meta)  # provisional (zero shares) so the stage loads for tuning
     stage = RecallStage(StageSpec(name="recall", kind="recall", depth=depth),
                         config.model_copy(update={"channel_shares": None}))
-    # the served stage counts valid items in its popularity (test time); tuning must not count them
-    stage.load_from(recall_dir, split.item_popularity("valid"))
+    # popularity as of the tuning targets: the events of the sequences the models learnt from (for recall/ the
+    # valid phase's counts; for recall_holdout those without its held-out targets), never a target's own event
+    counts = np.bincount(np.concatenate([np.zeros(0, np.int64), *sequences]), minlength=split.n_items)
+    stage.load_from(recall_dir, counts.astype(np.float64))
     users = np.flatnonzero(np.asarray(targets) >= 0)
     lists, excludes = channel_lists_for(stage, [sequences[u] for u in users], [split.user_attrs(u) for u in users])
     tgt = np.asarray(targets)[users]

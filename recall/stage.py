@@ -13,7 +13,8 @@ history, where the two-tower vector rests on the attributes alone). By default
 follow, and popularity fills the tail; for a cold user popularity leads.
 
 Artifacts: ``<artifact_dir>/recall`` as written by ``recall.train`` and the popularity
-counts of ``<artifact_dir>/split`` (every interaction visible at test time). Architecture
+counts of ``<artifact_dir>/split`` (at serving every interaction visible at test time; the jobs that
+tune or train on earlier targets load earlier counts, see ``load``). Architecture
 comes from the saved ``model.json``; serving knobs (``popularity_share``) from the stage's
 ``RecallConfig`` (``settings.recall``, given by ``cascade.registry``) overlaid with the stage
 spec's ``params``.
@@ -66,8 +67,9 @@ class RecallStage:
         """Load the user tower, item vectors, faiss index and popularity counts (once, at start-up).
 
         ``subdir`` selects another trained copy, e.g. ``recall_holdout`` (trained without each
-        user's last training item) when producing coarse-ranker training candidates. The
-        popularity counts are the ``phase``'s of ``<artifact_dir>/split`` (test: serving's).
+        user's last ``coarse.train_positions`` training items) when producing coarse-ranker training
+        candidates. The popularity counts are the ``phase``'s of ``<artifact_dir>/split`` (test:
+        serving's); ``with_popularity`` gives the same stage at other counts.
 
         ``phase="valid"`` is for the jobs that tune or measure on valid items (the fusion gate,
         LLM adaptation, ``eval --phase valid``): a refit model (``RecallConfig.refit``) has learnt
@@ -123,8 +125,9 @@ class RecallStage:
 
     def with_popularity(self, popularity: np.ndarray) -> RecallStage:
         """This loaded stage (same model, index and channels, shared not copied) with other
-        popularity counts: the coarse ranker's train groups are recalled at the time before their
-        labels (``jobs.train``), where test-time counts would include each label's own event."""
+        popularity counts: the coarse ranker's train groups are recalled without their labels in
+        the counts (``jobs.train.holdout_recall``), where test-time counts would include each label's
+        own event. ``version()`` stays the model's: it names the trained files, not the counts."""
         if self._popularity is None:
             raise RuntimeError("RecallStage.with_popularity called before load(artifact_dir)")
         if len(popularity) != self.n_items:

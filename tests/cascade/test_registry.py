@@ -128,3 +128,16 @@ def test_the_refit_switch_retrains_the_served_recall_model_only() -> None:
     on, off = Settings.build({"recall": {"refit": True}}), Settings.build({})
     assert config_id(on, "recall") != config_id(off, "recall")
     assert config_id(on, "recall_holdout") == config_id(off, "recall_holdout")  # never refit (recall.train)
+
+
+def test_the_held_out_positions_retrain_the_held_out_recall_model_only() -> None:
+    from cascade.registry import config_id
+    from coarse_rank.config import CoarseConfig
+
+    default = CoarseConfig().train_positions
+    base, more = Settings.build({}), Settings.build({"coarse": {"train_positions": default + 1}})
+    assert config_id(more, "recall_holdout") != config_id(base, "recall_holdout")  # it held out fewer labels
+    assert config_id(more, "recall") == config_id(base, "recall")
+    # the default adds nothing: artifacts trained before the positions were recorded keep their id
+    assert config_id(Settings.build({"coarse": {"train_positions": default}}), "recall_holdout") == config_id(
+        base, "recall_holdout")

@@ -175,13 +175,11 @@ def test_training_prefix_and_train_queries_with_several_positions(split):
         assert [(histories[i].tolist(), int(labels[i])) for i in rows] == expected
 
 
-def test_prefix_popularity_counts_what_precedes_the_train_labels(split):
-    train_items = split.train["item_idx"].to_numpy()
-    for positions in (1, 2):
-        counts = prefix_popularity(split, positions)
-        expected = np.bincount(training_prefix(split, positions)["item_idx"], minlength=split.n_items)
-        np.testing.assert_array_equal(counts, expected)
-        assert counts.sum() == len(train_items) - sum(min(positions, len(s)) for s in split.train_sequences)
-    # each user's last train item (the label of the train groups) is out of the counts
-    labels = np.bincount([s[-1] for s in split.train_sequences], minlength=split.n_items)
-    np.testing.assert_array_equal(prefix_popularity(split, 1), split.item_popularity("valid") - labels)
+def test_prefix_popularity_counts_every_train_event_but_the_train_labels(split):
+    from coarse_rank.dataset import query_inputs
+
+    for positions in (1, 2, 3, 5):  # train sequences hold 3 items: from 2 on, a user's first item is no label
+        _, _, labels = query_inputs(split, "train", positions=positions)
+        np.testing.assert_array_equal(prefix_popularity(split, positions), split.item_popularity("valid")
+                                      - np.bincount(labels, minlength=split.n_items))
+    assert training_prefix(split, 5)["item_idx"].tolist() == [s[0] for s in split.train_sequences]

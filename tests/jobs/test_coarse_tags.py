@@ -98,6 +98,26 @@ def test_coarse_tags_trains_from_artifacts_is_reused_and_serves_without_tags(art
     assert set(TAG_FEATURES) <= set(names)
 
 
+def test_coarse_tags_recalls_its_train_groups_without_their_labels_in_the_popularity(artifacts, tmp_path,
+                                                                                       monkeypatch):
+    import jobs.coarse_tags as coarse_tags
+    from coarse_rank.dataset import prefix_popularity
+    from offline.split import Split
+
+    src, settings = artifacts
+    root = tmp_path / "art"
+    shutil.copytree(src, root)
+    split = Split.load(root / "split")
+    seen = {}
+    real = coarse_tags.train_coarse
+    monkeypatch.setattr(coarse_tags, "train_coarse", lambda sp, stage, *a, **kw: (
+        seen.update(valid=stage, train=kw["train_stage"]), real(sp, stage, *a, **kw))[1])
+    coarse_tags.train_coarse_tags(settings, root, split, embed=TINY_EMBED, progress=False)
+    positions = settings.coarse.train_positions
+    np.testing.assert_array_equal(seen["train"]._popularity.popularity, prefix_popularity(split, positions))
+    np.testing.assert_array_equal(seen["valid"]._popularity.popularity, split.item_popularity("valid"))
+
+
 def test_coarse_tags_needs_tags_for_the_whole_catalog(artifacts, tmp_path):
     from jobs.coarse_tags import train_coarse_tags
     from offline.split import Split

@@ -30,7 +30,7 @@ TINY = {
 
 
 @pytest.mark.slow
-def test_tiny_cascade_trains_evaluates_and_is_reused(tmp_path: Path):
+def test_tiny_cascade_trains_evaluates_and_is_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     settings = Settings.build({**TINY, "recall": {**TINY["recall"], "refit": True}})
     art = tmp_path / "synthetic"
     split = prepare(None, art, n_users=60, n_items=120, seed=3)
@@ -40,7 +40,16 @@ def test_tiny_cascade_trains_evaluates_and_is_reused(tmp_path: Path):
     again = train_stages(settings, art, split)
     assert all(r.get("reused") for r in again.values())
     # retraining an upstream stage retrains everything downstream of it
+    import coarse_rank.train
+
+    seen = {}
+    real = coarse_rank.train.train_coarse
+    monkeypatch.setattr(coarse_rank.train, "train_coarse", lambda sp, stage, *a, **kw: (
+        seen.update(valid=stage, train=kw["train_stage"]), real(sp, stage, *a, **kw))[1])
     forced = train_stages(settings, art, split, stages=("recall_holdout", "coarse"), force=True)
+    # coarse recalled its train groups without their labels in the popularity, its valid groups at valid time
+    np.testing.assert_array_equal(seen["train"]._popularity.popularity, prefix_popularity(split, 2))
+    np.testing.assert_array_equal(seen["valid"]._popularity.popularity, split.item_popularity("valid"))
     assert not forced["coarse"].get("reused")
     # ... also when that happened in another command: fusion learnt from the coarse model just replaced
     later = train_stages(settings, art, split)
@@ -56,12 +65,13 @@ def test_tiny_cascade_trains_evaluates_and_is_reused(tmp_path: Path):
     assert recall_version(build_pipeline(settings, art)) != early
     assert report["recall"]["refit"]["epochs"] == report["recall"]["best_epoch"]
     assert "refit" not in report["recall_holdout"]
-    # coarse's training recalls its valid groups at valid-time popularity, its train groups before their labels
-    for_valid, for_train = holdout_recall(settings, art, split, settings.coarse.train_positions)
-    np.testing.assert_array_equal(for_valid._popularity.popularity, split.item_popularity("valid"))
-    np.testing.assert_array_equal(for_train._popularity.popularity, prefix_popularity(split, 2))
     holdout = hashlib.sha256((art / "recall_holdout" / "model.pt").read_bytes()).hexdigest()[:12]
-    assert for_valid.version() == for_train.version() == holdout
+    assert seen["valid"].version() == seen["train"].version() == holdout  # the held-out model, both times
+    # a recall_llm stage's own params are the LLM channel's: the held-out two-tower serves without them
+    llm = settings.model_copy(update={"pipeline": settings.pipeline.model_copy(update={"stages": [
+        s.model_copy(update={"kind": "recall_llm", "params": {"llm_share": 0.1}}) if s.name == "recall" else s
+        for s in settings.pipeline.stages]})})
+    assert holdout_recall(llm, art, split, 2)[0].version() == holdout
 
     ev = evaluate_pipeline(settings, art, split, phase="test", progress=False, n_boot=200)
     assert ev["n_users"] == split.n_users and ev["dataset"] == "synthetic"

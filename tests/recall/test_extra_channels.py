@@ -93,6 +93,25 @@ def test_training_saves_channels_and_tunes_shares_on_valid(trained) -> None:
     assert report["refit"]["channels"]["shares"] == meta["shares"]
 
 
+def test_shares_are_tuned_at_the_popularity_of_the_sequences_learnt_not_the_targets(
+        trained, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    from recall.extra_channels import train_channels
+
+    root, split, _ = trained
+    shutil.copytree(root / "recall" / EARLY_STOPPED_DIR, tmp_path / "recall_holdout")
+    seen: list[np.ndarray] = []
+    load_from = RecallStage.load_from
+    monkeypatch.setattr(RecallStage, "load_from", lambda self, d, pop: (seen.append(pop), load_from(self, d, pop))[1])
+    held_out = [s[:-1] for s in split.train_sequences]  # as recall_holdout: each user's last training item out
+    targets = np.array([s[-1] for s in split.train_sequences])
+    train_channels(split, tmp_path, "recall_holdout", held_out, targets, tiny_config(**ON), DEPTH)
+    assert len(seen) == 1
+    np.testing.assert_array_equal(seen[0], split.item_popularity("valid") - np.bincount(targets,
+                                                                                         minlength=split.n_items))
+
+
 def test_the_refit_channels_are_fitted_on_the_valid_items_too(trained) -> None:
     root, split, _ = trained
     early = RecallStage(StageSpec(name="recall", kind="recall", depth=DEPTH, params=ON), RecallConfig())
