@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from cascade.settings import Settings
+from coarse_rank.config import TRAINING_REVISION as COARSE_TRAINING_REVISION
 from fusion.stage import weights_key_for
 from offline.split import Phase, split_id
 from recall.config import DEFAULT_DEPTH, RecallConfig
@@ -183,7 +184,8 @@ def config_id(settings: Settings, stage: str) -> str:
     out: with more positions, coarse would learn labels the held-out model had seen); a stage
     retrained for any of these makes the stages trained on its output stale too
     (``jobs.train.DEPENDS_ON``). A default depth or position count adds nothing to the digest, so
-    artifacts trained before it was recorded keep theirs.
+    artifacts trained before it was recorded keep theirs. The coarse digest holds
+    ``coarse_rank.config.TRAINING_REVISION``: a fix to what it learns from retrains it.
     """
     config: Any
     if stage in ("recall", "recall_holdout"):
@@ -197,6 +199,8 @@ def config_id(settings: Settings, stage: str) -> str:
     else:
         section = getattr(settings, stage, None)
         config = section.model_dump(mode="json") if section is not None else None
+        if stage == "coarse":
+            config = {**config, "training_revision": COARSE_TRAINING_REVISION}
     return json_sha256(config)[:16]
 
 

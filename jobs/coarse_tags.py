@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from cascade.settings import Settings
-from coarse_rank.config import CoarseConfig
+from coarse_rank.config import TRAINING_REVISION, CoarseConfig
 from coarse_rank.item_tags import ItemTags
 from coarse_rank.train import train_coarse
 from jobs.tagging.catalog import require_same_items
@@ -79,7 +79,8 @@ def tags_source(settings: Settings, artifact_dir: Path, embed: EmbedSettings) ->
         if not path.exists():
             raise FileNotFoundError(f"{path} missing: coarse_tags needs `recsys tag` and a trained recall_holdout")
     return {"digests": {str(p.relative_to(root)): file_sha256(p)[:16] for p in inputs},
-            "coarse": _tag_config(settings).model_dump(), "embed": dataclasses.asdict(embed), "seed": settings.seed}
+            "coarse": _tag_config(settings).model_dump(), "embed": dataclasses.asdict(embed), "seed": settings.seed,
+            "training_revision": TRAINING_REVISION}
 
 
 def is_current(settings: Settings, artifact_dir: Path, embed: EmbedSettings) -> bool:

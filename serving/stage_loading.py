@@ -70,8 +70,8 @@ def load_pipeline(settings: Settings, artifact_dir: Path) -> Pipeline:
     check_trained_on_split(built, Path(artifact_dir))  # before any load: their index errors would not say why
     if stale := trained_under_other_settings(settings, Path(artifact_dir)):
         log.warning("stage(s) %s were trained under other settings than these (a recall depth, params or section, "
-                    "or a coarse setting, changed since); serving them as trained: run `recsys train` to retrain",
-                    stale)
+                    "a coarse setting or the coarse training revision, changed since); serving them as trained: "
+                    "run `recsys train` to retrain", stale)
     pairs = []
     for spec, stage in built.stages:
         if spec.enabled:

@@ -141,3 +141,13 @@ def test_the_held_out_positions_retrain_the_held_out_recall_model_only() -> None
     # the default adds nothing: artifacts trained before the positions were recorded keep their id
     assert config_id(Settings.build({"coarse": {"train_positions": default}}), "recall_holdout") == config_id(
         base, "recall_holdout")
+
+
+def test_a_new_coarse_training_revision_retrains_coarse_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    import cascade.registry as registry
+
+    settings = Settings.build({})
+    before = {stage: registry.config_id(settings, stage) for stage in ("recall", "recall_holdout", "coarse", "fusion")}
+    monkeypatch.setattr(registry, "COARSE_TRAINING_REVISION", registry.COARSE_TRAINING_REVISION + 1)
+    after = {stage: registry.config_id(settings, stage) for stage in before}
+    assert [s for s in before if before[s] != after[s]] == ["coarse"]

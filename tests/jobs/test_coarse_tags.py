@@ -116,6 +116,9 @@ def test_coarse_tags_recalls_its_train_groups_without_their_labels_in_the_popula
     positions = settings.coarse.train_positions
     np.testing.assert_array_equal(seen["train"]._popularity.popularity, prefix_popularity(split, positions))
     np.testing.assert_array_equal(seen["valid"]._popularity.popularity, split.item_popularity("valid"))
+    assert is_current(settings, root, TINY_EMBED)
+    monkeypatch.setattr(coarse_tags, "TRAINING_REVISION", coarse_tags.TRAINING_REVISION + 1)  # a training fix since
+    assert not is_current(settings, root, TINY_EMBED)
 
 
 def test_coarse_tags_needs_tags_for_the_whole_catalog(artifacts, tmp_path):
