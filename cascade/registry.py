@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from cascade.settings import Settings
 from coarse_rank.config import TRAINING_REVISION as COARSE_TRAINING_REVISION
+from coarse_rank.config import CoarseConfig
 from fusion.stage import weights_key_for
 from offline.split import Phase, split_id
 from recall.config import DEFAULT_DEPTH, RecallConfig
@@ -194,7 +195,7 @@ def config_id(settings: Settings, stage: str) -> str:
                                                        else None),
                   **({"stage_depth": depth} if depth != DEFAULT_DEPTH else {})}
         positions = settings.coarse.train_positions  # what recall_holdout holds out: the coarse labels
-        if stage == "recall_holdout" and positions != type(settings.coarse).model_fields["train_positions"].default:
+        if stage == "recall_holdout" and positions != CoarseConfig().train_positions:
             config["held_out_positions"] = positions
     else:
         section = getattr(settings, stage, None)

@@ -43,7 +43,7 @@ from scipy import sparse
 from offline.protocol import GATE_MIN_USERS, SALT_CHANNEL_GATE, gate_halves, gate_verdict
 from recall.channels import clean_channel
 from recall.config import RecallConfig
-from recall.item_models import NeighbourChannel, covisitation, item_model
+from recall.item_models import NeighbourChannel, covisitation, item_counts, item_model
 from recall.stage import RecallStage
 from recsys.atomic import atomic_write_json
 from recsys.config import StageSpec
@@ -81,8 +81,7 @@ def train_channels(split: Any, stage_root: Path, subdir: str, sequences: list[np
                         config.model_copy(update={"channel_shares": None}))
     # popularity as of the tuning targets: the events of the sequences the models learnt from (for recall/ the
     # valid phase's counts; for recall_holdout those without its held-out targets), never a target's own event
-    counts = np.bincount(np.concatenate([np.zeros(0, np.int64), *sequences]), minlength=split.n_items)
-    stage.load_from(recall_dir, counts.astype(np.float64))
+    stage.load_from(recall_dir, item_counts(sequences, split.n_items).astype(np.float64))
     users = np.flatnonzero(np.asarray(targets) >= 0)
     lists, excludes = channel_lists_for(stage, [sequences[u] for u in users], [split.user_attrs(u) for u in users])
     tgt = np.asarray(targets)[users]

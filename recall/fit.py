@@ -60,6 +60,7 @@ from offline.protocol import SALT_EARLY_STOP, user_sample
 from offline.split import Split
 from recall.config import RecallConfig
 from recall.features import ItemFeatures, UserVocab
+from recall.item_models import item_counts
 from recall.scoring import full_ranking_metrics, user_vectors
 from recall.text import embed_items
 from recall.towers import ItemTower, UserTower
@@ -155,7 +156,7 @@ def setup_run(
     if config.use_text:
         text = embed_items(split.items, text_cache, progress=progress)
     vocab = UserVocab.from_users(split.users)
-    counts = np.bincount(np.concatenate([np.zeros(0, np.int64), *seqs]), minlength=split.n_items)
+    counts = item_counts(seqs, split.n_items)
     known = counts > 0  # an item no training sequence holds (a new item) is placed by its content alone
     log_q = None
     if not config.uses_full_softmax(split.n_items):

@@ -135,6 +135,15 @@ def _covisit_pairs(sequences: Sequence[np.ndarray], n_items: int, window: int, b
     return mat
 
 
+def item_counts(sequences: Sequence[np.ndarray], n_items: int) -> np.ndarray:
+    """Events per item over ``sequences`` (repeats count each time): the popularity of what a model learnt from.
+
+    >>> item_counts([np.array([0, 2, 2]), np.array([], dtype=np.int64)], 4).tolist()
+    [1, 0, 2, 0]
+    """
+    return np.bincount(_flatten(sequences)[1], minlength=n_items)
+
+
 def user_item_matrix(sequences: Sequence[np.ndarray], n_items: int) -> sparse.csr_matrix:
     """Binary ``[n_users, n_items]`` CSR (repeats count once)."""
     owner, items = _flatten(sequences)

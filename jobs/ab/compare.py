@@ -136,10 +136,9 @@ def checked_pipeline(settings: Settings, artifact_dir: Path, name: str, phase: P
     warnings = []
     if other := trained_under_other_settings(settings, artifact_dir):
         warnings.append(f"{name}: stage(s) {other} in {artifact_dir} were trained under other settings than "
-                        f"{name}'s config (a recall depth, params or section, a coarse setting or its training revision, "
-                        "differs); "
-                        f"they are measured as trained, not as {name} would train them: train {name}'s config "
-                        "into its own artifact directory (`recsys ab offline --artifacts-b`)")
+                        f"{name}'s config (a recall depth, params or section, a coarse setting or its training "
+                        f"revision, differs); they are measured as trained, not as {name} would train them: "
+                        f"train {name}'s config into its own artifact directory (`recsys ab offline --artifacts-b`)")
     return build_pipeline(settings, artifact_dir, phase=phase), warnings
 
 
