@@ -27,7 +27,7 @@ from recsys.atomic import atomic_write_text
 if TYPE_CHECKING:
     from cascade.settings import Settings
 
-tag_app = typer.Typer(help="LLM tags and embeddings for the item catalog (issue 6).", invoke_without_command=True,
+tag_app = typer.Typer(help="LLM tags and embeddings for the item catalog.", invoke_without_command=True,
                       no_args_is_help=False)
 
 ModelOpt = Annotated[Path | None, typer.Option("--model", help="HF model directory (default: tags/model, else base).")]

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 DEFAULT_SUBDIR = "coarse"
 # Bumped when a fix changes what the coarse ranker learns from under the same settings; it is part of
 # the stage's config id (cascade.registry.config_id, jobs.coarse_tags.tags_source), so `recsys train`
-# retrains models trained before it. 2 (session 25): train groups recalled without their labels in the
+# retrains models trained before it. Revision 2: train groups are recalled without their labels in the
 # popularity counts (jobs.train.holdout_recall).
 TRAINING_REVISION = 2
 

@@ -163,7 +163,8 @@ def evaluate_pipeline(
     settings: Settings, artifact_dir: Path, split: Split, *, phase: Phase = "test", progress: bool = True,
     n_boot: int = 2000,
 ) -> dict[str, Any]:
-    """Measure every stage on ``phase`` and return the eval report (see issue #3's format)."""
+    """Measure every stage on ``phase`` and return the eval report: per-stage metrics, candidate recall,
+    coverage, paired deltas between stages, list completeness, rule and fusion costs, timings."""
     require_bootstrap_users(split)
     t0 = time.perf_counter()
     pipeline = memoised(build_pipeline(settings, artifact_dir, phase=phase))  # policy passes replay the scorers

@@ -33,7 +33,7 @@ the same sum (``LLMRerankStage.residual_beta``, read from ``train_meta.json``).
 optimizer + step) land in ``<artifact_dir>/llm/checkpoints`` and a rerun resumes from the last
 one; the merged model is written to ``<artifact_dir>/llm``.
 
-Deliberately left out: evaluation (the lead's ``recsys eval``), multi-process training.
+Deliberately left out: evaluation (``recsys eval``), multi-process training.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Latency benchmark and batch scoring helpers for the lead's CLI and evaluator.
+"""Latency benchmark and batch scoring helpers for the CLI (``recsys bench llm``) and the evaluator.
 
 ``bench_llm_stage`` times the stage one request at a time with a cold prefix cache (the
 worst case a new user sees): 20 candidates, the user's real history and attributes.

@@ -253,7 +253,7 @@ def train_stages(
         upstream = _upstream(settings, artifact_dir, stage)
         if (not force and meta is not None and meta.get("split_id") == current
                 and meta.get("config_id") == cid
-                and meta.get("upstream", upstream) == upstream):  # stage.json before session 9: no record
+                and meta.get("upstream", upstream) == upstream):  # an older stage.json has no upstream record
             report[stage] = {"reused": True, **meta.get("report", {})}
             continue
         # an interrupted retrain must not leave the old completion marker vouching for half-new files

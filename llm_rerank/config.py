@@ -62,14 +62,14 @@ class KVCacheConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    # on by default since issue 19: `recsys bench llm` measured this cache (warm = a tier-1 hit, 0.17x of cold
-    # on ML-100K) while serving ran the whole-prefix LRU, which keeps only the history part of a listwise
-    # prompt and recomputed the candidate list on every request (0.65x of cold)
+    # on by default: `recsys bench llm` measures this cache at 0.17x of a cold prefix on ML-100K (warm = a
+    # tier-1 hit), against 0.65x for the whole-prefix LRU, which keeps only the history part of a listwise
+    # prompt and recomputes the candidate list on every request
     enabled: bool = Field(True, description="Use the block cache instead of the whole-prefix LRU.")
     block_tokens: int = Field(16, ge=1, le=1024, description="Tokens per cached block (vLLM uses 16).")
-    # 1 GiB since session 9: 256 MiB held ~11 ML-100K listwise prompts of SmolLM2-135M in fp32 (the precision
+    # 1 GiB, not 256 MiB: 256 MiB holds ~11 ML-100K listwise prompts of SmolLM2-135M in fp32 (the precision
     # "auto" serves without native bf16: 30 layers x K,V x 3 heads x 64 x 4 B = 46 KB per token, ~23 MB per
-    # 500-token prompt), so 16 users' warm requests all missed in `recsys bench serve` (LRU thrash)
+    # 500-token prompt), so 16 users' warm requests all miss in `recsys bench serve` (LRU thrash)
     tier1_bytes: int = Field(1 << 30, ge=0, description="In-process LRU bound in bytes (1 GiB holds ~45 "
                              "500-token SmolLM2-135M prompts in fp32); 0 disables tier 1.")
     tier2: bool = Field(False, description="Share blocks through Redis (recsys.redis_state.connect); off by "

@@ -45,16 +45,16 @@ class RecallConfig(BaseModel):
     weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW decoupled weight decay.")
     batch_size: int = Field(128, ge=1, le=65_536, description="Training windows per step.")
     max_epochs: int = Field(200, ge=1, le=10_000, description="Upper bound on training epochs.")
-    # 8, not 3 (session 16): valid NDCG@10 (and the untruncated NDCG alike) plateaus for 4-5 evaluations
+    # 8, not 3: valid NDCG@10 (and the untruncated NDCG alike) plateaus for 4-5 evaluations
     # around epoch 22-30 on ML-100K and climbs again to epoch ~60; with 3 the seed-42 fit stopped at the
     # plateau (best epoch 22, test two-tower recall@200 0.792 against 0.82-0.83 from epoch 40 on).
     # 3 seeds (reports/h18_seeds_ml100k_patience8_deterministic.json): candidate recall@200 0.8254 +- 0.0137
     # -> 0.8303 +- 0.0049, coarse NDCG@10 0.1213 -> 0.1221; two-tower training 196 -> 336 s per model.
     patience: int = Field(8, ge=1, le=1000, description="Evaluations without improvement before stopping.")
     eval_every: int = Field(2, ge=1, le=1000, description="Epochs between early-stopping evaluations.")
-    # 0 (every core) since recall/__init__ sets OMP_WAIT_POLICY=PASSIVE: the old ~9x slowdown of
-    # 2 threads was libgomp workers spin-waiting on cores other jobs needed. ML-100K, seed 42,
-    # one run under the heavy-job lock: 1 thread 155 s, 2 threads (passive) 117 s, same 22
+    # 0 (every core): recall/__init__ sets OMP_WAIT_POLICY=PASSIVE, without which libgomp's workers
+    # spin-wait on cores other jobs need and 2 threads run ~9x slower than 1. ML-100K, seed 42,
+    # one run on an otherwise idle machine: 1 thread 155 s, 2 threads (passive) 117 s, same 22
     # epochs and the same NDCG; 2 threads with the default wait policy: 35 s vs 23 s for 4 epochs.
     train_threads: int = Field(
         0, ge=0, le=256, description="torch CPU threads for training; 0 = one per available core."
@@ -64,7 +64,7 @@ class RecallConfig(BaseModel):
         "(a seeded sample above this many, so their cost stops growing with users); None: every user."
     )
     # The budget, not the clock, bounds training at scale, so a seed gives the same model on a busy machine as
-    # on a quiet one (session 12: on a shared box the old 240 s wall-clock cap stopped the same fit after 14
+    # on a quiet one (on a shared box a 240 s wall-clock cap stopped the same fit after 14
     # epochs, valid NDCG@10 0.071, against 47 epochs and 0.106 on a quiet one). 1e10 logits is ~77 epochs at
     # ML-100K scale (~1.3e8 per epoch; with patience 8 seed 42 reached it, best epoch 72; seeds 43 and 44
     # stopped at 60 and 66) and stops where the 240 s cap did at 1M interactions (4,772 items: ~2 epochs).
@@ -111,7 +111,7 @@ class RecallConfig(BaseModel):
         0.8, ge=0.0, le=1.0, description="Popularity share for a user with an empty history."
     )
 
-    # -- extra channels (issue 18), on by default. Measured on ML-100K over 3 paired seeds (with
+    # -- extra channels, on by default. Measured on ML-100K over 3 paired seeds (with
     # coarse.channel_features): coarse NDCG@10 0.1059 +- 0.0037 -> 0.1158 +- 0.0021, positive on every
     # seed (reports/h18_seeds_ml100k_*.json). Switch one off with covisit_channel: false / item_model: off.
     covisit_channel: bool = Field(

@@ -1,47 +1,28 @@
 """Train the two-tower recall model and write its artifacts.
 
 The training loop, its loss and its reproducibility live in ``recall.fit``; this module is the
-entry point (``train_two_tower``): fit, evaluate, the extra channels, the optional refit, artifacts.
+entry point (``train_two_tower``): fit with early stopping on the valid items, evaluate, fit the
+extra channels, optionally refit, save.
 
-Refit (``RecallConfig.refit``, off by default): once early stopping on the valid items has chosen
-the epoch count, the served model is trained again from scratch, same seed, on each user's
-training sequence *plus its valid item* for that many epochs, and the extra channels are refitted
-on those sequences (their shares stay the ones gated with the early-stopped model). The valid item
-is the last item of every test-time history and each user's most recent interaction; before, no
-model learnt from it (it was the early-stopping target). The early-stopped model stays in
-``recall/early_stopped/``: the jobs that tune or measure on valid items load it
-(``RecallStage.load(phase="valid")``, ``cascade.registry.build_pipeline(phase=...)``), since the
-served one has learnt those items. The held-out copy (``recall_holdout``, given ``sequences``) is
-never refit: it would learn the coarse ranker's labels. On ML-100K, seeds 42-44
-(``reports/h18_refit_probe_session24_ml100k.json``, the served merge): candidate recall@200
-0.8360 -> 0.8409 (+0.0064, +0.0074, +0.0011), co-visitation's own 0.7731 -> 0.7752, EASE's
-0.7487 -> 0.7572, two-tower NDCG@10 0.1196 -> 0.1219; the refit takes 130-240 s on top of a
-195-260 s fit. In the whole cascade (``reports/h18_refit_vs_early_stopped_ml100k.json``, the refit
-paired per seed against the early-stopped model under the same coarse ranker) coarse@50 rises
-+0.0074 +- 0.0021 but what is served does not: coarse = final NDCG@10 -0.0051, -0.0023, +0.0023
-(mean -0.0017 +- 0.0037, within the spread). No lift where it counts, for one more fit: off by default.
+Refit (``RecallConfig.refit``, off by default): once early stopping has chosen the epoch count,
+the served model is trained again from scratch (same seed, same epochs) on each user's training
+sequence plus its valid item, the most recent interaction of every user, which the early-stopped
+model never learns from (it is its stopping target); the extra channels are refitted on the same
+sequences with the shares gated for the early-stopped model. The early-stopped model stays in
+``recall/early_stopped/`` for the jobs that tune or measure on valid items
+(``RecallStage.load(phase="valid")``), since the refit has learnt those items. The held-out copy
+(``recall_holdout``, given ``sequences``) is never refit: it would learn the coarse ranker's
+labels. It stays off by default because on ML-100K (3 seeds) it lifts candidate recall@200 but not
+the served NDCG@10, for a second fit.
+
+Threads: training uses every core the process may run on (``train_threads``: 0); the workers
+sleep between parallel regions instead of spinning (``recall/__init__`` sets
+``OMP_WAIT_POLICY=PASSIVE``), without which two threads ran slower than one on a shared box.
 
 Artifacts in ``out_dir`` (the per-dataset ``recall/`` directory): ``model.pt`` (both towers'
 state dicts), ``model.json`` (config + vocabularies), ``item_vectors.npy``, ``index/`` (faiss,
 via ``recall.index.ItemIndex``), ``report.json``, and ``text_cache/``; with the refit
 also ``early_stopped/`` (the same files but ``text_cache/``, for the early-stopped model).
-
-Measured on ML-100K (5-core, leave-one-out, full ranking, history excluded; default config,
-seed 42, 2 CPU threads, inside ``recsys eval``): 60 epochs (patience; best 44) in 244 s;
-valid NDCG@10 0.132; test NDCG@10 0.116, Recall@10 0.216, Recall@200 0.836 (popularity: NDCG@10
-0.045, Recall@200 0.480). Without ``mask_history`` 77 epochs (the logit budget; best 72), test
-NDCG@10 0.105, Recall@10 0.207, Recall@200 0.835. With patience 3 and no masking the same seed stopped at epoch 28 (best 22): test
-NDCG@10 0.098, Recall@200 0.792 (``reports/h18_seeds_ml100k_patience8_deterministic.json``).
-
-Threads (issue 18): training used one of two cores because ``train_threads`` defaulted to 1,
-and it did so because 2 threads ran several times slower: libgomp's idle workers spin-wait
-after every parallel region (torch's and faiss's own libgomp copies each), which on a shared
-box stalls every barrier. Per step the time is in the full-softmax matmul and log-softmax over
-the catalog (~55%) and dropout's bernoulli (~9%), big enough ops for two threads to help once
-the workers sleep instead of spin (``recall/__init__`` sets ``OMP_WAIT_POLICY=PASSIVE``).
-Measured on ML-100K in one run (seed 42, box otherwise idle but for tests): 1 thread 155 s,
-2 threads 117 s, identical epochs and metrics. (The holdout fit hit the old 240 s wall-clock
-cap in every seed of the issue-18 runs at 1 thread: why a logit budget now bounds a fit.)
 
 Deliberately left out: hyper-parameter search, hard-negative mining, multi-process loading.
 """

@@ -16,8 +16,8 @@ meant to look like a real front end rather than a cold loop over every user:
 Latency figures are client-side wall times of successful recommendations only, overall and
 per answer path (``by_path``: cache hits apart from pipeline answers); events are counted apart.
 
-``bench_serve`` measures each path on its own (issue 19: the old rows labelled "LLM share"
-ran with no LLM loaded, and most of their calls were cache hits):
+``bench_serve`` measures each path on its own (a mixed "LLM share" row would mostly time cache hits,
+and would not show whether the LLM was loaded at all):
 
 - ``light_nocache``: a server with the result cache off, every call ``llm: false``;
 - ``llm``: the same server, the LLM stage loaded (checked on ``/readyz``; a configured LLM that
