@@ -110,13 +110,13 @@ def toy_artifacts(tmp_path: Path) -> Path:
 
 
 def test_recommend_with_k_over_the_limit_is_one_line(toy_artifacts: Path) -> None:
-    """Issue 16 item 8: `recsys recommend u0001 --k 1000` printed a LimitError traceback."""
+    """`recsys recommend u0001 --k 1000` is one error line naming the limit, not a LimitError traceback."""
     res = runner.invoke(app, ["recommend", "u1", "--k", "1000", "--artifacts", str(toy_artifacts)])
     _one_line_error(res, "LimitError", "k:", "100")
 
 
 def test_recommend_with_an_empty_user_id_is_one_line(toy_artifacts: Path) -> None:
-    """Issue 16 item 8: `recsys recommend ''` printed a multi-line ValidationError traceback."""
+    """`recsys recommend ''` is one error line, not a multi-line ValidationError traceback."""
     res = runner.invoke(app, ["recommend", "", "--artifacts", str(toy_artifacts)])
     _one_line_error(res, "ValueError", "invalid request: user_id:")
 
@@ -124,7 +124,7 @@ def test_recommend_with_an_empty_user_id_is_one_line(toy_artifacts: Path) -> Non
 def test_recommend_without_a_trained_coarse_model_is_one_line(
     toy_artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 16 item 8: a missing coarse model raised FileNotFoundError through the CLI."""
+    """A missing coarse model is one error line naming the file, not a FileNotFoundError traceback."""
     from recsys.config import STAGE_KINDS
     from tests.serving.toy import TOY_KINDS
 
@@ -139,9 +139,8 @@ def test_recommend_without_a_trained_coarse_model_is_one_line(
 @pytest.mark.parametrize(("port", "bound"), [("70000", "less than or equal to 65535"),
                                            ("0", "greater than or equal to 1")])
 def test_serve_refuses_a_port_out_of_range(toy_artifacts: Path, port: str, bound: str) -> None:
-    """Issue 16 item 8: `recsys serve --port 70000` reached uvicorn and died with OverflowError.
-
-    Refused by the option's bounds before anything starts: click's usage error (exit 2).
+    """`recsys serve --port 70000` is refused by the option's bounds before anything starts (click's
+    usage error, exit 2), rather than reaching uvicorn and dying with OverflowError.
     """
     res = runner.invoke(app, ["serve", "--port", port, "--artifacts", str(toy_artifacts)])
     assert res.exit_code == 2 and isinstance(res.exception, SystemExit), res.output

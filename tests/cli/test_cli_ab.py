@@ -83,8 +83,8 @@ def test_offline_warns_when_b_changes_a_trained_stage_and_takes_b_artifacts(toy:
 
 
 def test_offline_with_b_on_another_split_names_the_difference_in_one_line(tmp_path: Path) -> None:
-    """Hostile pass 11 #8: `--artifacts-b` on a split prepared with the defaults, A's with --catalog listed:
-    the error said "another split ... (or none)" and prescribed the `recsys train` just run."""
+    """`--artifacts-b` on a split prepared with the defaults, A's with --catalog listed: one error line
+    naming the difference (catalog listed vs interacted) and the command that trains B on A's split."""
     shop = tmp_path / "shop"
     shop.mkdir()
     rows = [f"u{u},i{(u + j) % 12},{1000 + j}" for u in range(30) for j in range(8)]

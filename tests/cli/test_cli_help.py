@@ -2,7 +2,7 @@
 
 typer renders help through rich, whose markup takes ``[word: ...]`` for a style tag and drops
 it: "Iterative k-core filter [default: the prepared split's, else 5]." printed as "Iterative
-k-core filter ." (session 19).
+k-core filter .".
 """
 
 import re

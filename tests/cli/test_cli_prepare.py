@@ -87,9 +87,9 @@ def test_recommend_knows_a_dataset_by_its_files_not_its_name(tmp_path: Path):
 
 
 def test_a_refreshed_dataset_keeps_its_catalog_and_k_core_and_the_note_says_so(tmp_path: Path, caplog):
-    """Hostile pass 11: a shop prepared with `--catalog listed --k-core 3` that lists one more product
-    (or logs one more event) went back to the interacted 5-core catalog on its next `train`, the new
-    product and every other event-less one gone, and the note said only "(other files)"."""
+    """A shop prepared with `--catalog listed --k-core 3` that lists one more product (or logs one more
+    event) keeps its listed 3-core catalog on its next `train` (not the interacted 5-core one, which drops
+    the new product and every other event-less one), and the note says what was kept."""
     shop = _tiny_generic(tmp_path / "shop")
     items = ["item_id,title"] + [f"i{i},Product {i}" for i in range(12)] + ["i90,Never bought"]
     (shop / "items.csv").write_text("\n".join(items) + "\n")
@@ -112,8 +112,8 @@ def test_a_refreshed_dataset_keeps_its_catalog_and_k_core_and_the_note_says_so(t
 
 
 def test_a_dataset_exported_under_another_name_into_the_same_artifacts_keeps_the_options(tmp_path: Path, caplog):
-    """Hostile pass 12: a date-stamped export (shop_2024_06, then shop_2024_07) into one artifact
-    directory went back to the interacted 5-core catalog, the note naming only the dataset."""
+    """A date-stamped export (shop_2024_06, then shop_2024_07) into one artifact directory keeps the
+    options it was prepared with, rather than going back to the interacted 5-core catalog."""
     june = _tiny_generic(tmp_path / "shop_2024_06")
     (june / "items.csv").write_text("item_id,title\n" + "".join(f"i{i},P{i}\n" for i in range(12)) + "i90,New\n")
     art = ["--artifacts", str(tmp_path / "art"), "--out", str(tmp_path / "p.json")]

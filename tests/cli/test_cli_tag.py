@@ -47,8 +47,8 @@ def test_after_prepare_rebuilds_the_split_old_tags_are_refused_not_moved_onto_ot
 
 
 def test_the_same_ids_prepared_again_with_new_titles_are_not_served_the_old_tags(art: Path):
-    """Hostile pass 13: every title changed under the same ids, and `recsys tag` counted the old parts as
-    done in a second ("Gadget 0 is a comedy" for an item now titled as a horror film), exit 0."""
+    """Every title changed under the same ids: `recsys tag` tags again rather than count the old parts as
+    done (which would serve "Gadget 0 is a comedy" for an item now titled as a horror film)."""
     tag = ["tag", "--artifacts", str(art), "--model", str(tiny_model_dir()), "--chunk-size", "2", "--batch-size", "2",
            "--max-new-tokens", "80", "--threads", "1"]
     assert runner.invoke(app, tag).exit_code == 0
@@ -97,11 +97,11 @@ def _broken_model(tmp_path: Path, kind: str) -> Path:
     ("no-weights", "no model weights there"),
     ("config-not-json", "config.json: not valid JSON"),
     ("no-tokenizer", "the tagging model cannot be loaded"),
-    # hostile pass 12 #2: these were tracebacks (SafetensorError, KeyError: 'weight_map', KeyError: 105)
+    # each one error line, not a traceback (SafetensorError, KeyError: 'weight_map', KeyError: 105)
     ("truncated", "model.safetensors: 3,183,964 bytes, but its header lists tensors up to byte 6,367,928 (truncated"),
     ("torn-header", "model.safetensors: not a whole safetensors file (100 bytes; its header cannot be read"),
     ("bad-dtype", "the tagging model cannot be loaded (SafetensorError: Error while deserializing header"),
-    # hostile pass 13 #1: a TypeError traceback
+    # one error line, not a TypeError traceback
     ("bad-offsets", "in its safetensors header has data_offsets 5, not two byte offsets"),
     ("index-without-map", "model.safetensors.index.json: not a shard index (no 'weight_map' object"),
     ("bin-not-a-checkpoint", "pytorch_model.bin: not a PyTorch checkpoint (it starts with b'hi\\n'"),
@@ -109,8 +109,8 @@ def _broken_model(tmp_path: Path, kind: str) -> Path:
 @pytest.mark.parametrize("engine", ["local", "ray"])
 def test_fresh_with_a_model_that_cannot_load_is_one_error_line_and_keeps_every_part(art: Path, tmp_path: Path,
                                                                                    kind: str, says: str, engine: str):
-    """Hostile pass 12 #1: on --engine ray the model loaded only in the actors, after --fresh had deleted
-    every part, and its failure was a Ray traceback."""
+    """The model is checked before --fresh deletes any part, on --engine ray too (where it would otherwise
+    load only in the actors, after the parts were gone, and fail as a Ray traceback)."""
     tag = ["tag", "--artifacts", str(art), "--chunk-size", "2", "--batch-size", "2", "--max-new-tokens", "80",
            "--threads", "1"]
     assert runner.invoke(app, [*tag, "--model", str(tiny_model_dir())]).exit_code == 0

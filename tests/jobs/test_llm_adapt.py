@@ -196,7 +196,7 @@ def _empty():  # noqa: ANN202
     os.environ.get("HEAVY_TESTS") != "1",
     reason="real SmolLM2 adaptation (~100 s) does not pass yet: measured 12/16 wins (needs 14) after 24 pointwise "
     "steps (the loss only reaches the Yes base rate; also 12/16 with 5 negatives), 10/16 after 40 at lr 2e-3, "
-    "14/16 or 6/16 after 48 at lr 5e-3 depending on the run (unstable), 8/16 listwise (issue 4); run it with "
+    "14/16 or 6/16 after 48 at lr 5e-3 depending on the run (unstable), 8/16 listwise; run it with "
     "HEAVY_TESTS=1 (make test-heavy)",
 )
 def test_real_smollm2_learns_genre_preference(tmp_path: Path) -> None:

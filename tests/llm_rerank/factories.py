@@ -7,7 +7,7 @@
   q/k/v biases, Gemma 3 with sliding-window layers whose window is shorter than the test prompts);
 - ``tiny_split``: 12 movies in two genres, 8 users who each watch one genre only;
 - ``PopularityStage``: a real candidate stage (most popular unseen items), standing in for
-  the recall+coarse cut that the lead passes to ``train_llm``.
+  the recall+coarse cut that ``jobs.train`` passes to ``train_llm``.
 """
 
 from __future__ import annotations

@@ -87,10 +87,10 @@ def test_batched_stage_matches_unbatched_and_honours_deadlines(tmp_path: Path) -
     """Four requests of different prompt lengths share padded passes and score as they do alone.
 
     The first batch is held until all four jobs are queued, so mixed-length rows always share a
-    pass (not only when the threads happen to be quick). Issue 16 item 11: this test was
-    ``xfail(strict=False)``; the scores differed (-2.07 vs -2.57) because concurrent requests
-    raced on the tokenizer's shared ``split_special_tokens`` state and built different prompts
-    (``llm_rerank.prompt``), not because of the padding (``test_scoring``'s mixed-length test).
+    pass (not only when the threads happen to be quick). Concurrent requests must not race on the
+    tokenizer's shared ``split_special_tokens`` state (``llm_rerank.prompt``): when they did, they
+    built different prompts and scored differently (-2.07 vs -2.57); padding alone does not change
+    a score (``test_scoring``'s mixed-length test).
     """
     save_tiny_llm(tmp_path / "m")
     tiny_split().save(tmp_path / "toy" / "split")

@@ -109,7 +109,7 @@ def test_mixed_length_rows_in_one_padded_pass_score_as_each_row_alone(
         tiny: tuple[LogitScorer, PromptBuilder], path: str) -> None:
     """Right padding under causal attention: a real token never sees the pads after it, and
     positions count from 0 (or the cached prefix length) in every row, so a row's answer logits do
-    not depend on the other rows of its batch (issue 16 item 11; measured max |diff|: 6e-6 on the
+    not depend on the other rows of its batch (measured max |diff|: 6e-6 on the
     logits, 2.4e-6 on the stage scores)."""
     scorer, builder = tiny
     prefix = builder.listwise(HORROR[:2], ATTRS, ["Alien (1979)"]).prefix

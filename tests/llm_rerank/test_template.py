@@ -1,4 +1,4 @@
-"""The prompt document (issue 16 item 4): its schema, and the LLM stage applying it.
+"""The prompt document: its schema, and the LLM stage applying it.
 
 A changed instruction must reach the model: the tests hook the embedding layer and decode the
 token ids the model actually receives, before and after ``set_prompt_template``.

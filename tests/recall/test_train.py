@@ -77,7 +77,7 @@ def test_same_seed_same_model_on_two_threads(tmp_path: Path):
 
 
 def test_explicit_sequences_and_targets(split, tmp_path: Path):
-    # The lead's second copy: train without each user's last train item, early-stop on it.
+    # The held-out copy (recall_holdout): train without each user's last train item, early-stop on it.
     seqs = [s[:-1] for s in split.train_sequences]
     targets = np.array([s[-1] for s in split.train_sequences])
     report = train_two_tower(split, tmp_path, tiny_config(), sequences=seqs, early_stop_targets=targets,

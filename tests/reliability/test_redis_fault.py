@@ -7,7 +7,7 @@ while Redis is down is refused with 503 (not recorded) and accepted once when re
 
 The embedded Redis (no ``REDIS_URL``) is supervised: ``kill -9`` of its ``redis-server``
 under load must be repaired by the server itself, events accepted again and ``degraded``
-gone within 5 s (issue 16), no recommendation failing.
+gone within 5 s, no recommendation failing.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from tests.reliability.conftest import RECALL, RULES, TOY_PAIRS
 from tests.serving.conftest import toy_pipeline
 from tests.serving.toy import toy_settings
 
-RECOVERY_BOUND_S = 5.0  # the issue's acceptance bound
+RECOVERY_BOUND_S = 5.0  # the recovery the embedded Redis promises
 
 TOY_FACTORY = "tests.serving.toy:create_toy_app_from_env"
 

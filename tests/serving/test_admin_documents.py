@@ -1,4 +1,4 @@
-"""Hostile and mistaken admin documents (issue 16): each is refused with a 422 naming the problem,
+"""Hostile and mistaken admin documents: each is refused with a 422 naming the problem,
 nothing is stored, and the rules in force keep serving.
 
 Toy catalog with the real rules stage on the packaged default rule set: an unknown user
@@ -22,7 +22,7 @@ ONE_RULE = "rules: [{id: no_m6, kind: blocklist, items: {item_ids: [m6]}}]\n"
 
 
 def laughs(levels: int = 7) -> str:
-    """The 'billion laughs' of the issue: anchors nested ``levels`` deep under ``description``."""
+    """A YAML 'billion laughs': anchors nested ``levels`` deep under ``description``."""
     lines = ["description:", "  - &x0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
     lines += [f"  - &x{i} [{', '.join([f'*x{i - 1}'] * 10)}]" for i in range(1, levels)]
     return "version: bomb-1\n" + ONE_RULE + "\n".join(lines) + "\n"

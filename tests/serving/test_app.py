@@ -106,7 +106,7 @@ def test_malformed_json_is_refused(client: TestClient) -> None:
 ])
 def test_a_byte_order_mark_does_not_switch_the_body_checks_off(client: TestClient, body: bytes, status: int,
                                                                kind: str) -> None:
-    """Hostile pass 10: with a UTF-8 BOM the checks were skipped (the surrogate gave a 500, the rest a 200)."""
+    """A UTF-8 BOM does not skip the body checks (which would make the surrogate a 500, the rest a 200)."""
     resp = client.post("/v1/recommend", content=b"\xef\xbb\xbf" + body, headers={"content-type": "application/json"})
     assert resp.status_code == status, resp.text
     assert kind in resp.text
@@ -123,9 +123,9 @@ def test_a_byte_order_mark_does_not_switch_the_body_checks_off(client: TestClien
     ("utf-16", "it starts with a UTF-16 byte-order mark"),
 ])
 def test_a_utf16_or_utf32_body_is_400_on_every_json_route(online: TestClient, encoding: str, reads_as: str) -> None:
-    """Hostile pass 11 #3: without a BOM such a body is valid UTF-8 (NULs) that ``json.loads(str)`` refuses,
-    so every check was skipped while the route's ``json.loads(bytes)`` decoded it: a duplicate "k" was
-    served (200), an unpaired surrogate was a 500, a duplicate "item_id" was recorded."""
+    """Without a BOM such a body is valid UTF-8 (NULs) that ``json.loads(str)`` refuses while the route's
+    ``json.loads(bytes)`` decodes it: unless refused up front, every check is skipped (a duplicate "k"
+    served with a 200, an unpaired surrogate a 500, a duplicate "item_id" recorded)."""
     bodies = {"/v1/recommend": '{"user_id": "u1", "k": 5, "k": 2}', "/v1/events": '{"user_id": "u\\ud800x"}',
               "/admin/rules/rollback": '{"version": "a", "version": "b"}'}
     headers = {"content-type": "application/json", "x-api-key": ADMIN_KEY}
@@ -140,8 +140,8 @@ def test_a_utf16_or_utf32_body_is_400_on_every_json_route(online: TestClient, en
 
 
 def test_a_utf8_body_led_by_a_nul_byte_is_named_as_such_not_as_utf16(online: TestClient) -> None:
-    """Hostile pass 12 #8: ``b'\\x00{...}'`` is UTF-8 with a stray NUL, which json's guess reads as UTF-16-BE;
-    the 400 said "it reads as UTF-16-BE". Real UTF-16 keeps its own message."""
+    """``b'\\x00{...}'`` is UTF-8 with a stray NUL, which json's guess reads as UTF-16-BE: the 400 names
+    the NUL, not "it reads as UTF-16-BE". Real UTF-16 keeps its own message."""
     headers = {"content-type": "application/json", "x-api-key": ADMIN_KEY}
     for route in ("/v1/recommend", "/v1/events", "/admin/rules/rollback"):
         resp = online.post(route, content=b'\x00{"user_id": "u001", "k": 3}', headers=headers)
@@ -157,7 +157,7 @@ def test_a_utf8_body_led_by_a_nul_byte_is_named_as_such_not_as_utf16(online: Tes
 @pytest.mark.parametrize("body", [b"\xff\xfe{\x00}\x00", b'\x00{"user_id": "u001"}', b"\xff\xfe\x00"])
 def test_a_body_sent_to_admin_reload_is_told_it_takes_none_not_how_to_encode_json(online: TestClient,
                                                                                   body: bytes) -> None:
-    """Hostile pass 12 #8: POST /admin/reload takes no body, yet a UTF-16 one was told to "send JSON as UTF-8"."""
+    """POST /admin/reload takes no body: a UTF-16 one is told so, not to "send JSON as UTF-8"."""
     resp = online.post("/admin/reload", content=body, headers={"content-type": "application/json",
                                                                "x-api-key": ADMIN_KEY})
     assert (resp.status_code, resp.json()) == (422, {"detail": f"POST /admin/reload takes no body (got {len(body)} "

@@ -66,7 +66,7 @@ def test_calls_raise_unavailable_when_redis_is_gone(redis_server, state: OnlineS
 
 
 def test_reading_unknown_users_writes_no_key(state: OnlineState) -> None:
-    """Issue 16 item 6: every read of a new user id used to leave a permanent ``hver`` key."""
+    """A read of a new user id leaves no key behind (no permanent ``hver`` key per stranger)."""
     for n in range(50):
         assert state.history(f"stranger-{n}", None) == (pytest.approx(np.zeros(0)), 0)
     assert state.client.keys(f"{state.ns}:*") == []
@@ -97,7 +97,7 @@ def test_unknown_users_history_expires_after_their_last_event(redis_env: str) ->
 
 
 def test_the_stream_counts_what_it_was_given_so_a_trimmed_one_is_told(redis_env: str) -> None:
-    """Hostile pass 10: `ab analyze` read whatever MAXLEN left of the stream and said nothing."""
+    """`ab analyze` says when MAXLEN has trimmed the stream, rather than silently read what is left."""
     from jobs.ab.events import read_stream, trimmed_warning
 
     client = redis.Redis.from_url(redis_env)

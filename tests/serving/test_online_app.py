@@ -215,7 +215,7 @@ def test_llm_that_fails_falls_back_and_is_not_cached(toy_dir) -> None:
 
 
 def test_read_traffic_from_new_user_ids_leaves_no_permanent_key(online: TestClient, redis_env: str, toy_dir) -> None:
-    """Issue 16 item 6: each request with a new user id wrote a ``hver`` key with no expiry."""
+    """A request with a new user id writes no ``hver`` key without expiry."""
     import redis
 
     ns = toy_dir.name
@@ -242,8 +242,8 @@ def test_an_empty_variant_still_means_none_given(online: TestClient) -> None:
 
 
 def test_with_an_experiment_running_a_click_is_credited_to_the_users_own_arm_only(toy_dir) -> None:
-    """Hostile pass 10: a client could name any arm (even one that does not exist) and `ab analyze`
-    credited it with the click."""
+    """A client cannot name an arm (even one that does not exist) and have `ab analyze` credit it with
+    the click."""
     from recsys.experiments import ExperimentsConfig, VariantSpec, assign
     from serving.app import create_app
     from tests.serving.conftest import REAL_RULES, toy_pipeline

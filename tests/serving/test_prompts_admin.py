@@ -1,7 +1,7 @@
-"""``PUT /admin/prompts`` over HTTP with the real LLM stage on a tiny random model (issue 16 item 4).
+"""``PUT /admin/prompts`` over HTTP with the real LLM stage on a tiny random model.
 
-Before, a prompt version was stored and reported in ``versions.prompt`` while no stage applied
-it (``test_online_app.test_prompt_versions_are_stored_and_reported`` checks only the report).
+A prompt version stored and reported in ``versions.prompt`` must also be what the stage applies
+(``test_online_app.test_prompt_versions_are_stored_and_reported`` checks only the report).
 Here the token ids the LLM stage's model receives are decoded before and after the PUT.
 """
 

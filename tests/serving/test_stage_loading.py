@@ -1,7 +1,7 @@
 """A configured LLM stage that fails to load: the cause is logged, /readyz and /metrics show it.
 
-Issue 16 item 7: the failure used to be visible only as a log line; ``/readyz`` said ready
-with no trace of the lost stage while every request silently took the light path.
+Without that, the failure would be visible only as a log line, with ``/readyz`` saying ready and
+no trace of the lost stage while every request silently takes the light path.
 ``MissingArtifactsLLM`` (tests/serving/toy.py) raises ``FileNotFoundError`` from ``load``.
 """
 

@@ -119,8 +119,8 @@ def _shop(root: Path, extra_items: tuple[str, ...] = ()) -> Path:
 
 
 def test_b_on_another_split_is_refused_naming_what_differs(tmp_path: Path) -> None:
-    """Hostile pass 11 #8: A prepared with --catalog listed, B trained "as the message says" into a fresh
-    directory (the interacted catalog, the defaults): the refusal prescribed the command just run."""
+    """A prepared with --catalog listed, B trained with the defaults into a fresh directory (the interacted
+    catalog): the refusal names the difference and a command that trains B on A's split, not the one just run."""
     shop = _shop(tmp_path / "shop")
     art_a, art_b = tmp_path / "a", tmp_path / "b"
     split = prepare(shop, art_a, catalog="listed", k_core=3)

@@ -85,8 +85,8 @@ def test_replay_simulation_to_analysis(tmp_path: Path, redis_env: str) -> None: 
 
 def test_a_server_that_knows_the_test_items_gives_a_warning_not_a_silent_zero(tmp_path: Path,
                                                                                redis_env: str) -> None:  # noqa: F811
-    # hostile pass 11 #6: a server started on the artifact directory itself (not on replay-dir's output)
-    # never shows a test item; the run had 0 clicks and read as an ordinary report
+    # a server started on the artifact directory itself (not on replay-dir's output) never shows a test
+    # item: the run has 0 clicks, and says why rather than read as an ordinary report
     art = tmp_path / "art"
     split = save_toy_split(art)
     with app_client(art) as client:
@@ -100,8 +100,8 @@ def test_a_server_that_knows_the_test_items_gives_a_warning_not_a_silent_zero(tm
 
 
 def test_a_replay_split_as_the_targets_is_refused(tmp_path: Path, redis_env: str) -> None:  # noqa: F811
-    # hostile pass 11 #6: with the replay split every target is the valid item, which the user already has:
-    # 0 clicks, exit 0, and the server's stream filled with click-less impressions
+    # with the replay split every target is the valid item, which the user already has: refused, rather
+    # than 0 clicks, exit 0, and the server's stream filled with click-less impressions
     from typer.testing import CliRunner
 
     from cli.main import app
@@ -180,7 +180,7 @@ def test_a_replay_directory_keeps_the_split_identity_its_stages_were_trained_on(
 
 
 def test_analyze_with_a_wrong_namespace_names_the_streams_there(tmp_path: Path, redis_env: str) -> None:  # noqa: F811
-    # hostile pass 11 #9: an absent stream read as an empty log: "none of the 0 events carries a variant"
+    # an absent stream is named as absent, not read as an empty log ("none of the 0 events carries a variant")
     from typer.testing import CliRunner
 
     from cli.main import app
@@ -212,7 +212,7 @@ def test_analyze_with_a_wrong_namespace_names_the_streams_there(tmp_path: Path, 
 
 def test_analyze_with_a_namespace_holding_a_newline_is_one_error_line(tmp_path: Path,
                                                                       redis_env: str) -> None:  # noqa: F811
-    # hostile pass 12 #9: the namespace went into the error as is, so `error:` spanned two lines
+    # the namespace is quoted in the error, so `error:` stays one line
     from typer.testing import CliRunner
 
     from cli.main import app
@@ -229,7 +229,7 @@ def test_analyze_with_a_namespace_holding_a_newline_is_one_error_line(tmp_path: 
         "event streams here are 'odd\\nname:events' (serving's namespace is serving.redis_namespace, by default the "
         "name of the artifact directory it was started on)"]
     assert not out.exists()
-    client.set("shop2\nfoo:events", "not a stream")  # hostile pass 13: a key of another type, same one line
+    client.set("shop2\nfoo:events", "not a stream")  # a key of another type: the same one line
     res = CliRunner().invoke(app, ["ab", "analyze", "--redis-url", url, "--namespace", "shop2\nfoo", "--out", str(out)])
     assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert res.stderr.startswith(f"error: Redis at {url}: cannot read 'shop2\\nfoo:events': WRONGTYPE")

@@ -204,8 +204,8 @@ def _strip_versions(parts: Path) -> None:
 
 
 def test_without_its_manifest_a_part_is_checked_against_its_own_version(tmp_path):
-    """Hostile pass 12 #3: with manifest.json deleted, parts decoded with max_new_tokens 80 counted as done
-    for a run with 40, and version.json then claimed 40."""
+    """With manifest.json deleted, parts decoded with max_new_tokens 80 are not counted as done for a run
+    with 40 (and version.json does not claim 40 for them)."""
     split = catalog_split(4)
     tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)
     tags = tmp_path / "tags"
@@ -249,7 +249,7 @@ MALFORMED = {"{}": lambda m: {}, "[]": lambda m: [], "version 1": lambda m: {"ve
 
 @pytest.mark.parametrize("shape", list(MALFORMED))
 def test_a_manifest_of_another_shape_is_rebuilt_from_parts_that_carry_their_version(tmp_path, shape):
-    """Hostile pass 12 #4: these gave KeyError / TypeError / AttributeError tracebacks."""
+    """A manifest of another shape is rebuilt, not a KeyError / TypeError / AttributeError traceback."""
     split = catalog_split(4)
     tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)
     path = tmp_path / "tags" / "manifest.json"
@@ -267,8 +267,8 @@ def test_a_manifest_of_another_shape_is_rebuilt_from_parts_that_carry_their_vers
 
 
 def test_a_part_renamed_in_before_its_manifest_write_is_kept_not_called_damaged(tmp_path):
-    """Hostile pass 12 #5: a kill between a part's rename and the manifest write left a whole, correct
-    part whose sha256 the manifest had not recorded: it was called damaged, deleted and redone."""
+    """A kill between a part's rename and the manifest write leaves a whole, correct part whose sha256 the
+    manifest has not recorded: it is kept, not called damaged, deleted and redone."""
     split = catalog_split(6)
     full = tag_catalog(split, str(tiny_model_dir()), tmp_path / "full", FP32, chunk_size=2, batch_size=2,
                        progress=False)

@@ -1,4 +1,4 @@
-"""The tagging job takes the re-ranker's prompt document (issue 16 item 4).
+"""The tagging job takes the re-ranker's prompt document.
 
 A changed ``tagging_system`` / ``tagging_request`` must reach the tagging model: the tests hook
 the embedding layer of the model ``tag_catalog`` loads and decode the ids it receives.
