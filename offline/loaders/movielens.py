@@ -5,7 +5,9 @@ ML-100K (GroupLens README): ``u.data`` tab-separated ``user item rating timestam
 per genre of ``u.genre`` (``name|index``), latin-1; ``u.user`` ``id|age|gender|occupation|zip``.
 ML-1M: '::'-separated latin-1 ``ratings.dat`` (UserID::MovieID::Rating::Timestamp),
 ``movies.dat`` (MovieID::Title::Genres, genres '|'-joined), optional ``users.dat``
-(UserID::Gender::Age::Occupation::Zip, age and occupation as codes).
+(UserID::Gender::Age::Occupation::Zip, age and occupation as codes). A ``users.dat`` of another
+layout (MovieTweetings': ``UserID::TwitterID``) gives the user ids only, from its first field, with
+a warning that the user attributes were not read.
 
 Item ``year`` is the year in the title (the film's year; ML-100K's release date is the US
 video release and only used when the title has none). ``text`` is built by ``describe``
@@ -17,18 +19,22 @@ Deliberately left out: the CSV releases (``movielens_csv``), filtering and split
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from offline.loaders import checks, common
-from offline.loaders.reading import read_delimited
+from offline.loaders.reading import first_row_width, read_delimited
 from offline.schema import Dataset
+
+log = logging.getLogger(__name__)
 
 LATIN1 = "latin-1"
 ML100K_ITEM_FIELDS = ("item_id", "title", "release_date", "video_release_date", "imdb_url")
 NO_GENRE = {"unknown", "(no genres listed)"}  # placeholders for "no genre", not categories
+ML1M_USER_FIELDS = ("user_id", "gender", "age", "occupation", "zip")
 
 # ML-1M README: age is the lower bound of a bracket ("1" = under 18); occupation is a code.
 ML1M_AGE_GROUPS = {1: "Under 18", 18: "18-24", 25: "25-34", 35: "35-44", 45: "45-49", 50: "50-55", 56: "56+"}
@@ -146,7 +152,10 @@ def _ml1m_movies(path: Path) -> pd.DataFrame:
 
 
 def _ml1m_users(path: Path) -> pd.DataFrame:
-    table = read_delimited(path, "::", ("user_id", "gender", "age", "occupation", "zip"), encoding=LATIN1)
+    width = first_row_width(path, "::", LATIN1)
+    if width not in (0, len(ML1M_USER_FIELDS)):
+        return _user_ids_only(path, width)
+    table = read_delimited(path, "::", ML1M_USER_FIELDS, encoding=LATIN1)
     checks.require_file_rows(table)
     user_id = checks.ids(table, "user_id", "user id")
     checks.unique(table, user_id, "user id")
@@ -161,6 +170,19 @@ def _ml1m_users(path: Path) -> pd.DataFrame:
         "zip": _optional(checks.text(table, "zip")),
         "attributes": [json.dumps({"age_group": ML1M_AGE_GROUPS[int(a)]}) for a in age],
     })
+
+
+def _user_ids_only(path: Path, width: int) -> pd.DataFrame:
+    """The user ids of a ``users.dat`` whose lines hold ``width`` fields, not ML-1M's five: the first field
+    of each line (every line must have ``width``), the others not read, and a warning that says so."""
+    table = read_delimited(path, "::", ("user_id", *(f"field_{i}" for i in range(2, width + 1))), encoding=LATIN1)
+    checks.require_file_rows(table)
+    user_id = checks.ids(table, "user_id", "user id")
+    checks.unique(table, user_id, "user id")
+    log.warning("%s: %d '::'-separated field(s) per line, not ML-1M's %d (%s): the first was read as the user "
+                "id, the rest not; the users have no attributes (age, gender, occupation)", path.name, width,
+                len(ML1M_USER_FIELDS), "::".join(ML1M_USER_FIELDS))
+    return pd.DataFrame({"user_id": user_id})
 
 
 def _optional(values: pd.Series) -> pd.Series:

@@ -111,6 +111,15 @@ def read_delimited(path: Path, sep: str, columns: Sequence[str], encoding: str =
     return Table(path.name, rows)
 
 
+def first_row_width(path: Path, sep: str, encoding: str = "utf-8") -> int:
+    """How many ``sep``-separated fields the first non-blank line of a headerless file has (0: none).
+
+    Lets a loader tell one layout of a file from another before ``read_delimited`` holds every line
+    to that count.
+    """
+    return next((len(ln.split(sep)) for ln in _lines(decode(path, encoding)) if ln.strip()), 0)
+
+
 _PANDAS_FIELDS = re.compile(r"Expected (\d+) fields in line (\d+), saw (\d+)")
 
 

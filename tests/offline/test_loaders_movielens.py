@@ -195,3 +195,43 @@ def test_ml1m_huge_age_code_names_the_line(tmp_path: Path) -> None:
     (root / "users.dat").write_bytes(b"1::F::1::10::48067\n2::M::99999999999999999999::16::70072\n")
     with pytest.raises(DataError, match=r"users.dat line 2: age code '99999999999999999999' is too large"):
         load_dataset(root)
+
+
+def write_movietweetings(root: Path) -> Path:
+    """MovieTweetings' published layout: ML-1M's file names, 0-10 ratings, IMDb ids, a movie without a
+    genre, and a ``users.dat`` of ``user_id::twitter_id``."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "ratings.dat").write_text("1::0000008::10::1381620027\n1::0000010::6::1379466669\n"
+                                      "2::0000008::7::1392422050\n3::0000012::0::1362946800\n")
+    (root / "movies.dat").write_text("0000008::Edison Kinetoscopic Record of a Sneeze (1894)::Documentary|Short\n"
+                                     "0000010::La sortie des usines Lumière (1895)::Documentary|Short\n"
+                                     "0000012::The Arrival of a Train (1896)::\n")
+    (root / "users.dat").write_text("1::139564917\n2::17528189\n3::522540374\n")
+    return root
+
+
+def test_a_users_file_of_another_layout_gives_the_user_ids_and_a_warning(tmp_path: Path, caplog) -> None:
+    with caplog.at_level("WARNING"):
+        ds = load_dataset(write_movietweetings(tmp_path / "movietweetings"))
+    assert ds.users["user_id"].tolist() == ["1", "2", "3"]
+    assert ds.users["age"].isna().all() and ds.users["gender"].isna().all()
+    assert ds.interactions["rating"].tolist() == [10.0, 6.0, 7.0, 0.0]
+    assert ds.items["categories"].tolist() == [["Documentary", "Short"], ["Documentary", "Short"], []]
+    [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warning == ("users.dat: 2 '::'-separated field(s) per line, not ML-1M's 5 (user_id::gender::age::"
+                       "occupation::zip): the first was read as the user id, the rest not; the users have no "
+                       "attributes (age, gender, occupation)")
+
+
+@pytest.mark.parametrize(("users", "message"), [
+    ("1::139564917\n2::17528189::x\n", "users.dat line 2: expected 2 '::'-separated fields, got 3"),
+    ("1::139564917\n1::17528189\n", "users.dat line 2: duplicate user id '1'"),
+    ("1::139564917\n2::17528189\n", "ratings.dat line 4: unknown user id '3' (not in users.dat)"),
+])
+def test_a_users_file_of_another_layout_is_still_checked_line_by_line(tmp_path: Path, users: str,
+                                                                      message: str) -> None:
+    root = write_movietweetings(tmp_path / "movietweetings")
+    (root / "users.dat").write_text(users)
+    with pytest.raises(DataError) as err:
+        load_dataset(root)
+    assert message in str(err.value)
