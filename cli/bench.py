@@ -41,7 +41,7 @@ def bench_lists(
     settings, art = c.trained(config, data, artifacts)
     if any(x < 1 or x > settings.pipeline.max_k for x in ks):
         c.fail(f"--k values must be in 1..{settings.pipeline.max_k} (pipeline.max_k), got {k!r}")
-    c.write_report(list_lengths(settings, art, Split.load(art / "split"), ks), out)
+    c.write_report(list_lengths(settings, art, Split.load(art / "split"), ks), out, settings=settings, data=data)
 
 
 @bench_app.command("serve")
@@ -82,7 +82,7 @@ def bench_serve(
     report = run(settings, art, users, items, seconds=seconds, concurrencies=levels, llm_concurrencies=llm_levels,
                  llm_users=llm_users, llm_shares=shares, max_requests=max_requests)
     report["dataset"] = art.name
-    c.write_report(report, out)
+    c.write_report(report, out, settings=settings, data=data)
 
 
 import cli.bench_llm  # noqa: E402, F401  (registers `bench llm` on bench_app)

@@ -47,7 +47,7 @@ def bench_llm(
 
     c.write_report(run(settings, art, work, requests=requests, calib_requests=calib_requests,
                        concurrency=concurrency, batch_requests=batch_requests, alpha=alpha, sections=chosen,
-                       on_section=partial), out)
+                       on_section=partial), out, settings=settings, data=data)
 
 
 def bench_llm_probe(
@@ -110,9 +110,9 @@ def bench_llm_probe(
             out.with_name(f"{out.stem}.partial.json").write_text(json.dumps(reports, indent=2, default=str))
     reports = {**earlier, **reports}
     if len(reports) == 1:
-        c.write_report(next(iter(reports.values())), out)
+        c.write_report(next(iter(reports.values())), out, settings=settings, data=data)
     else:
-        c.write_report({"table": compare(reports), "backbones": reports}, out)
+        c.write_report({"table": compare(reports), "backbones": reports}, out, settings=settings, data=data)
 
 
 from cli.bench import bench_app  # noqa: E402  (bench.py imports this module at its end)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -31,8 +32,9 @@ from typer._click.exceptions import (  # typer (pinned) vendors click: the class
 )
 from typer.core import TyperGroup
 
-from recsys.atomic import atomic_write_text, json_default
+from recsys.atomic import json_default
 from recsys.pipeline import PipelineError
+from recsys.provenance import write_result
 
 if TYPE_CHECKING:
     from cascade.settings import Settings
@@ -167,13 +169,19 @@ def strict_json(value: Any) -> Any:
     return value
 
 
-def write_report(report: dict[str, Any], out: Path | None) -> None:
-    """Print the report and, with ``--out``, write it atomically (tmp file + rename); strict JSON:
-    an undefined number (NaN, +-inf) is written as null, never as the non-JSON ``NaN``."""
-    text = json.dumps(strict_json(report), indent=2, default=json_default, allow_nan=False)
+def write_report(report: dict[str, Any], out: Path | None, *, settings: Settings | None = None,
+                 data: Path | None = None, seeds: Sequence[int] | None = None) -> None:
+    """Print the report and, with ``--out``, write it atomically (tmp file + rename) with its
+    ``provenance`` block (``recsys.provenance``: command, commit, digests of ``settings`` and of the
+    ``data`` directory, machine, ``seeds``, date); strict JSON: an undefined number (NaN, +-inf) is
+    written as null, never as the non-JSON ``NaN``."""
+    report = strict_json(report)
+    text = json.dumps(report, indent=2, default=json_default, allow_nan=False)
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out, text + "\n")
+        config = None if settings is None else settings.model_dump(mode="json")  # secrets come masked
+        if seeds is None and settings is not None:
+            seeds = [settings.seed]
+        write_result(out, report, config=config, data=data, seeds=seeds)
         typer.echo(f"report written to {out}", err=True)
     typer.echo(text)
 

@@ -66,7 +66,8 @@ def prepare(
     art = c.artifact_dir(settings, data, artifacts)
     split = _prepare(data, fmt, art, k_core, synthetic_users, synthetic_items, settings, force, catalog)
     c.write_report({"dataset": split.name, "artifacts": str(art), "n_users": split.n_users,
-                    "n_items": split.n_items, "n_train": len(split.train), "protocol": split.protocol}, out)
+                    "n_items": split.n_items, "n_train": len(split.train), "protocol": split.protocol}, out,
+                   settings=settings, data=data)
 
 
 @app.command()
@@ -94,7 +95,7 @@ def train(
     art = c.artifact_dir(settings, data, artifacts)
     split = _prepare(data, fmt, art, k_core, synthetic_users, synthetic_items, settings, catalog=catalog)
     report = train_stages(settings, art, split, stages=names, force=force)
-    c.write_report(report, out)
+    c.write_report(report, out, settings=settings, data=data)
     for warning in training_warnings(settings, report):
         typer.echo(f"warning: {warning}", err=True)
 
@@ -142,7 +143,7 @@ def evaluate(
 
             report["cold_items"] = cold_item_report(settings, art, split, share=cold_share, phase=phase)
         runs = {"": report}
-    c.write_report(report, out)
+    c.write_report(report, out, settings=settings, data=data, seeds=[settings.seed + i for i in range(seeds)])
     _warn_and_guard(runs)
 
 

@@ -34,4 +34,4 @@ def bench_soak(
                   concurrency=concurrency, seconds=seconds, max_requests=max_requests, window_s=window,
                   warmup_s=warmup)
     report["dataset"] = art.name
-    c.write_report(report, out)
+    c.write_report(report, out, settings=settings, data=data)

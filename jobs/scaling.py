@@ -1,6 +1,6 @@
 """How cost grows: train and evaluate the cascade on synthetic data of growing size.
 
-``python -m jobs.scaling --interactions 100000 1000000 5000000 --out reports/scaling.json``
+``python -m jobs.scaling --interactions 100000 1000000 5000000 --out results/bench/scaling_synthetic.json``
 generates, for each size, the synthetic dataset with about ``EVENTS_PER_USER`` events per
 user and one item per ``USERS_PER_ITEM`` users (so the catalog grows with the data), then in
 a fresh child process (so each size's peak memory is its own): generates the data (timed
@@ -41,6 +41,7 @@ from jobs.train import DEFAULT_STAGES, train_stages
 from offline.loaders import load_dataset
 from offline.metrics import candidates_found
 from offline.protocol import SALT_SCALING_EVAL, make_split, user_sample
+from recsys.provenance import write_result
 
 EVENTS_PER_USER = 40  # offline.synthetic's default mean_sessions x mean_session_len
 USERS_PER_ITEM = 2
@@ -156,8 +157,8 @@ def main(argv: list[str] | None = None) -> None:
         done = subprocess.run(cmd, capture_output=True, text=True, check=True)
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
         report = {"rows": rows, "growth": growth(rows)}
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2))  # after every size: a partial report survives
+        settings = Settings.from_yaml(args.config)  # written after every size: a partial report survives
+        write_result(args.out, report, config=settings.model_dump(mode="json"), seeds=[settings.seed])
         print(json.dumps(rows[-1]), flush=True)
 
 

@@ -8,7 +8,7 @@ and single-query latency (one query per call, as the serving path searches) for 
 Exact latency is timed on at most ``n_exact_timed`` queries to keep a 1M run short; the
 exact top-k for the recall figure comes from one batched exact search.
 
-Run: ``python -m recall.bench --items 1000000 --kind hnsw --out reports/recall_bench.json``.
+Run: ``python -m recall.bench --items 1000000 --kind hnsw --out results/bench/recall_ann_1m_hnsw.json``.
 
 Deliberately left out: real embeddings (their scale is ML-100K's ~1.6k items, far below what
 an ANN index is for) and multi-threaded batch throughput.
@@ -27,7 +27,7 @@ import numpy as np
 from tqdm import tqdm
 
 from recall.index import ItemIndex, overlap_at_k
-from recsys.atomic import atomic_write_text
+from recsys.provenance import write_result
 
 
 def clustered_vectors(n: int, dim: int, seed: int, n_clusters: int | None = None) -> tuple[np.ndarray, Any]:
@@ -136,11 +136,9 @@ def main(argv: list[str] | None = None) -> None:
     report = bench_recall(
         args.items, args.dim, args.kind, args.queries, args.k, args.seed, index_params=params
     )
-    text = json.dumps(report, indent=2)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(args.out, text + "\n")
-    print(text)
+        write_result(args.out, report, seeds=[args.seed])
+    print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ them, and the commit names the lock file), and environment variables (they may h
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import platform
 import subprocess
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from recsys.atomic import atomic_write_json, json_default
+from recsys.atomic import atomic_write_text, json_default
 from recsys.digest import file_sha256, json_sha256
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -106,9 +107,14 @@ def provenance(*, argv: Sequence[str] | None = None, config: Any = None,
 def write_result(path: Path | str, payload: dict[str, Any], *, argv: Sequence[str] | None = None,
                  config: Any = None, data: Path | str | Sequence[Path | str] | None = None,
                  seeds: Sequence[int] | None = None) -> Path:
-    """Write ``payload`` with its ``provenance`` block (first key) to ``path``, atomically."""
+    """Write ``payload`` with its ``provenance`` block (first key) to ``path``, atomically.
+
+    Strict JSON (a NaN or infinity in ``payload`` is refused, not written as the non-JSON ``NaN``:
+    callers replace undefined numbers first), two-space indent, one trailing newline.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     block = provenance(argv=argv, config=config, data=data, seeds=seeds)
     body = {"provenance": block, **{k: v for k, v in payload.items() if k != "provenance"}}
-    return atomic_write_json(path, body, default=json_default)
+    text = json.dumps(body, indent=2, default=json_default, allow_nan=False)
+    return atomic_write_text(path, text + "\n")

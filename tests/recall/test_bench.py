@@ -55,4 +55,5 @@ def test_flat_against_itself_has_perfect_recall_and_cli_writes_json(
     )
     report = json.loads(out.read_text())
     assert report["recall@20"] == 1.0 and report["index"] == "flat"
+    assert report.pop("provenance")["seeds"] == [0]  # the file says how it was made
     assert json.loads(capsys.readouterr().out) == report

@@ -12,7 +12,7 @@ without them the tests skip, saying why, and fail where ``CI=true``.
 
 ``CONSOLE_CAPTURE=1`` also runs the last test, which saves a screenshot of each page to
 docs/console/ and the pages' load times (navigation timing, median of 5 loads) to
-reports/console_load.json.
+results/bench/console_load.json.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import yaml
 
 from recsys.config import StageSpec
 from recsys.experiments import ExperimentsConfig
+from recsys.provenance import write_result
 from recsys.redis_state import EmbeddedRedis
 from rules.stage import RulesStage
 from serving.app import create_app
@@ -302,7 +303,7 @@ return {response_end_ms: nav.responseEnd, dom_content_loaded_ms: nav.domContentL
 
 
 @pytest.mark.skipif(not os.environ.get("CONSOLE_CAPTURE"), reason="set CONSOLE_CAPTURE=1 to refresh docs/console/*.png "
-                                                                  "and reports/console_load.json")
+                                                                  "and results/bench/console_load.json")
 def test_capture_screenshots_and_load_times(driver: Any, base: str) -> None:
     out_dir = REPO / "docs" / "console"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -340,7 +341,7 @@ def test_capture_screenshots_and_load_times(driver: Any, base: str) -> None:
     report = {"what": "console page load in headless Chromium over loopback, toy catalog; "
                       "median of 5 loads; ms from navigation start",
               "chromium": driver.capabilities.get("browserVersion"), "pages": timings}
-    (REPO / "reports" / "console_load.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_result(REPO / "results" / "bench" / "console_load.json", report)
 
 
 def _shoot(driver: Any, path: Path) -> None:
