@@ -77,7 +77,7 @@ class CoarseConfig(BaseModel):
         "every candidate, fitted on the builder's interactions) and one rank_<channel> column per recall channel.",
     )
     # Off by default: on the ML-100K cold-item protocol 0.1 lifts the new-item slice's coarse NDCG@10
-    # from 0 to 0.042 but costs the warm slice 0.127 -> 0.111 (reports/h19_cold_items_ml100k.json):
+    # from 0 to 0.042 but costs the warm slice 0.127 -> 0.111 (results/eval/ml100k_cold_items.json):
     # a freshness policy, not a free lift.
     cold_item_dropout: float = Field(
         default=0.0, ge=0, lt=1, description="Share of items whose interaction features (features."

@@ -34,7 +34,7 @@ class RecallConfig(BaseModel):
         0.05, gt=0.0, le=10.0, description="Score = cosine(user, item) / temperature in the training softmax."
     )
     use_text: bool = Field(True, description="Add projected MiniLM title/text embeddings to the item tower.")
-    # Cold-item protocol on ML-100K (134 new items, reports/h19_cold_items_ml100k.json): 0.2 lifts the
+    # Cold-item protocol on ML-100K (134 new items, results/eval/ml100k_cold_items.json): 0.2 lifts the
     # new-item slice's candidate recall@200 from 0.64 to 0.74 and its recall NDCG@10 from 0.014 to 0.044.
     id_dropout: float = Field(
         0.2, ge=0.0, lt=1.0, description="Training-time probability of dropping a known item's id embedding, so "
@@ -48,7 +48,7 @@ class RecallConfig(BaseModel):
     # 8, not 3: valid NDCG@10 (and the untruncated NDCG alike) plateaus for 4-5 evaluations
     # around epoch 22-30 on ML-100K and climbs again to epoch ~60; with 3 the seed-42 fit stopped at the
     # plateau (best epoch 22, test two-tower recall@200 0.792 against 0.82-0.83 from epoch 40 on).
-    # 3 seeds (reports/h18_seeds_ml100k_patience8_deterministic.json): candidate recall@200 0.8254 +- 0.0137
+    # 3 seeds (results/decisions/patience8_ml100k.json): candidate recall@200 0.8254 +- 0.0137
     # -> 0.8303 +- 0.0049, coarse NDCG@10 0.1213 -> 0.1221; two-tower training 196 -> 336 s per model.
     patience: int = Field(8, ge=1, le=1000, description="Evaluations without improvement before stopping.")
     eval_every: int = Field(2, ge=1, le=1000, description="Epochs between early-stopping evaluations.")
@@ -113,7 +113,7 @@ class RecallConfig(BaseModel):
 
     # -- extra channels, on by default. Measured on ML-100K over 3 paired seeds (with
     # coarse.channel_features): coarse NDCG@10 0.1059 +- 0.0037 -> 0.1158 +- 0.0021, positive on every
-    # seed (reports/h18_seeds_ml100k_*.json). Switch one off with covisit_channel: false / item_model: off.
+    # seed (results/decisions/channels_*_ml100k.json). Switch one off with covisit_channel: false / item_model: off.
     covisit_channel: bool = Field(
         True, description="Add the co-visitation channel (recall.item_models.covisitation) beside the two-tower."
     )

@@ -17,7 +17,7 @@
    bootstrap 95% CI above zero. Choosing and testing on the same users served shares that had
    won by noise: on ML-100K with a softmax temperature of 0.1 or 0.2 the tuned shares gained
    +0.003 on valid and lost 0.01-0.03 of test candidate recall on every seed
-   (``reports/h18_recall_levers_ml100k.json``);
+   (``docs/decisions/0010-recall-depth-200.md``);
 3. write ``channels.json``: the shares, the whole grid's recall, each channel's own
    candidate recall at the depth, and the matrix sizes;
 4. with ``RecallConfig.refit`` all of that happens in ``recall/early_stopped/``, and

@@ -35,7 +35,7 @@ pushing those down; a repeat of an earlier item stays a target. ``recall.windows
 (target row, item) pairs, at most ``len(prior) + max_len`` per row, never a ``[rows, catalog]``
 mask. On ML-100K, 3 seeds paired: two-tower NDCG@10 0.1059 -> 0.1196 (+0.0137 +- 0.0030) and
 candidate recall@200 0.8303 -> 0.8360 (+0.0057 +- 0.0016); coarse NDCG@10 +0.0029 +- 0.0035 and
-coarse@50 -0.0138 +- 0.0080 (``reports/h18_seeds_ml100k_mask_history.json``).
+coarse@50 -0.0138 +- 0.0080 (``results/decisions/history_masked_ml100k.json``).
 
 Called by ``recall.train.train_two_tower`` (the fit, then the optional refit with ``fit(epochs=...)``).
 Deliberately left out: artifacts, the extra channels and the test report (``recall.train``).

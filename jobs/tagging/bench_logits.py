@@ -5,7 +5,7 @@ of ``u.item``, not only the 1,349 of the 5-core split) with ``jobs.tagging.logit
 backbone, then runs the generation path (``jobs.tagging.generate``) on a seeded random
 subsample of the held-out items, in the same process, so items/s are comparable.
 
-Held-out items are exactly those of ``reports/tag_ml100k.json``: ``quality.holdout_items`` over
+Held-out items are exactly those of ``results/tagging/generate_adapted_ml100k.json``: ``quality.holdout_items`` over
 the split's items with fraction 0.5 and the config seed, matched to the catalog by item id.
 Thresholds are calibrated on every other catalog item with known categories; held-out labels
 are read only to score. Each row reports items/s (tagging time after the model is loaded; the

@@ -69,7 +69,7 @@ log = logging.getLogger(__name__)
 
 Engine = Literal["local", "ray"]
 Method = Literal["generate", "logits"]
-HOLDOUT_FRACTION = 0.5  # the share of items held out of adaptation and calibration (reports/tag_ml100k.json)
+HOLDOUT_FRACTION = 0.5  # the share of items held out of adaptation and calibration (results/tagging/generate_adapted_ml100k.json)
 HOLDOUT_FILE = "holdout.json"
 
 
