@@ -9,9 +9,11 @@ Where Redis lives is ``settings.redis_url`` (``RECSYS_REDIS_URL``), else the pla
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pathlib import Path
 
-from recsys.redis_state import DEFAULT_SOCKET_TIMEOUT_S
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
+
+from recsys.redis_state import DEFAULT_SOCKET_TIMEOUT_S, EvictionPolicy
 
 EVENT_TYPES = ("impression", "click", "rating", "purchase", "add_to_cart")
 
@@ -59,28 +61,54 @@ class ServingConfig(BaseModel):
     )
     events_stream_maxlen: int = Field(100_000, ge=100, description="Approximate cap of the events stream (XADD MAXLEN ~).")
     unknown_history_ttl_s: int = Field(
-        30 * 86_400, ge=0, description="Expiry of the Redis history of a user the split does not know, renewed by "
-        "each of their events (0 = never): events from made-up or one-off ids must not grow Redis forever. Known "
-        "users' histories do not expire (they would re-seed from the split and lose their online events).")
+        6 * 3600, ge=60, le=30 * 86_400, description="Expiry of the Redis history of a user the split does not know, "
+        "renewed by each of their events: events from made-up or one-off ids must not grow Redis. Known users' "
+        "histories do not expire (they would re-seed from the split and lose their online events).")
+    redis_persist: bool = Field(
+        True, description="The embedded Redis keeps an append-only file (fsync every second) in redis_state_dir "
+        "and reloads it at start; false keeps nothing on disk. An external Redis (redis_url) persists as it is "
+        "configured.")
+    redis_state_dir: Path | None = Field(
+        None, description="Where the embedded Redis keeps its append-only file; None: state/redis under the "
+        "served artifact directory.")
+    redis_maxmemory_mb: int = Field(
+        256, ge=16, le=1_048_576, description="Memory cap of the embedded Redis; past it Redis evicts keys that "
+        "expire (histories of unknown users, cached answers) and refuses writes when none is left.")
+    redis_maxmemory_policy: EvictionPolicy = Field(
+        "volatile-lru", description="Eviction policy of the embedded Redis: only keys with a TTL can go, never "
+        "rule or prompt versions or the event stream.")
+    events_rate_per_s: float = Field(
+        50.0, ge=0, le=100_000, description="Events per second one client may send to POST /v1/events (0 = no "
+        "limit); past it the answer is 429 with Retry-After. Counted per worker process.")
+    events_rate_burst: int = Field(
+        200, ge=1, le=1_000_000, description="Events a client may send at once before events_rate_per_s applies.")
+    rate_limit_client_header: str | None = Field(
+        None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9-]+$",
+        description="Header naming the client for the events rate limit (set it only behind a gateway that "
+        "writes it); None: the client's address.")
     event_dedup_ttl_s: int = Field(86_400, ge=1, description="How long an event_id is remembered to drop duplicates.")
     versions_poll_s: float = Field(0.5, gt=0, le=60, description="How often a worker checks the active rules/prompt versions.")
     admin_api_key: SecretStr | None = Field(
         None, description=f"X-API-Key of the /admin routes, at least {MIN_ADMIN_KEY_CHARS} characters without "
         "surrounding spaces; None disables them (503)."
     )
+    debug_api_key: SecretStr | None = Field(
+        None, description="An X-API-Key that opens debug answers (POST /v1/recommend with debug: true) but not "
+        "/admin; the admin key opens them too. With neither, debug answers are refused (403).")
 
-    @field_validator("admin_api_key")
+    @field_validator("admin_api_key", "debug_api_key")
     @classmethod
-    def _usable_admin_key(cls, value: SecretStr | None) -> SecretStr | None:
+    def _usable_admin_key(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
         # an empty key (e.g. RECSYS_SERVING__ADMIN_API_KEY="$KEY" after the command making KEY failed)
         # would match a request without any X-API-Key and open the admin routes to everyone
         if value is None:
             return None
         key = value.get_secret_value()
+        what = "the /admin routes" if info.field_name == "admin_api_key" else "this key's debug answers"
         if key != key.strip() or len(key) < MIN_ADMIN_KEY_CHARS:
-            raise ValueError(f"is {'empty' if not key else 'too short or padded with spaces'}: an admin key needs "
+            raise ValueError(f"is {'empty' if not key else 'too short or padded with spaces'}: an API key needs "
                              f"at least {MIN_ADMIN_KEY_CHARS} characters (e.g. `openssl rand -hex 24`); leave it unset "
-                             "to turn the /admin routes off")
+                             f"to turn {what} off")
         return value
 
     @field_validator("history_event_types")

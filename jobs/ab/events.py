@@ -3,9 +3,10 @@
 Serving writes every event to the stream ``{namespace}:events`` (``serving.online``): clicks
 and other events through ``POST /v1/events``, impressions from ``POST /v1/recommend`` while an
 experiment is active. Each entry is a flat string map (``user_id``, ``item_id``, ``type``,
-``ts``, and ``experiment``, ``variant``, ``request_id``, ``rank`` when known). ``read_stream``
-pages through it with XRANGE and returns one row per entry with the columns ``COLUMNS``
-(missing fields are None; ``ts`` float, ``rank`` nullable int). A stream that does not exist
+``ts``, ``seq``, its sequence number, and ``experiment``, ``variant``, ``request_id``, ``rank``
+when known). ``read_stream`` pages through it with XRANGE and returns one row per entry with
+the columns ``COLUMNS`` (missing fields are None; ``ts`` float, ``rank`` and ``seq`` nullable
+ints); ``jobs.ab.integrity`` counts what it lacks. A stream that does not exist
 is a ``ValueError`` naming the ``*:events`` streams there are (a wrong namespace read as an
 empty log, and the analysis then blamed the events' variants).
 
@@ -22,9 +23,9 @@ import pandas as pd
 
 from recsys.atomic import atomic_write
 from recsys.names import canonical
-from recsys.redis_state import EVENTS_ADDED
 
-COLUMNS = ("stream_id", "ts", "type", "user_id", "item_id", "experiment", "variant", "request_id", "rank", "value")
+COLUMNS = ("stream_id", "ts", "type", "user_id", "item_id", "experiment", "variant", "request_id", "rank", "value",
+           "seq")
 _PAGE = 10_000
 
 
@@ -34,6 +35,7 @@ def events_frame(entries: Iterable[tuple[str, dict[str, str]]]) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=list(COLUMNS))
     df["ts"] = pd.to_numeric(df["ts"], errors="coerce").astype("float64")
     df["rank"] = pd.to_numeric(df["rank"], errors="coerce").astype("Int64")
+    df["seq"] = pd.to_numeric(df["seq"], errors="coerce").astype("Int64")
     df["value"] = pd.to_numeric(df["value"], errors="coerce").astype("float64")
     for c in ("stream_id", "type", "user_id", "item_id", "experiment", "variant", "request_id"):
         df[c] = df[c].astype("object")
@@ -101,18 +103,6 @@ def stream_name(namespace: str) -> str:
     """
     name = f"{namespace}:events"
     return name if name.isprintable() else repr(name)
-
-
-def trimmed_warning(client: Any, namespace: str, n_read: int) -> str | None:
-    """A warning when ``{namespace}:events`` holds fewer entries than serving ever added to it
-    (``recsys.redis_state.EVENTS_ADDED``): ``MAXLEN`` trimmed the oldest, so the analysis covers
-    only the later part of the experiment (early users, and the impressions of clicks that remain)."""
-    added = client.get(f"{namespace}:{EVENTS_ADDED}")
-    if added is None or int(added) <= n_read:
-        return None
-    return (f"{stream_name(namespace)} holds {n_read:,} of the {int(added):,} events serving added: the stream's length cap "
-            "(serving.events_stream_maxlen) trimmed the oldest, so this analysis covers only the later part of the "
-            "experiment; raise the cap, or export the log (--export) more often")
 
 
 def export_parquet(events: pd.DataFrame, path: Path) -> Path:

@@ -129,7 +129,7 @@ def test_embedded_redis_killed_mid_load_is_restarted_and_the_server_recovers(
 
     with contextlib.ExitStack() as stack:
         if owner == "serve":
-            settings = stack.enter_context(shared_state(settings, workers=1))
+            settings = stack.enter_context(shared_state(settings, workers=1, artifact_dir=toy_dir))
         app = create_app(settings, toy_dir, pipeline=toy_pipeline(toy_dir, settings, TOY_PAIRS))
         client = stack.enter_context(TestClient(app, raise_server_exceptions=False))
         supervisor = app.state.backend.supervisor

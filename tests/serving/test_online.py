@@ -44,7 +44,7 @@ def test_duplicate_event_is_ignored_and_impression_leaves_history(state: OnlineS
     assert state.history("bob", 1) [0].tolist() == [1, 4]
     entries = state.client.xrange(f"{state.ns}:events")
     assert [e[0].decode() for e in entries] == [first.stream_id, seen.stream_id]
-    assert entries[1][1] == {b"type": b"impression", b"item_id": b"m9"}
+    assert entries[1][1] == {b"seq": b"2", b"type": b"impression", b"item_id": b"m9"}  # numbered in order
 
 
 def test_result_cache_round_trip_and_expiry(state: OnlineState) -> None:
@@ -98,7 +98,8 @@ def test_unknown_users_history_expires_after_their_last_event(redis_env: str) ->
 
 def test_the_stream_counts_what_it_was_given_so_a_trimmed_one_is_told(redis_env: str) -> None:
     """`ab analyze` says when MAXLEN has trimmed the stream, rather than silently read what is left."""
-    from jobs.ab.events import read_stream, trimmed_warning
+    from jobs.ab.events import read_stream
+    from jobs.ab.integrity import integrity_warning, stream_integrity
 
     client = redis.Redis.from_url(redis_env)
     ns = f"t-{uuid.uuid4().hex}"
@@ -106,13 +107,18 @@ def test_the_stream_counts_what_it_was_given_so_a_trimmed_one_is_told(redis_env:
     state = OnlineState(client, RedisGuard(), ns, seeds, history_max_len=3, stream_maxlen=1_000, dedup_ttl_s=60)
     state.ingest("e0", "u0", 0, 2, {"user_id": "u0", "item_id": "i2", "type": "click"})
     state.log_impressions([{"user_id": "u0", "item_id": "i3", "type": "impression"}] * 2)
-    assert trimmed_warning(client, ns, len(read_stream(client, ns))) is None  # 3 added, 3 held
+    whole = stream_integrity(client, ns, read_stream(client, ns))
+    assert (whole["accepted"], whole["held"], whole["missing"]) == (3, 3, 0)
+    assert integrity_warning(ns, whole) is None
     small = OnlineState(client, RedisGuard(), ns, seeds, history_max_len=3, stream_maxlen=1, dedup_ttl_s=60)
     for n in range(300):  # MAXLEN ~ trims whole radix-tree nodes (100 entries each), so go past one
         small.log_impressions([{"user_id": "u0", "item_id": "i3", "type": "impression", "n": str(n)}])
-    held = len(read_stream(client, ns))
-    assert held < 303
-    assert trimmed_warning(client, ns, held) == (
-        f"{ns}:events holds {held:,} of the 303 events serving added: the stream's length cap "
-        "(serving.events_stream_maxlen) trimmed the oldest, so this analysis covers only the later part of the "
-        "experiment; raise the cap, or export the log (--export) more often")
+    log = read_stream(client, ns)
+    held = len(log)
+    assert held < 303 and log["seq"].tolist() == list(range(304 - held, 304))
+    counts = stream_integrity(client, ns, log)
+    assert (counts["accepted"], counts["trimmed"], counts["lost"], counts["unexplained"]) == (303, 303 - held, 0, 0)
+    assert integrity_warning(ns, counts) == (
+        f"{ns}:events holds {held:,} of the 303 events serving accepted; {303 - held:,} are missing: "
+        f"{303 - held:,} trimmed, the oldest, by the stream's length cap (serving.events_stream_maxlen; raise it, "
+        "or export the log with --export more often). This analysis covers only the events held")

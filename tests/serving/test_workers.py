@@ -18,16 +18,17 @@ from tests.serving.toy import toy_settings
 BLOCK_M4 = {"version": "block-m4", "rules": [{"id": "no_m4", "kind": "blocklist", "items": {"item_ids": ["m4"]}}]}
 
 
-def test_shared_state_starts_one_redis_for_all_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_shared_state_starts_one_redis_for_all_workers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("REDIS_URL")
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
-    with shared_state(toy_settings(), workers=2) as settings:
+    with shared_state(toy_settings(), workers=2, artifact_dir=tmp_path) as settings:
         url = settings.redis_url
         assert url is not None and url.startswith("unix://") and Path(url[len("unix://"):]).exists()
         metrics_dir = os.environ["PROMETHEUS_MULTIPROC_DIR"]
         assert Path(metrics_dir).is_dir()
     assert not Path(url[len("unix://"):]).exists() and not Path(metrics_dir).exists()
-    with shared_state(toy_settings().model_copy(update={"redis_url": "redis://x:1/0"}), workers=1) as kept:
+    with shared_state(toy_settings().model_copy(update={"redis_url": "redis://x:1/0"}), workers=1,
+                      artifact_dir=tmp_path) as kept:
         assert kept.redis_url == "redis://x:1/0" and "PROMETHEUS_MULTIPROC_DIR" not in os.environ
 
 
@@ -80,7 +81,7 @@ def test_rule_change_and_rollback_reach_both_workers_within_two_seconds(toy_dir:
         assert httpx.put(url + "/admin/rules", content=json.dumps(BLOCK_M4), headers=auth).status_code == 200
         time.sleep(2.0)  # the allowance; from here on every worker must serve the new version
         after_put = _sample_both(url, pids)
-        back = httpx.post(url + "/admin/rules/rollback", json={"version": "default-2"}, headers=auth)
+        back = httpx.post(url + "/admin/rules/rollback", json={"version": "default-3"}, headers=auth)
         assert back.status_code == 200
         time.sleep(2.0)
         after_back = _sample_both(url, pids)
@@ -89,8 +90,8 @@ def test_rule_change_and_rollback_reach_both_workers_within_two_seconds(toy_dir:
         metrics = httpx.get(url + "/metrics").text
 
     assert answers and all(status == 200 for _, status, _, _ in answers)
-    assert all(("m4" in items) == (rules == "default-2") for _, _, items, rules in answers)
-    for window, version in ((after_put, "block-m4"), (after_back, "default-2")):
+    assert all(("m4" in items) == (rules == "default-3") for _, _, items, rules in answers)
+    for window, version in ((after_put, "block-m4"), (after_back, "default-3")):
         assert {pid for pid, _ in window} == pids  # both workers answered...
         assert {v for _, v in window} == {version}  # ...and both served the new version
     # multi-process metrics: the answers of both workers are counted together
