@@ -28,6 +28,7 @@ from recall.config import DEFAULT_DEPTH, RecallConfig
 from recsys.config import STAGE_KINDS, StageSpec
 from recsys.contract import Stage
 from recsys.digest import json_sha256
+from recsys.manifest import verify_directory
 from recsys.pipeline import Pipeline
 
 RECALL_KINDS = ("recall", "recall_llm")  # the kinds whose load takes a phase (recall.stage.RecallStage.load)
@@ -170,8 +171,29 @@ def check_trained_on_split(pipeline: Pipeline, artifact_dir: Path) -> None:
 
 def _trained_dir(spec: StageSpec, stage: Stage) -> str:
     """The folder a stage loads from: ``recall`` for every recall kind (``recall_llm`` serves the
-    two-tower trained there), a coarse stage's ``subdir``, else the kind."""
+    two-tower trained there), a coarse stage's ``subdir``, fusion's ``fusion/<weights key>``, else the kind."""
+    if spec.kind == "fusion":
+        return f"fusion/{getattr(stage, 'weights_key', '')}"
     return "recall" if spec.kind in RECALL_KINDS else str(getattr(stage, "subdir", spec.kind))
+
+
+def check_artifact_digests(pipeline: Pipeline, artifact_dir: Path) -> None:
+    """``recsys.manifest.ArtifactIntegrityError`` naming the first file of an enabled stage's trained
+    folder that is missing or differs from its digest recorded at training: what every stage's ``load``
+    checks anyway, asked before a server starts so that ``recsys serve`` refuses in one line."""
+    for spec, stage in pipeline.stages:
+        if spec.enabled:
+            verify_directory(Path(artifact_dir) / _trained_dir(spec, stage))
+
+
+# the settings that bound a training run (how long, on how many threads) without changing what a served
+# model is asked to do: `recsys demo` caps the two-tower's logits, and serving the default config on
+# its artifacts is what the demo means
+TRAINING_BUDGET_KEYS: dict[str, frozenset[str]] = {
+    "recall": frozenset({"max_epochs", "max_train_logits", "max_train_s", "train_threads"}),
+    "recall_holdout": frozenset({"max_epochs", "max_train_logits", "max_train_s", "train_threads"}),
+    "coarse": frozenset({"num_threads"}),
+}
 
 
 def config_id(settings: Settings, stage: str) -> str:
@@ -188,6 +210,20 @@ def config_id(settings: Settings, stage: str) -> str:
     artifacts trained before it was recorded keep theirs. The coarse digest holds
     ``coarse_rank.config.TRAINING_REVISION``: a fix to what it learns from retrains it.
     """
+    return json_sha256(_trained_config(settings, stage))[:16]
+
+
+def serving_config_id(settings: Settings, stage: str) -> str:
+    """``config_id`` without the ``TRAINING_BUDGET_KEYS`` of ``stage``: what ``trained_under_other_settings``
+    compares, since a model trained under another budget serves what these settings ask for."""
+    config = _trained_config(settings, stage)
+    if isinstance(config, dict):
+        config = {k: v for k, v in config.items() if k not in TRAINING_BUDGET_KEYS.get(stage, ())}
+    return json_sha256(config)[:16]
+
+
+def _trained_config(settings: Settings, stage: str) -> Any:
+    """The JSON-able config ``config_id`` digests (see there)."""
     config: Any
     if stage in ("recall", "recall_holdout"):
         depth = recall_depth(settings)
@@ -202,7 +238,7 @@ def config_id(settings: Settings, stage: str) -> str:
         config = section.model_dump(mode="json") if section is not None else None
         if stage == "coarse":
             config = {**config, "training_revision": COARSE_TRAINING_REVISION}
-    return json_sha256(config)[:16]
+    return config
 
 
 def recall_config(settings: Settings) -> RecallConfig:
@@ -221,13 +257,18 @@ def trained_under_other_settings(settings: Settings, artifact_dir: Path) -> list
     ``settings`` give them: ``serve`` and ``recommend`` serve them as trained (a training-only knob
     changed, e.g. ``recall.max_epochs`` for a quick run, is harmless) but say so, since a changed
     recall depth or ``params`` makes them serve a cascade that ``train`` would retrain. Stages without
-    a recorded id (older artifacts) or in another subdir are not compared."""
+    a recorded id (older artifacts) or in another subdir are not compared. The ``serving_config_id``
+    is compared where recorded (a training budget, ``TRAINING_BUDGET_KEYS``, is not another setting),
+    else the ``config_id``."""
     out = []
     for spec in settings.pipeline.stages:
         if not spec.enabled or spec.kind not in INDEXED_KINDS or spec.params.get("subdir"):
             continue
         stage = "recall" if spec.kind != "coarse" else "coarse"
-        recorded = _recorded(Path(artifact_dir) / stage / "stage.json", "config_id")
-        if recorded and recorded != config_id(settings, stage):
+        marker = Path(artifact_dir) / stage / "stage.json"
+        recorded, current = _recorded(marker, "serving_config_id"), serving_config_id(settings, stage)
+        if not recorded:
+            recorded, current = _recorded(marker, "config_id"), config_id(settings, stage)
+        if recorded and recorded != current:
             out.append(spec.name)
     return out

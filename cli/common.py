@@ -143,10 +143,17 @@ def trained(config: Path | None, data: Path | None, artifacts: Path | None) -> t
 
 def servable(settings: Settings, art: Path) -> None:
     """Exit 2 naming the stages trained on another split than ``art/split`` (see
-    ``cascade.registry.check_trained_on_split``); builds the stages without loading them."""
-    from cascade.registry import build_pipeline, check_trained_on_split  # lazy: imports the stage modules
+    ``cascade.registry.check_trained_on_split``), or the first trained file whose digest differs from
+    training's (``cascade.registry.check_artifact_digests``); builds the stages without loading them."""
+    from cascade.registry import (  # lazy: imports the stage modules
+        build_pipeline,
+        check_artifact_digests,
+        check_trained_on_split,
+    )
 
-    check_trained_on_split(build_pipeline(settings, art, load=False), art)  # StaleArtifacts: exit 2
+    pipeline = build_pipeline(settings, art, load=False)
+    check_trained_on_split(pipeline, art)  # StaleArtifacts: exit 2
+    check_artifact_digests(pipeline, art)  # ArtifactIntegrityError (a ValueError): exit 2
 
 
 def strict_json(value: Any) -> Any:

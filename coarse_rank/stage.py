@@ -23,6 +23,7 @@ from coarse_rank.config import CoarseConfig, stage_subdir
 from coarse_rank.features import FeatureBuilder
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request, StageError
+from recsys.manifest import verify_directory
 
 
 class CoarseStage:
@@ -61,6 +62,7 @@ class CoarseStage:
         directory = Path(artifact_dir) / self.subdir
         if not (directory / "meta.json").exists():
             raise FileNotFoundError(f"{directory / 'meta.json'}: no trained coarse ranker (run training first)")
+        verify_directory(directory)  # before numpy's zip reader or LightGBM parses a byte (a torn model aborts)
         builder = FeatureBuilder.load(directory)
         model_text = (directory / "model.txt").read_text()
         booster = lgb.Booster(model_str=model_text)

@@ -45,6 +45,7 @@ from recsys.atomic import atomic_write_text
 from recsys.config import POLICY_KINDS, StageSpec
 from recsys.contract import Candidates, Request
 from recsys.digest import file_sha256
+from recsys.manifest import verify_directory
 
 FUSED_STAGES = ("recall", "coarse", "llm")  # default score columns fused, in this order
 FINAL = "final"
@@ -191,7 +192,10 @@ class FusionStage:
         enabled scored stages before fusion (``recall+coarse`` or ``recall+coarse+llm``), so
         pipelines with and without the LLM keep their own weights side by side.
         """
-        tuned = load_weights(Path(artifact_dir) / "fusion" / self.weights_key, self.config.tuned)
+        directory = Path(artifact_dir) / "fusion" / self.weights_key
+        if directory.is_dir():  # checked against its digests before it is read (recsys.manifest)
+            verify_directory(directory)
+        tuned = load_weights(directory, self.config.tuned)
         if tuned is not None:
             self.config = self.config.model_copy(update={"weights": FusionConfig(weights=tuned).weights})
             self.reads = tuple(self.config.weights or ())

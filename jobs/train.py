@@ -24,7 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from cascade.registry import build_pipeline, config_id, recall_config, recall_depth, weights_key
+from cascade.registry import (
+    build_pipeline,
+    config_id,
+    recall_config,
+    recall_depth,
+    serving_config_id,
+    weights_key,
+)
 from cascade.settings import Settings
 from jobs.fusion_gate import tune_fusion
 from jobs.llm_adapt import train_llm
@@ -35,6 +42,7 @@ from offline.split import Split, split_id
 from recall.stage import RecallStage
 from recsys.atomic import atomic_write_json, json_default
 from recsys.digest import file_sha256
+from recsys.manifest import MANIFEST_FILE, write_manifest
 from recsys.pipeline import PipelineStage
 
 log = logging.getLogger(__name__)
@@ -254,15 +262,17 @@ def train_stages(
         if (not force and meta is not None and meta.get("split_id") == current
                 and meta.get("config_id") == cid
                 and meta.get("upstream", upstream) == upstream):  # an older stage.json has no upstream record
+            _record_reused(stage_dir, meta, serving_config_id(settings, stage))
             report[stage] = {"reused": True, **meta.get("report", {})}
             continue
-        # an interrupted retrain must not leave the old completion marker vouching for half-new files
+        # an interrupted retrain must not leave the old completion marker (or digests) vouching for half-new files
         (stage_dir / "stage.json").unlink(missing_ok=True)
+        (stage_dir / MANIFEST_FILE).unlink(missing_ok=True)
         t0 = time.perf_counter()
         rep = _TRAINERS[stage](settings, artifact_dir, split, progress)
         rep["seconds"] = round(time.perf_counter() - t0, 2)
         report[stage] = rep
-        _write_meta(stage_dir, rep, current, cid, upstream)
+        _write_meta(stage_dir, rep, current, cid, upstream, serving_config_id(settings, stage))
         force = True  # a retrained stage invalidates every stage trained on its output
     return report
 
@@ -325,12 +335,23 @@ def _upstream(settings: Settings, artifact_dir: Path, stage: str) -> dict[str, s
 
 
 def _write_meta(directory: Path, report: dict[str, Any], split_id: str, config_id: str = "",
-                upstream: dict[str, str | None] | None = None) -> None:
+                upstream: dict[str, str | None] | None = None, serving_id: str = "") -> None:
     directory.mkdir(parents=True, exist_ok=True)
+    write_manifest(directory)  # the digests every load checks (recsys.manifest), before the marker
     atomic_write_json(directory / "stage.json", {"split_id": split_id, "config_id": config_id,
+                                                 "serving_config_id": serving_id,
                                                  "run_id": uuid.uuid4().hex, "upstream": upstream or {},
                                                  "report": report},
                       default=json_default)  # last write: marks the stage complete
+
+
+def _record_reused(directory: Path, meta: dict[str, Any], serving_id: str) -> None:
+    """What a reused stage trained before it was recorded lacks: its manifest (the files are vouched for
+    as they are now, by this run) and its ``serving_config_id`` (``cascade.registry``)."""
+    if not (directory / MANIFEST_FILE).exists():
+        write_manifest(directory)
+    if meta.get("serving_config_id") != serving_id:
+        atomic_write_json(directory / "stage.json", {**meta, "serving_config_id": serving_id}, default=json_default)
 
 
 def _train_recall(settings: Settings, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from llm_rerank.template import DEFAULT, PromptTemplate, parse_prompt_document
 from offline.split import Split
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request, StageError
+from recsys.manifest import verify_directory
 from recsys.redis_state import DEFAULT_SOCKET_TIMEOUT_S
 
 
@@ -87,6 +88,10 @@ class LLMRerankStage:
             location = str(adapted)
         else:
             location = resolve_model(self.cfg, self.artifacts_root)
+        read = dict.fromkeys([Path(location), *([adapted] if self.cfg.use_adapted else [])])  # adapted: its meta
+        for directory in read:  # weights and adapter files against their digests, before torch parses them
+            if directory.is_dir():
+                verify_directory(directory)
         split = Split.load(artifact_dir / "split")
         titles = split.items["title"].to_numpy(dtype=object)
         if self.cfg.use_adapted:

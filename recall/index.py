@@ -30,6 +30,7 @@ from typing import Any, Literal
 import numpy as np
 
 from recsys.digest import file_sha256
+from recsys.manifest import ArtifactIntegrityError, check_file
 
 IndexKind = Literal["flat", "ivf", "hnsw"]
 INDEX_FILE = "index.faiss"
@@ -52,7 +53,7 @@ _FAISS_CLASS = {"flat": "IndexFlatIP", "ivf": "IndexIVFFlat", "hnsw": "IndexHNSW
 
 
 class IndexArtifactError(ValueError):
-    """A saved index is missing, corrupt, or disagrees with its metadata."""
+    """A saved index is missing, corrupt (its digest differs from ``index.json``'s), or disagrees with its metadata."""
 
 
 # OpenMP pays off only for big jobs: faiss splits even a single query's scan across threads,
@@ -232,8 +233,10 @@ class ItemIndex:
             raise IndexArtifactError(f"index meta {meta_path} is corrupt: {e}") from e
         if kind not in _FAISS_CLASS:
             raise IndexArtifactError(f"index meta {meta_path} names unknown kind {kind!r}")
-        if meta.get("sha256") != file_sha256(index_path):
-            raise IndexArtifactError(f"index file {index_path} does not match the sha256 in {meta_path}")
+        try:  # before faiss parses a byte of it (recsys.manifest: the one digest check)
+            check_file(index_path, meta.get("sha256"), meta_path)
+        except ArtifactIntegrityError as e:
+            raise IndexArtifactError(str(e)) from e
         try:
             with _faiss() as faiss:
                 index = faiss.read_index(str(index_path))

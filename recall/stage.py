@@ -41,6 +41,7 @@ from recall.features import UserVocab
 from recall.index import ItemIndex
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request
+from recsys.manifest import verify_directory
 
 
 class RecallStage:
@@ -78,6 +79,7 @@ class RecallStage:
         root = Path(artifact_dir)
         model_dir = root / subdir
         _check_trained(model_dir)  # the missing model is the error to name, before the split
+        verify_directory(model_dir)  # every file (and early_stopped/'s) against its digest, before torch or faiss
         refit_of = _refit_of(model_dir) if phase == "valid" else None
         if refit_of is not None:
             model_dir = model_dir / EARLY_STOPPED_DIR

@@ -33,6 +33,7 @@ from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
 
 from cascade.settings import Settings
+from recsys.manifest import damaged_file
 from recsys.pipeline import Pipeline, PipelineError
 from serving import console
 from serving.backend import OnlineBackend
@@ -105,8 +106,11 @@ async def _load_into(
         slot.recommender = await anyio.to_thread.run_sync(load, abandon_on_cancel=True)
         log.info("artifacts loaded from %s", artifact_dir)
     except Exception as exc:  # readiness reports it; liveness stays up so the error can be read
-        log.exception("loading artifacts from %s failed", artifact_dir)
-        slot.error = f"{type(exc).__name__}: {exc}"
+        # a refused file is fully said by its line; anything else keeps its traceback in the log
+        damaged = damaged_file(exc)
+        log.error("loading artifacts from %s failed: %s: %s", artifact_dir, type(exc).__name__, exc,
+                  exc_info=None if damaged is not None else exc)
+        slot.failed(exc, damaged)
 
 
 async def _pipeline_error(request: HttpRequest, exc: PipelineError) -> JSONResponse:

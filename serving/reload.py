@@ -5,6 +5,8 @@ off the request path, while the current ``Recommender`` keeps answering. The new
 accepted only when
 
 - the catalog (``split/``) reads back,
+- every file each stage reads matches the digest recorded at training (``recsys.manifest``,
+  checked before any native library parses it: a torn LightGBM model would abort the process),
 - every *enabled* stage loads (unlike start-up, where an LLM stage that fails to load is
   disabled: a reload that would silently lose a stage is refused instead), and
 - a smoke request (the first known user, served from the split's histories, no Redis)
@@ -34,6 +36,7 @@ from serving.backend import OnlineBackend
 from serving.metrics import ServingMetrics
 from serving.schemas import RecommendRequest, RecommendResponse
 from serving.service import Recommender, ServiceSlot
+from serving.stage_loading import load_failure
 from serving.state import CatalogState
 
 log = logging.getLogger(__name__)
@@ -69,8 +72,7 @@ def load_checked(settings: Settings, artifact_dir: Path, metrics: ServingMetrics
         try:
             stage.load(artifact_dir)
         except Exception as exc:
-            raise ReloadRefused(f"stage {spec.name!r} failed to load from {artifact_dir}: "
-                                f"{type(exc).__name__}: {exc}") from exc
+            raise ReloadRefused(load_failure(spec.name, artifact_dir, exc)) from exc
     recommender = Recommender(settings, catalog, Pipeline(built.stages, built.request_budget_ms), metrics)
     smoke_test(recommender)
     return recommender
@@ -101,9 +103,10 @@ def smoke_test(recommender: Recommender) -> RecommendResponse:
 
 
 def swap(slot: ServiceSlot, backend: OnlineBackend, new: Recommender) -> Recommender | None:
-    """Give ``new`` the online state, then make it the served one; returns the one it replaced."""
+    """Give ``new`` the online state, then make it the served one; returns the one it replaced (None
+    when the first load had failed: a reload is how such a server becomes ready without a restart)."""
     old = slot.recommender
     backend.replace(new)
-    slot.recommender = new  # one reference assignment: in-flight requests keep the old object
+    slot.serve(new)  # one reference assignment: in-flight requests keep the old object
     log.info("artifacts reloaded: now serving %s", new.versions())
     return old

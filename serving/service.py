@@ -281,6 +281,17 @@ class ServiceSlot:
     def __init__(self, recommender: Recommender | None = None):
         self.recommender = recommender
         self.error: str | None = None
+        self.damaged_file: str | None = None  # the artifact file a failed load refused, if that was the cause
+
+    def failed(self, exc: BaseException, damaged: Path | None = None) -> None:
+        """Record why loading failed (readiness says it; ``POST /admin/reload`` can still succeed)."""
+        self.error = f"{type(exc).__name__}: {exc}"
+        self.damaged_file = None if damaged is None else str(damaged)
+
+    def serve(self, recommender: Recommender) -> None:
+        """Serve ``recommender`` from the next request on (one assignment); a past load error is over."""
+        self.recommender = recommender
+        self.error = self.damaged_file = None
 
     @property
     def status(self) -> str:

@@ -3,8 +3,10 @@
 ``load_pipeline`` builds the configured pipeline and loads every enabled stage. A stage of
 kind ``llm`` that fails to load does not stop the server: it is disabled (the traffic policy
 then sends everyone down the light path) and replaced by an ``UnloadedStage`` that keeps
-the cause, logged once as an error with the exception type, message and traceback. Any other
-stage failing to load still fails start-up.
+the cause, logged once as an error with the exception type, message and (unless it is a refused
+digest, ``recsys.manifest``) traceback. Any other stage failing to load still fails start-up, as
+one ``StageLoadError`` line naming the stage, the directory and the cause (a ``ValueError``: the
+CLI prints it as one line and exits 2).
 
 ``degraded_stages`` compares the configuration with the loaded pipeline: every stage the
 settings enable that the pipeline runs disabled, with the reason. ``/readyz`` lists them
@@ -25,9 +27,15 @@ from pathlib import Path
 from cascade.registry import build_pipeline, check_trained_on_split, trained_under_other_settings
 from cascade.settings import Settings
 from recsys.contract import Candidates, Request, StageError
+from recsys.manifest import ArtifactIntegrityError
 from recsys.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
+
+
+class StageLoadError(ValueError):
+    """A required stage's artifacts cannot be loaded; the message names the stage, the directory and the
+    cause (for a damaged or missing file, the file: ``recsys.manifest.ArtifactIntegrityError``)."""
 
 
 class UnloadedStage:
@@ -79,13 +87,22 @@ def load_pipeline(settings: Settings, artifact_dir: Path) -> Pipeline:
                 stage.load(Path(artifact_dir))
             except Exception as exc:
                 if spec.kind != "llm":
-                    raise
+                    raise StageLoadError(load_failure(spec.name, Path(artifact_dir), exc)) from exc
                 reason = f"{type(exc).__name__}: {exc}"
+                # a refused digest is fully said by its one line; anything else keeps its traceback in the log
                 log.error("stage %r (kind %s) failed to load from %s and is disabled; serving without it: %s",
-                          spec.name, spec.kind, artifact_dir, reason, exc_info=exc)
+                          spec.name, spec.kind, artifact_dir, reason,
+                          exc_info=None if isinstance(exc, ArtifactIntegrityError) else exc)
                 spec, stage = spec.model_copy(update={"enabled": False}), UnloadedStage(spec.name, reason)
         pairs.append((spec, stage))
     return Pipeline(pairs, request_budget_ms=built.request_budget_ms)
+
+
+def load_failure(stage: str, artifact_dir: Path, exc: BaseException) -> str:
+    """One line saying why ``stage`` did not load: the refused file itself, or the directory and the cause."""
+    if isinstance(exc, ArtifactIntegrityError):
+        return f"stage {stage!r} refused {exc}"
+    return f"stage {stage!r} failed to load from {artifact_dir}: {type(exc).__name__}: {exc}"
 
 
 def degraded_stages(settings: Settings, pipeline: Pipeline) -> list[DegradedStage]:

@@ -152,7 +152,7 @@ async def rollback(kind: Kind, body: RollbackRequest, backend: BackendDep, metri
                                    422: {"description": "The artifacts were refused (the old ones keep serving), "
                                                         "or a body was sent."}})
 async def reload_artifacts(request: Request, backend: BackendDep, metrics: MetricsDep, settings: SettingsDep,
-                           slot: SlotDep, current: RecommenderDep) -> dict[str, Any]:
+                           slot: SlotDep) -> dict[str, Any]:
     body = await request.body()
     if body:
         raise HTTPException(status_code=422, detail=f"POST /admin/reload takes no body (got {len(body)} bytes): "
@@ -164,13 +164,14 @@ async def reload_artifacts(request: Request, backend: BackendDep, metrics: Metri
         raise HTTPException(status_code=409, detail="a reload is already running")
     async with lock:
         artifact_dir = request.app.state.artifact_dir
+        current = slot.recommender  # None: the first load failed, and this reload is how it recovers
         try:
             new = await run_in_threadpool(load_checked, settings, artifact_dir, metrics)
         except ReloadRefused as exc:
             metrics.errors.labels("reload_refused").inc()
-            raise HTTPException(status_code=422, detail=f"reload refused, still serving the previous "
-                                                        f"artifacts: {exc}") from None
+            still = "still serving the previous artifacts" if current is not None else "nothing is served yet"
+            raise HTTPException(status_code=422, detail=f"reload refused, {still}: {exc}") from None
         await run_in_threadpool(swap, slot, backend, new)
     metrics.reloads.labels("artifacts").inc()
-    return {"status": "reloaded", "artifact_dir": str(artifact_dir), "previous": current.versions(),
-            "versions": new.versions()}
+    return {"status": "reloaded", "artifact_dir": str(artifact_dir),
+            "previous": current.versions() if current is not None else None, "versions": new.versions()}

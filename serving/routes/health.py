@@ -2,7 +2,9 @@
 
 ``/healthz`` answers 200 whenever the process serves HTTP (liveness: restart me if not);
 ``/readyz`` answers 200 only once artifacts are loaded (readiness: route traffic to me),
-503 while loading or after a failed load, with the reason. ``/metrics`` is the Prometheus
+503 while loading or after a failed load, with the reason (and ``damaged_file``, the artifact
+whose digest was refused, when that was it; ``POST /admin/reload`` makes the worker ready once the
+files are fixed). ``/metrics`` is the Prometheus
 exposition (all workers aggregated in multi-process mode, see ``serving.metrics``); readiness
 also says whether Redis answers (a down Redis degrades, it does not make the worker unready)
 and, when this process supervises the embedded Redis, how often it was restarted,
@@ -34,7 +36,8 @@ async def healthz() -> dict[str, str]:
 @router.get("/readyz", responses={503: {"description": "Artifacts are loading or failed to load."}})
 async def readyz(request: Request, slot: SlotDep, settings: SettingsDep) -> JSONResponse:
     if slot.recommender is None:
-        return JSONResponse({"status": slot.status, "detail": slot.describe()}, status_code=503)
+        return JSONResponse({"status": slot.status, "detail": slot.describe(), "damaged_file": slot.damaged_file},
+                            status_code=503)
     backend = getattr(request.app.state, "backend", None)
     redis_ok = backend is not None and not backend.guard.down
     degraded = [dataclasses.asdict(d) for d in degraded_stages(settings, slot.recommender.pipeline)]

@@ -85,7 +85,7 @@ def test_load_errors_name_the_bad_file(catalog: tuple[np.ndarray, np.ndarray], t
     ItemIndex.build(catalog[0][:100], "flat").save(tmp_path)
     raw = (tmp_path / "index.faiss").read_bytes()
     (tmp_path / "index.faiss").write_bytes(raw[: len(raw) // 2])
-    with pytest.raises(IndexArtifactError, match=r"index\.faiss does not match"):
+    with pytest.raises(IndexArtifactError, match=r"index\.faiss: damaged"):
         ItemIndex.load(tmp_path)
     (tmp_path / "index.json").write_text("{not json")
     with pytest.raises(IndexArtifactError, match=r"index\.json is corrupt"):
