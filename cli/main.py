@@ -18,6 +18,7 @@ from cli import common as c
 from cli.ab import ab_app
 from cli.bench import bench_app
 from cli.tag import tag_app
+from recsys.progress import quiet_library_bars
 
 if TYPE_CHECKING:
     from cascade.settings import Settings
@@ -225,6 +226,7 @@ def demo(
 
 
 def main() -> None:
+    quiet_library_bars()  # before any command imports transformers: off a terminal, no progress frames
     app()
 
 

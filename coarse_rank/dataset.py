@@ -24,10 +24,10 @@ from typing import Literal
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
 from offline.split import Split
 from recsys.contract import Candidates, Request, Stage
+from recsys.progress import progress_bar
 
 QueryPhase = Literal["train", "valid"]
 
@@ -96,8 +96,8 @@ def build_groups(
     """Run ``candidate_stage`` once per query of ``phase`` and collect the query groups."""
     pool, histories, labels = query_inputs(split, phase, users, positions)
     requests, cands = [], []
-    for u, hist in tqdm(list(zip(pool, histories, strict=True)), desc=f"coarse {phase} candidates",
-                        disable=not progress, unit="user"):
+    for u, hist in progress_bar(list(zip(pool, histories, strict=True)), desc=f"coarse {phase} candidates",
+                                enabled=progress, unit="user"):
         req = split.request(int(u), hist, k=k, request_id=f"coarse-{phase}-{u}")
         requests.append(req)
         cands.append(candidate_stage.run(req, Candidates.empty()))

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from coarse_rank.config import CoarseConfig
 from coarse_rank.dataset import QueryGroups, build_groups, channel_columns, training_prefix
@@ -33,6 +32,7 @@ from offline.protocol import SALT_COARSE_TRAIN, SALT_COARSE_VALID, user_sample
 from offline.split import Split
 from recsys.atomic import atomic_write_json
 from recsys.contract import Stage
+from recsys.progress import progress_bar
 
 
 def lgbm_params(config: CoarseConfig, seed: int) -> dict[str, Any]:
@@ -172,8 +172,8 @@ def _users(split: Split, cap: int | None, seed: int, salt: int) -> np.ndarray | 
 
 
 def _matrix(builder: FeatureBuilder, groups: QueryGroups, progress: bool) -> np.ndarray:
-    pairs = tqdm(list(zip(groups.requests, groups.candidates, strict=True)), desc=f"coarse {groups.phase} features",
-                 disable=not progress, unit="user")
+    pairs = progress_bar(list(zip(groups.requests, groups.candidates, strict=True)),
+                         desc=f"coarse {groups.phase} features", enabled=progress, unit="user")
     return np.vstack([builder.transform(r, c) for r, c in pairs])
 
 

@@ -17,7 +17,6 @@ import time
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from offline.bootstrap import MIN_USERS, paired_bootstrap
 from offline.metrics import per_user_metrics
@@ -25,6 +24,7 @@ from offline.split import Phase, Split
 from recsys.config import POLICY_KINDS
 from recsys.contract import Candidates, Request
 from recsys.pipeline import Pipeline
+from recsys.progress import progress_bar
 
 K = 10
 SCORED = ("recall", "coarse", "llm")  # stages whose own order is measured
@@ -52,7 +52,7 @@ def run_cascade(pipeline: Any, split: Split, phase: Phase, progress: bool = True
     total_ms = np.zeros(n)
     served = np.zeros(n, dtype=np.int64)  # items in each user's final list
     short_reasons: dict[str, int] = {}
-    for u, req in enumerate(tqdm(requests, desc=f"eval {phase}", disable=not progress, unit="user")):
+    for u, req in enumerate(progress_bar(requests, desc=f"eval {phase}", enabled=progress, unit="user")):
         def observe(name: str, c: Candidates, u: int = u) -> None:
             if name in SCORED:
                 cands[name][u] = c.items

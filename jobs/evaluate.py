@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from cascade.registry import build_pipeline
 from cascade.settings import Settings
@@ -42,6 +41,7 @@ from offline.bootstrap import MIN_USERS, paired_bootstrap
 from offline.metrics import candidate_recall, coverage, summarize
 from offline.split import Phase, Split
 from recsys.config import POLICY_KINDS
+from recsys.progress import progress_bar
 
 
 def list_lengths(settings: Settings, artifact_dir: Path, split: Split, ks: list[int], phase: Phase = "test",
@@ -53,7 +53,7 @@ def list_lengths(settings: Settings, artifact_dir: Path, split: Split, ks: list[
     for k in ks:
         served, backfilled = np.zeros(split.n_users, dtype=np.int64), 0
         reasons: dict[str, int] = {}
-        for req in tqdm(requests_for(split, phase), desc=f"lists k={k}", disable=not progress, unit="user"):
+        for req in progress_bar(requests_for(split, phase), desc=f"lists k={k}", enabled=progress, unit="user"):
             res = pipeline.run(dataclasses.replace(req, k=k))
             served[req.user_idx] = len(res.candidates)
             if res.short_reason:

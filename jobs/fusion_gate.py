@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from cascade.registry import build_pipeline, weights_key
 from cascade.settings import Settings
@@ -39,6 +38,7 @@ from offline.protocol import (
 )
 from offline.split import Split
 from recsys.contract import Candidates
+from recsys.progress import progress_bar
 
 
 def tune_fusion(settings: Settings, artifact_dir: Path, split: Split, *, progress: bool = True) -> dict[str, Any]:
@@ -86,7 +86,7 @@ def fit_gate(pipeline: Any, split: Split, requests: list[Any], settings: Setting
     names = [spec.name for spec, _ in pipeline.stages if spec.enabled]
     before = names[names.index("fusion") - 1] if "fusion" in names else names[-1]
     captured: list[Candidates] = []
-    for req in tqdm(requests, desc="fusion (valid)", disable=not progress, unit="user"):
+    for req in progress_bar(requests, desc="fusion (valid)", enabled=progress, unit="user"):
         pipeline.run(req, until=before, observe=lambda name, c: captured.append(c) if name == before else None)
     targets = [int(split.valid[r.user_idx]) for r in requests]
     examples = [FusionExample.from_candidates(c, [t]) for c, t in zip(captured, targets, strict=True)]

@@ -46,7 +46,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from cascade.settings import Settings
 from llm_rerank.backbone import load_model, native_bf16, resolve_model
@@ -58,6 +57,7 @@ from llm_rerank.scoring import answer_logits
 from offline.split import Split
 from recsys.atomic import atomic_write
 from recsys.contract import Candidates, Stage
+from recsys.progress import progress_bar
 
 
 @dataclass(frozen=True)
@@ -213,8 +213,8 @@ def train_llm(split: Split, candidate_stage: Stage, settings: Settings, artifact
     autocast = native_bf16() if cfg.autocast_bf16 is None else cfg.autocast_bf16
     start = _resume(ckpt_dir, model, optim, beta)
     losses: list[float] = []
-    bar = tqdm(range(start, len(schedule)), desc="llm adapt", disable=not progress, initial=start,
-               total=len(schedule))
+    bar = progress_bar(range(start, len(schedule)), desc="llm adapt", enabled=progress, initial=start,
+                       total=len(schedule))
     if prior_fit is not None:
         bar.write(f"coarse order alone: loss {prior_fit['loss']:.3f} at beta {prior_fit['beta']:.2f} "
                   f"(uniform {prior_fit['uniform_loss']:.3f}); the adapter has to get below it")

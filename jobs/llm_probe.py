@@ -45,7 +45,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from cascade.settings import Settings
 from fusion.stage import rank_normalise
@@ -55,6 +54,7 @@ from llm_rerank.scoring import run_prefix, suffix_hidden
 from offline.bootstrap import paired_bootstrap
 from offline.metrics import ndcg_at_ranks, random_ndcg
 from offline.split import Split
+from recsys.progress import progress_bar
 
 K = 10
 FUSION_WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)  # the probe's share; the stage order keeps the rest
@@ -121,7 +121,7 @@ def collect(stage: Any, cases: Sequence[tuple[Any, np.ndarray, int]], progress: 
     bs = stage.cfg.batch_size
     states, zero, label, group, position, cost, tokens, loglik = [], [], [], [], [], [], [], []
     empty_prefix: Any = None
-    for g, (request, items, held) in enumerate(tqdm(cases, desc=desc, disable=not progress, unit="user")):
+    for g, (request, items, held) in enumerate(progress_bar(cases, desc=desc, enabled=progress, unit="user")):
         parts = stage.build_prompt(request, items)
         with torch.inference_mode():
             t0 = time.perf_counter()

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from recall.index import ItemIndex, overlap_at_k
+from recsys.progress import progress_bar
 from recsys.provenance import write_result
 
 
@@ -67,7 +67,7 @@ def _timed_single_queries(
         index.search(q[None], k)
     ids = np.empty((len(queries), k), dtype=np.int64)
     ms = np.empty(len(queries))
-    for i in tqdm(range(len(queries)), desc=label, disable=not progress, file=sys.stderr):
+    for i in progress_bar(range(len(queries)), desc=label, enabled=progress, unit="query"):
         t0 = time.perf_counter()
         _, found = index.search(queries[i : i + 1], k)
         ms[i] = (time.perf_counter() - t0) * 1e3

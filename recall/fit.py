@@ -54,7 +54,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from offline.protocol import SALT_EARLY_STOP, user_sample
 from offline.split import Split
@@ -65,6 +64,7 @@ from recall.scoring import full_ranking_metrics, user_vectors
 from recall.text import embed_items
 from recall.towers import ItemTower, UserTower
 from recall.windows import seen_pairs, training_windows
+from recsys.progress import progress_bar
 
 
 def batch_loss(
@@ -191,7 +191,8 @@ def fit(run: Run, config: RecallConfig, seed: int, t0: float, progress: bool, ep
     budget = max_logits if epochs else config.max_train_logits
     budget = float("inf") if budget is None else budget
     last = epochs or config.max_epochs
-    bar = tqdm(range(1, last + 1), desc="two-tower refit" if epochs else "two-tower", disable=not progress)
+    bar = progress_bar(range(1, last + 1), desc="two-tower refit" if epochs else "two-tower", enabled=progress,
+                       unit="epoch")
     for epoch in bar:
         run.item_tower.train()
         run.user_tower.train()
@@ -224,12 +225,12 @@ def fit(run: Run, config: RecallConfig, seed: int, t0: float, progress: bool, ep
         metrics = run.evaluate(run.seqs, run.targets)
         history.append({"epoch": epoch, "loss": round(float(np.mean(losses)), 4), **metrics,
                         "s": round(time.perf_counter() - t0, 1)})
-        bar.set_postfix(loss=history[-1]["loss"], ndcg10=metrics["ndcg@10"])
         if metrics["ndcg@10"] > best["valid"]["ndcg@10"]:
             state = copy.deepcopy((run.item_tower.state_dict(), run.user_tower.state_dict()))
             best, bad_evals = {"valid": metrics, "best_epoch": epoch, "state": state, "logits": logits}, 0
         else:
             bad_evals += 1
+        bar.set_postfix(loss=history[-1]["loss"], ndcg10=metrics["ndcg@10"], best=best["best_epoch"])
         if bad_evals >= config.patience or out_of_budget or out_of_time:
             break
     bar.close()

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from recsys.atomic import atomic_write
+from recsys.progress import interactive
 
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 TEXT_DIM = 384
@@ -73,7 +74,7 @@ def encode_texts(texts: Sequence[str], *, batch_size: int = 128, progress: bool 
 
     model = SentenceTransformer(str(model_dir()), device="cpu")
     vectors = model.encode(
-        list(texts), batch_size=batch_size, show_progress_bar=progress,
+        list(texts), batch_size=batch_size, show_progress_bar=progress and interactive(),
         convert_to_numpy=True, normalize_embeddings=True,
     )
     return np.asarray(vectors, dtype=np.float32).reshape(len(texts), TEXT_DIM)

@@ -26,12 +26,12 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from tqdm import tqdm
 
 from jobs.tagging.prompt import prompt_description, render_prompt, target_completion
 from jobs.tagging.staging import staged_dir
 from llm_rerank.backbone import load_model, native_bf16
 from recsys.atomic import atomic_write_json
+from recsys.progress import progress_bar
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ def adapt_tagger(base_dir: str, items: pd.DataFrame, categories: list[str], excl
     order = [rng.permutation(len(examples)) for _ in range(settings.epochs)]
     steps = [o[i : i + settings.batch_size] for o in order for i in range(0, len(o), settings.batch_size)]
     losses = []
-    for step in (bar := tqdm(steps, desc="tag adapt", disable=not progress)):
+    for step in (bar := progress_bar(steps, desc="tag adapt", enabled=progress)):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             loss = _batch_loss(model, [examples[i] for i in step], pad)
         optim.zero_grad()

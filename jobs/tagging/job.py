@@ -41,7 +41,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from tqdm import tqdm
 
 from jobs.tagging.catalog import catalog_digest, require_same_items
 from jobs.tagging.generate import TaggerSettings
@@ -61,6 +60,7 @@ from llm_rerank.backbone import weights_digest
 from llm_rerank.template import DEFAULT, PromptTemplate
 from recsys.atomic import atomic_write, atomic_write_json
 from recsys.digest import file_sha256, json_sha256
+from recsys.progress import progress_bar
 
 VERSION_WORDS = {"catalog": "catalog (the split was prepared again)", "model_digest": "model",
                  "item_text": ("item titles or texts (the split was prepared again, or the parts predate "
@@ -259,7 +259,7 @@ def run_local(job: TagJob, tag_batch: Callable[[list[dict[str, Any]]], list[dict
               pending: list[int], progress: bool = True) -> None:
     """Tag the ``pending`` chunks in this process, committing each as it finishes."""
     done = job.stop - sum(len(b) for c in pending for b in job.chunk_batches(c))
-    with tqdm(total=job.stop, initial=done, desc="tag", unit="item", disable=not progress) as bar:
+    with progress_bar(total=job.stop, initial=done, desc="tag", unit="item", enabled=progress) as bar:
         for chunk in pending:
             results = []
             for batch in job.chunk_batches(chunk):

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from jobs.tagging.calibrate import Thresholds, calibrate, decide, default_thresholds, log_odds
 from jobs.tagging.generate import GrammarLogits, Tagger, TaggerSettings
@@ -39,6 +38,7 @@ from jobs.tagging.label_prompt import LabelLayout, closed_fields, free_text_fiel
 from jobs.tagging.schema import fallback_record, validation_errors
 from llm_rerank.scoring import BatchState, PrefixState, continue_batch, run_prefix
 from llm_rerank.template import DEFAULT, PromptTemplate
+from recsys.progress import progress_bar
 
 KNOWN_FIELD = "genres"  # the field whose values are the catalog's categories (schema.concrete_schema)
 
@@ -272,7 +272,7 @@ def tag_items(tagger: LogitTagger, rows: Sequence[dict[str, Any]], known: Mappin
         name: ([None] * len(rows), [0] * len(rows), [False] * len(rows)) for name in tagger.free}
     # items of similar token length share a batch: right padding to the batch's longest item is wasted work
     order = np.argsort([len(tagger.layout.item(r["title"], r["description"])) for r in rows], kind="stable")
-    for start in tqdm(range(0, len(rows), batch_size), desc="tag by logits", disable=not progress):
+    for start in progress_bar(range(0, len(rows), batch_size), desc="tag by logits", enabled=progress, unit="batch"):
         where = order[start : start + batch_size]
         batch = [rows[i] for i in where]
         probs[where], states_pooled, states = tagger.read(batch)

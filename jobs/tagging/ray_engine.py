@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from jobs.tagging.generate import Tagger, TaggerSettings
 from jobs.tagging.job import TagJob, write_part
 from llm_rerank.template import DEFAULT, PromptTemplate
+from recsys.progress import progress_bar
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,7 +70,7 @@ def run_ray(job: TagJob, model_dir: str, schema: dict[str, Any], settings: Tagge
             batch_size=1, concurrency=concurrency, num_cpus=per_actor_cpus)
         received: dict[int, dict[int, list[dict[str, Any]]]] = {c: {} for c in pending}
         done = job.stop - sum(len(b) for c in pending for b in batches[c])
-        with tqdm(total=job.stop, initial=done, desc="tag (ray)", unit="item", disable=not progress) as bar:
+        with progress_bar(total=job.stop, initial=done, desc="tag (ray)", unit="item", enabled=progress) as bar:
             for row in ds.iter_rows():
                 chunk, b = int(row["chunk"]), int(row["batch"])
                 received[chunk][b] = pickle.loads(row["results"])
