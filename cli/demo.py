@@ -35,6 +35,7 @@ from fusion.stage import WEIGHTS_FILE, save_weights
 from jobs.cascade_run import requests_for
 from jobs.fusion_gate import fit_gate
 from jobs.train import prepare, train_stages
+from recsys.manifest import write_manifest
 from recsys.pipeline import Pipeline
 from serving.bench import start_server_subprocess
 from serving.metrics import llm_cache_counts
@@ -156,6 +157,7 @@ def tune_gate(rec: Any, settings: Settings, artifact_dir: Path, split: Any) -> d
             "mixture_check": gate["mixture_check"], "valid_users": len(requests), "llm_scored_users": scored,
             "tuned_by": f"recsys demo: {GATE_USERS} sampled valid users"}
     save_weights(path.parent, weights, valid_ndcg_at_10=gate["valid_ndcg@10"], **meta)
+    write_manifest(path.parent)  # the digest the fusion stage's load checks (recsys.manifest)
     for spec, stage in pipeline.stages:
         if spec.kind == "fusion":
             stage.load(artifact_dir)  # serve the gate just tuned

@@ -38,6 +38,7 @@ from offline.split import Split, split_id
 from offline.tag_store import load_tags
 from recsys.atomic import atomic_write_json
 from recsys.digest import file_sha256
+from recsys.manifest import write_manifest
 
 SUBDIR = "coarse_tags"
 SOURCE_FILE = "tags_source.json"
@@ -112,6 +113,7 @@ def train_coarse_tags(settings: Settings, artifact_dir: Path, split: Split, *, e
     report = train_coarse(split, recall, root / SUBDIR, config, seed=settings.seed, progress=progress, tags=tags,
                           train_stage=before_labels)
     atomic_write_json(root / SUBDIR / SOURCE_FILE, {"source": source, "embedding": embed_report})
+    write_manifest(root / SUBDIR)  # the digests its load checks (recsys.manifest), before the marker
     # the split it indexes, as every trained stage records it (cascade.registry.check_trained_on_split)
     atomic_write_json(root / SUBDIR / "stage.json", {"split_id": split_id(root), "trained_by": "jobs.coarse_tags"})
     return {**report, "embedding": {k: v for k, v in embed_report.items() if k != "loss_per_epoch"}}
