@@ -10,7 +10,8 @@ A table lives between two marker comments in a Markdown file::
 nothing and exits 1 naming each file whose tables differ from what the result files say. Output
 depends only on the result files (no dates, no locale, no machine), so a clean checkout
 reproduces the committed tables byte for byte. Arguments are split like a shell line, so a
-label with spaces is quoted. Paths are relative to ``results/``. The kinds:
+label with spaces is quoted. Paths are relative to ``results/``; ``FILE#KEY`` reads the report held at a dotted key of the
+file (a file holding a run per variant). The kinds:
 
 - ``datasets FILE...``: one row per evaluation report: popularity, recall, coarse and served
   NDCG@10 (mean ± sd over seeds where the report holds several), candidate recall@200.
@@ -18,7 +19,8 @@ label with spaces is quoted. Paths are relative to ``results/``. The kinds:
 - ``compare LABEL=FILE...``: evaluation reports side by side, a column each, on the figures a
   decision turns on (recall and coarse NDCG@10, candidate recall at each depth, final NDCG@10).
 - ``fields FILE KEY[=LABEL]...``: chosen values of one file (dotted keys), a row each.
-- ``rows FILE LISTKEY COLUMN...``: a list of records in one file (dotted key), a row each.
+- ``rows FILE KEY COLUMN[=LABEL]...``: the records of a list (or the entries of a dict, named by
+  their key) at a dotted key of one file, a row each.
 
 Every table is followed by a line naming its result files, with the commit and date of their
 provenance. Deliberately left out: prose figures (they link to their file by hand) and plots.
@@ -52,11 +54,13 @@ class ResultsError(ValueError):
 def number(value: Any) -> str:
     """A value as the tables print it: metrics to 4 decimals, large numbers grouped.
 
-    >>> [number(v) for v in (0.125531, 9.356, 17.168, 1234.5, 17778, True, None, "hnsw")]
-    ['0.1255', '9.36', '17.2', '1,234', '17,778', 'yes', '', 'hnsw']
+    >>> [number(v) for v in (0.125531, 9.356, 17.168, 1234.5, 17778, True, None, "hnsw", [-0.0006, 0.0319])]
+    ['0.1255', '9.36', '17.2', '1,234', '17,778', 'yes', '', 'hnsw', '[-0.0006, +0.0319]']
     """
     if value is None:
         return ""
+    if isinstance(value, list):  # a confidence interval: signed bounds
+        return "[" + ", ".join(("+" if isinstance(v, float) and v > 0 else "") + number(v) for v in value) + "]"
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, int):
@@ -113,7 +117,7 @@ def datasets_table(docs: list[tuple[str, dict[str, Any]]]) -> list[str]:
              *(metric(r, f"stages.{s}.ndcg@10") for s in ("popularity", "recall", "coarse", "final")),
              metric(r, "candidate_recall.recall@200")] for name, r in docs]
     return table(["dataset", "seeds", "test users", "popularity", "two-tower recall", "LightGBM coarse",
-                  "served", "candidate recall@200"], rows) + ["", "NDCG@10 on the test split (mean ± sd over seeds)."]
+                  "served", "candidate recall@200"], rows) + ["", "NDCG@10 on the test split; mean ± sd where a file holds several seeds, else one run."]
 
 
 def _per_seed(report: dict[str, Any], key: str) -> Any:
@@ -154,12 +158,25 @@ def compare_table(docs: list[tuple[str, dict[str, Any]]]) -> list[str]:
     keys += [(f"candidate_recall.{d}", f"candidate {d}") for d in depths]
     keys += [("stages.coarse.ndcg@10", "coarse NDCG@10"), ("stages.final.ndcg@10", "served NDCG@10")]
     rows = [[label, *(metric(r, key) for _, r in docs)] for key, label in keys]
-    return table(["", *(name for name, _ in docs)], rows) + ["", "Test split; mean ± sd over the seeds of each file."]
+    return table(["", *(name for name, _ in docs)], rows) + ["", "Test split; mean ± sd where a file holds several seeds, else one run."]
+
+
+def rows_table(records: Any, cols: list[str], where: str) -> list[str]:
+    """A row per record of a list, or per entry of a dict (its key first); ``COLUMN=LABEL`` names a column."""
+    pairs = [c.split("=", 1) if "=" in c else [c, c] for c in cols]
+    named = isinstance(records, dict)
+    items = list(records.items()) if named else [(None, r) for r in records]
+    body = [[*([str(name)] if named else []), *(number(lookup(rec, key, where)) for key, _ in pairs)]
+            for name, rec in items]
+    return table([*([""] if named else []), *(label for _, label in pairs)], body)
 
 
 def source_line(paths: list[str], docs: list[dict[str, Any]], doc_dir: Path, root: Path = ROOT) -> str:
-    parts = []
+    parts, seen = [], set()
     for path, doc in zip(paths, docs, strict=True):
+        if path in seen:
+            continue
+        seen.add(path)
         prov = doc.get("provenance") or {}
         link = os.path.relpath(root / "results" / path, doc_dir).replace(os.sep, "/")
         when = ", ".join(x for x in (str(prov.get("commit") or "")[:7], str(prov.get("date") or "")[:10],
@@ -181,13 +198,15 @@ def render(spec: str, doc_dir: Path, where: str, root: Path = ROOT) -> str:
         raise ResultsError(f"{where}: results:{kind} names no result file")
     if kind in ("datasets", "stages", "compare"):
         pairs = [a.split("=", 1) if "=" in a else [Path(a).stem, a] for a in args]
-        labels, paths = [p[0] for p in pairs], [p[1] for p in pairs]
+        labels = [p[0] for p in pairs]
+        paths, parts = [p[1].split("#", 1)[0] for p in pairs], [p[1].split("#", 1)[1:] for p in pairs]
         docs = [load(p, where) for p in paths]
+        reports = [lookup(d, part[0], f"{where}: {p}") if part else d for d, p, part in zip(docs, paths, parts, strict=True)]
         makers: dict[str, Callable[[list[tuple[str, dict[str, Any]]]], list[str]]] = {
             "datasets": datasets_table, "stages": stages_table, "compare": compare_table}
         if kind == "stages" and len(docs) != 1:
             raise ResultsError(f"{where}: results:stages takes one file, got {len(docs)}")
-        lines = makers[kind](list(zip(labels, docs, strict=True)))
+        lines = makers[kind](list(zip(labels, reports, strict=True)))
     elif kind == "fields":
         path, *keys = args
         doc = load(path, where)
@@ -197,9 +216,8 @@ def render(spec: str, doc_dir: Path, where: str, root: Path = ROOT) -> str:
     elif kind == "rows":
         path, listkey, *cols = args
         doc = load(path, where)
-        records = lookup(doc, listkey, f"{where}: {path}")
-        lines = table(cols, [[number(lookup(rec, c, f"{where}: {path} {listkey}")) for c in cols] for rec in records])
-        paths, docs = [path], [doc]
+        lines, paths, docs = rows_table(lookup(doc, listkey, f"{where}: {path}"), cols, f"{where}: {path} {listkey}"), \
+            [path], [doc]
     else:
         raise ResultsError(f"{where}: unknown table kind {kind!r} (datasets, stages, compare, fields, rows)")
     return "\n".join([*lines, "", source_line(paths, docs, doc_dir, root)]) + "\n"

@@ -36,7 +36,7 @@ def test_the_committed_tables_match_the_result_files() -> None:
 def test_every_kind_renders_the_values_of_its_files(tmp_path: Path) -> None:
     root = _results(tmp_path)
     page = root / "docs" / "page.md"
-    text = ("intro\n<!-- results:datasets eval/seeds.json eval/one.json -->\nold\n<!-- /results -->\n"
+    text = ("intro\n<!-- results:datasets eval/seeds.json eval/one.json -->\nstale table\n<!-- /results -->\n"
             "<!-- results:rows eval/one.json runs concurrency p50_ms -->\n<!-- /results -->\nend\n")
     out = regenerate(text, page, root)
     assert out.startswith("intro\n<!-- results:datasets eval/seeds.json eval/one.json -->\n| dataset |")
@@ -45,7 +45,7 @@ def test_every_kind_renders_the_values_of_its_files(tmp_path: Path) -> None:
     assert "| 1 | 9.36 |\n| 4 | 17.2 |" in out
     assert ("Source: [`results/eval/seeds.json`](../results/eval/seeds.json) (0123456, 2026-12-05); "
             "[`results/eval/one.json`](../results/eval/one.json) (provenance backfilled).") in out
-    assert "old" not in out and out.endswith("<!-- /results -->\nend\n")
+    assert "stale table" not in out and out.endswith("<!-- /results -->\nend\n")
     assert regenerate(out, page, root) == out  # a second run changes nothing
 
 
