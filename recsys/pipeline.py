@@ -26,6 +26,12 @@ pipeline stops waiting ``WATCHDOG_GRACE_S`` after that deadline and falls back; 
 abandoned on its thread, and while ``MAX_ABANDONED`` calls of a stage are still stuck, the
 stage falls back at once instead of taking another thread.
 
+One snapshot per request: a stage whose state is swapped at run time (a rule set published
+while serving) offers ``pinned()``, a copy fixed on what it serves now. ``snapshot`` pins every
+stage once, under ``STAGE_SWAP`` (held by whoever swaps several stages together, so a request
+never pins half of a swap), and ``run`` uses only that snapshot: every stage of one answer, and
+the ``versions`` it reports, come from one moment, whatever is published meanwhile.
+
 Deliberately left out: building stages from config (``cascade.registry``) and HTTP.
 """
 
@@ -38,6 +44,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -48,6 +55,9 @@ log = logging.getLogger(__name__)
 
 WATCHDOG_GRACE_S = 0.05  # lets a stage that checks its deadline stop itself and say why
 MAX_ABANDONED = 4  # stuck calls per stage before it falls back without trying
+# Held while stages are pinned for a request and while several stages are swapped together
+# (serving.hot_reload), so a request sees all of a swap or none of it.
+STAGE_SWAP = threading.RLock()
 
 
 class PipelineError(RuntimeError):
@@ -85,6 +95,20 @@ class PipelineResult:
         return sum(t.ms for t in self.traces)
 
 
+@dataclass(frozen=True)
+class PipelineSnapshot:
+    """The stages one request runs, each pinned on what it served when the request began."""
+
+    stages: tuple[tuple[StageSpec, Stage], ...]
+    versions: dict[str, str]
+
+
+def pin(stage: Any) -> Any:
+    """``stage.pinned()`` for a stage whose state is swapped while serving, else the stage itself."""
+    pinned = getattr(stage, "pinned", None)
+    return pinned() if pinned is not None else stage
+
+
 class Pipeline:
     """An ordered list of (spec, stage) pairs; built by ``cascade.registry.build_pipeline``."""
 
@@ -102,18 +126,28 @@ class Pipeline:
     def versions(self) -> dict[str, str]:
         return {spec.name: stage.version() for spec, stage in self.stages if spec.enabled}
 
+    def snapshot(self) -> PipelineSnapshot:
+        """Every stage pinned once (see the module doc), with the versions they will run."""
+        with STAGE_SWAP:
+            stages = tuple((spec, pin(stage)) for spec, stage in self.stages)
+        return PipelineSnapshot(stages, {spec.name: stage.version() for spec, stage in stages if spec.enabled})
+
     def run(
         self,
         request: Request,
         skip: Iterable[str] = (),
         until: str | None = None,
         observe: Callable[[str, Candidates], None] | None = None,
+        snapshot: PipelineSnapshot | None = None,
     ) -> PipelineResult:
         """Answer ``request``; ``skip`` names stages to bypass, ``until`` stops after that stage.
 
         ``observe(stage_name, candidates)`` is called after every stage with what it handed on
         (the evaluator uses it to measure each stage's ranking and candidate recall).
+        ``snapshot``: the stages to run, when the caller pinned them already (to key a cache by
+        their versions); else they are pinned here, once.
         """
+        snap = snapshot if snapshot is not None else self.snapshot()
         skip = set(skip)
         if request.deadline is None and self.request_budget_ms is not None:
             request = dataclasses.replace(request, deadline=time.monotonic() + self.request_budget_ms / 1000)
@@ -121,7 +155,7 @@ class Pipeline:
         traces: list[StageTrace] = []
         tails: list[tuple[str, np.ndarray]] = []  # what each ranking stage's depth cut off, for backfill
         removed: set[int] = set()  # items a policy stage removed: backfill never offers them again
-        for spec, stage in self.stages:
+        for spec, stage in snap.stages:
             if not spec.enabled or spec.name in skip:
                 why = "disabled" if not spec.enabled else "skipped by request policy"
                 traces.append(StageTrace(spec.name, "skipped", 0.0, len(cands), len(cands), why))
@@ -133,18 +167,18 @@ class Pipeline:
             if observe is not None:
                 observe(spec.name, cands)
             if until is not None and spec.name == until:
-                return PipelineResult(candidates=cands.head(request.k), traces=traces, versions=self.versions())
+                return PipelineResult(candidates=cands.head(request.k), traces=traces, versions=dict(snap.versions))
         final = cands.head(request.k)
         short_reason = ""
         if len(final) < request.k:
-            final, short_reason = self._backfill(request, final, tails, skip, traces, removed)
+            final, short_reason = self._backfill(request, final, tails, skip, traces, removed, snap.stages)
         short_by = request.k - len(final)
-        return PipelineResult(candidates=final, traces=traces, versions=self.versions(), short_by=short_by,
+        return PipelineResult(candidates=final, traces=traces, versions=dict(snap.versions), short_by=short_by,
                               short_reason=short_reason if short_by else "")
 
     def _backfill(
         self, request: Request, served: Candidates, tails: list[tuple[str, np.ndarray]], skip: set[str],
-        traces: list[StageTrace], removed: set[int],
+        traces: list[StageTrace], removed: set[int], stages: Sequence[tuple[StageSpec, Stage]] = (),
     ) -> tuple[Candidates, str]:
         """Fill a list the policy stages left short: reach deeper, best source first.
 
@@ -157,10 +191,11 @@ class Pipeline:
         in the served order's column (they were never ranked by it). The reason a list stays
         short says whether a rule removed anything on the way (main run or backfill).
         """
-        policies = [(spec, st) for spec, st in self.stages
+        stages = stages or self.stages
+        policies = [(spec, st) for spec, st in stages
                     if spec.enabled and spec.name not in skip and spec.kind in POLICY_KINDS]
         t0 = time.perf_counter()
-        blocks = _backfill_blocks(request, tails, self.stages, skip)
+        blocks = _backfill_blocks(request, tails, stages, skip)
         seen = set(served.items.tolist()) | set(np.asarray(request.excluded).tolist()) | removed
         ruled_out = bool(removed)  # a policy stage removed something in the main run
         out, reason = served, ""

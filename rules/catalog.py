@@ -16,6 +16,10 @@ A category name no item carries (a typo, another case: ``alcohol`` for ``Alcohol
 the same way, naming the close matches: refused by default, the rule off under ``skip`` when
 none of its categories exist.
 
+An item id no item carries (``I0377`` for ``I377``, another case) is refused the same way,
+naming the close matches, whatever ``on_absent_attribute`` says, unless its selector says
+``unknown_ids: allow``: a blocklist of ids the catalog lacks blocks nothing.
+
 User attributes are different: a rule never turns off because users lack one, since that
 would serve gated items to everybody. A rule reading a user attribute no user carries must
 state how to treat an unknown user (``when_user_unknown`` or ``default_tolerance`` written out)
@@ -71,6 +75,7 @@ class CatalogAttributes:
     items: frozenset[str] = field(default_factory=frozenset)
     users: frozenset[str] = field(default_factory=frozenset)
     categories: frozenset[str] | None = None  # the category names items carry; None = not checked
+    item_ids: frozenset[str] | None = None  # the catalog's item ids (NFC); None = not checked
 
     @classmethod
     def of(cls, items: pd.DataFrame, users: pd.DataFrame | None) -> CatalogAttributes:
@@ -89,7 +94,9 @@ class CatalogAttributes:
         carried_users = set()
         if users is not None:
             carried_users = {name for name in USER_ATTRIBUTES if name in users.columns and users[name].notna().any()}
-        return cls(items=frozenset(carried_items), users=frozenset(carried_users), categories=frozenset(names))
+        ids = frozenset(canonical(str(i)) for i in items["item_id"]) if "item_id" in items.columns else None
+        return cls(items=frozenset(carried_items), users=frozenset(carried_users), categories=frozenset(names),
+                   item_ids=ids)
 
     @classmethod
     def everything(cls) -> CatalogAttributes:
@@ -141,6 +148,9 @@ def resolve(ruleset: RuleSet, carried: CatalogAttributes) -> Resolution:
     skipped: dict[str, str] = {}
     for i, rule in enumerate(ruleset.rules):
         where = f"rule {rule.id!r} (rules[{i}])"
+        if unknown_ids := _unknown_item_ids(rule, carried):
+            raise RulesError(f"{where}: {'; '.join(unknown_ids)} in this catalog, so the rule would match nothing "
+                             "there; fix the id, or set unknown_ids: allow in its items if that is meant")
         users_absent = [] if _states_unknown_user(rule) else [
             f"no user carries {a}" for a in user_attributes_read(rule) if a not in carried.users]
         if users_absent and rule.on_absent_attribute == "refuse":
@@ -180,11 +190,25 @@ def _unknown_categories(rule: Rule, carried: CatalogAttributes) -> list[str]:
     out = []
     for name in _categories_read(rule):
         if name not in carried.categories:
-            close = difflib.get_close_matches(name, sorted(carried.categories), n=2, cutoff=0.6)
-            close += [c for c in carried.categories if c.lower() == name.lower() and c not in close]
-            hint = f" (did you mean {' or '.join(repr(c) for c in close[:2])}?)" if close else ""
-            out.append(f"no item carries category {name!r}{hint}")
+            out.append(f"no item carries category {name!r}{_close(name, carried.categories)}")
     return out
+
+
+def _unknown_item_ids(rule: Rule, carried: CatalogAttributes) -> list[str]:
+    """``no item has id 'X' (did you mean 'Y'?)`` for each id of the rule's selector the catalog lacks."""
+    if carried.item_ids is None or not isinstance(rule, BlocklistRule | DisclaimerRule):
+        return []
+    if rule.items.unknown_ids == "allow":
+        return []
+    return [f"no item has id {name!r}{_close(name, carried.item_ids)}"
+            for name in rule.items.item_ids if name not in carried.item_ids]
+
+
+def _close(name: str, known: frozenset[str]) -> str:
+    """`` (did you mean 'A' or 'B'?)``: the closest of ``known`` (same letters in another case first), or ""."""
+    same = sorted(k for k in known if k.lower() == name.lower())
+    close = same + [c for c in difflib.get_close_matches(name, sorted(known), n=2, cutoff=0.6) if c not in same]
+    return f" (did you mean {' or '.join(repr(c) for c in close[:2])}?)" if close else ""
 
 
 def _states_unknown_user(rule: Rule) -> bool:

@@ -14,6 +14,11 @@ rules turns every compliance rule off); every rule has an ``id`` (unique) and a 
   omitted, every category) in the list, keeping the best-ranked ones;
 - ``disclaimer``: attach ``text`` to the items matched by ``items``.
 
+``item_ids`` of a selector must name items of the catalog (``rules.catalog``: an unknown id is
+refused with the close matches) unless the selector says ``unknown_ids: allow`` (an id that
+may appear later, e.g. a withdrawn product). ``acknowledge_dropped_gates`` (top level) lists
+the gates this rule set knowingly drops from the one it replaces (``rules.gates``).
+
 ``on_absent_attribute`` (every rule) says what happens on a catalog where *no* item or user
 carries an attribute the rule reads: ``refuse`` (default), ``skip`` or ``enforce``
 (``rules.catalog``). ``when_user_unknown`` says what a rule does when the user attribute its
@@ -28,6 +33,7 @@ Errors raise ``RulesError`` naming the rule and the key, e.g.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,7 +41,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from offline.schema import RISK_LEVELS
 from recsys.documents import DocumentError, InvalidVersion, check_version, read_document
-from recsys.names import WHITESPACE, canonical, id_problem
+from recsys.names import WHITESPACE, canonical, forbidden_character, id_problem
+
+# What ``acknowledge_dropped_gates`` may name (``rules.gates``); a blocklist's rule id has no whitespace at its ends
+GATE_NAME = re.compile(r"^(audience_gate:(teen|adult)|risk_tolerance|blocklist:\S(.*\S)?)$")
 
 
 class RulesError(ValueError):
@@ -55,6 +64,8 @@ class ItemSelector(BaseModel):
     audiences: list[Literal["all", "teen", "adult"]] = Field(default_factory=list)
     min_risk_level: int | None = Field(default=None, ge=min(RISK_LEVELS), le=max(RISK_LEVELS))
     tags: list[str] = Field(default_factory=list, description="Tags in the item's attributes JSON ('tags').")
+    unknown_ids: Literal["refuse", "allow"] = Field(
+        default="refuse", description="Whether item_ids the catalog lacks are refused (with close matches) or allowed.")
 
     @field_validator("item_ids")
     @classmethod
@@ -70,6 +81,9 @@ class ItemSelector(BaseModel):
     @field_validator("categories", "tags")
     @classmethod
     def _names_in_one_spelling(cls, names: list[str]) -> list[str]:
+        for name in names:  # a control or invisible character would match no catalog name, silently
+            if why := forbidden_character(name):
+                raise ValueError(f"name {name!r} contains {why}")
         return [canonical(n) for n in names]  # the catalog scan and the engine compare in NFC
 
     @model_validator(mode="after")
@@ -135,6 +149,8 @@ class CategoryCapRule(_Rule):
     @field_validator("category")
     @classmethod
     def _as_the_catalog_spells_it(cls, name: str | None) -> str | None:
+        if name is not None and (why := forbidden_character(name)):
+            raise ValueError(f"name {name!r} contains {why}")
         return None if name is None else canonical(name)
 
 
@@ -163,6 +179,8 @@ class RuleSet(BaseModel):
     description: str = ""
     rules: tuple[Rule, ...] = ()
     allow_empty: bool = Field(False, description="Whether `rules` may be empty (every compliance rule off).")
+    acknowledge_dropped_gates: tuple[str, ...] = Field(
+        (), description="Gates of the replaced rule set this one knowingly drops (rules.gates), e.g. audience_gate:adult.")
 
 
 _FRIENDLY = {
@@ -214,6 +232,7 @@ def parse_ruleset(data: Any, source: str = "rule set") -> RuleSet:
     if not raw_rules and not allow_empty:
         raise RulesError(f"{source}: 'rules' is empty: every compliance rule would be off "
                          "(add 'allow_empty: true' if that is meant)")
+    acknowledged = _acknowledged(data.get("acknowledge_dropped_gates", []), source)
     rules = [_parse_rule(raw, i, source) for i, raw in enumerate(raw_rules)]
     seen: set[str] = set()
     for i, rule in enumerate(rules):
@@ -221,7 +240,18 @@ def parse_ruleset(data: Any, source: str = "rule set") -> RuleSet:
             raise RulesError(f"{source}: rule {rule.id!r} (rules[{i}]): duplicate id")
         seen.add(rule.id)
     return RuleSet(version=version, description=description, rules=tuple(rules),
-                   allow_empty=allow_empty)
+                   allow_empty=allow_empty, acknowledge_dropped_gates=acknowledged)
+
+
+def _acknowledged(raw: Any, source: str) -> tuple[str, ...]:
+    """``acknowledge_dropped_gates``: a list of gate names as ``rules.gates`` spells them."""
+    if not isinstance(raw, list) or not all(isinstance(g, str) for g in raw):
+        raise RulesError(f"{source}: 'acknowledge_dropped_gates' must be a list of gate names, got {raw!r}")
+    for name in raw:
+        if not GATE_NAME.match(name):
+            raise RulesError(f"{source}: acknowledge_dropped_gates: {name!r} is not a gate name; gates are "
+                             "audience_gate:teen, audience_gate:adult, risk_tolerance and blocklist:<rule id>")
+    return tuple(raw)
 
 
 def load_ruleset(path: Path | str) -> RuleSet:

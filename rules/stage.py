@@ -10,13 +10,20 @@ after fusion, walking the fused order greedily best-first), or ``all`` (both, on
 receives; used when a pipeline has no fusion). The default pipeline runs
 ``rules (filters) -> fusion -> caps (caps)``, both with ``on_error: fail``.
 
+One version per answer: what a stage enforces (the rule set, the rules in force on this
+catalog, the item arrays) is one immutable ``RulesView``, replaced by one reference assignment.
+``recsys.pipeline.Pipeline`` pins every stage once per request (``pinned``), under the lock
+``serving.hot_reload`` holds while it swaps the views of all rules stages, so the filters and the
+caps of one answer, and the version it reports, are always the same rule set.
+
 Deliberately left out: rule semantics (``rules.engine``) and the file format (``rules.schema``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -30,6 +37,46 @@ from rules.items import ItemAttributes
 from rules.schema import RuleSet, load_ruleset
 
 
+@dataclass(frozen=True)
+class RulesView:
+    """One version of what a rules stage enforces; never changed once built (swapped whole)."""
+
+    ruleset: RuleSet  # the whole rule set: its version is what answers report
+    active: RuleSet  # the rules in force on this catalog (``ruleset`` minus the skipped ones)
+    items: ItemAttributes
+    skipped: dict[str, str] = field(default_factory=dict)  # rule id -> why it is off on this catalog
+
+
+class PinnedRules:
+    """A rules stage fixed on one ``RulesView`` for one request (``RulesStage.pinned``)."""
+
+    reads: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()
+
+    def __init__(self, name: str, apply: Literal["all", "filters", "caps"], view: RulesView):
+        self.name, self.apply, self.view = name, apply, view
+
+    def load(self, artifact_dir: Any) -> None:
+        """Nothing to load: the view is loaded already."""
+
+    def version(self) -> str:
+        return self.view.ruleset.version
+
+    def run(self, request: Request, candidates: Candidates) -> Candidates:
+        view = self.view
+        outcome = apply_rules(view.active, request.user_attrs, view.items, candidates.items, apply=self.apply)
+        out = candidates.take(np.flatnonzero(outcome.keep))
+        # take() shares the dict/list objects with its input; copy them so the input is untouched
+        out.disclaimers = {k: list(v) for k, v in candidates.disclaimers.items()}
+        for item, texts in outcome.disclaimers.items():
+            have = out.disclaimers.setdefault(item, [])
+            have.extend(t for t in texts if t not in have)
+        out.removed = list(candidates.removed)
+        if request.debug:
+            out.removed.extend(outcome.removed)
+        return out
+
+
 class RulesStage:
     """``recsys.contract.Stage`` evaluating a ``RuleSet`` on ``request.user_attrs``."""
 
@@ -41,13 +88,10 @@ class RulesStage:
         self.name = spec.name
         self.spec = spec
         self.config = config
-        self.ruleset: RuleSet | None = None
-        self._active: RuleSet | None = None  # ruleset minus the rules skipped on this catalog
-        self.items: ItemAttributes | None = None
+        self.view: RulesView | None = None  # replaced whole, never changed in place
         self.ruleset_path: Path | None = None
         self.carried = CatalogAttributes.everything()
-        self.skipped: dict[str, str] = {}  # rule id -> why it is off on this catalog (rules.catalog)
-        self.apply = spec.params.get("apply", "all")
+        self.apply: Literal["all", "filters", "caps"] = spec.params.get("apply", "all")
         if self.apply not in APPLY:
             raise ValueError(f"stage {spec.name!r}: params.apply must be all, filters or caps, got {self.apply!r}")
 
@@ -76,35 +120,55 @@ class RulesStage:
         the attribute when one cannot judge it (called before an admin publish and by ``use``)."""
         return resolve(ruleset, self.carried)
 
-    def use(self, ruleset: RuleSet, items: ItemAttributes) -> None:
+    def prepare(self, ruleset: RuleSet, items: ItemAttributes | None = None) -> RulesView:
+        """The view ``ruleset`` would install (``RulesError`` when this catalog cannot judge it); installs
+        nothing, so several stages can all be checked before any of them swaps (``serving.hot_reload``)."""
+        items = items if items is not None else self.items
+        if items is None:
+            raise RuntimeError(f"stage {self.name!r}: prepare() before load()")
+        resolution = self.check(ruleset)
+        return RulesView(ruleset, resolution.ruleset, items, resolution.skipped)
+
+    def install(self, view: RulesView) -> None:
+        """Serve ``view`` from the next pinned request on (one reference assignment)."""
+        self.view = view
+
+    def use(self, ruleset: RuleSet, items: ItemAttributes | None = None) -> None:
         """Install an already-loaded rule set and item table (hot swap, tests, evaluator).
 
-        ``self.ruleset`` keeps the whole rule set (its version is what responses report);
+        ``ruleset`` keeps the whole rule set (its version is what responses report);
         the rules skipped on this catalog are left out of evaluation and listed in ``skipped``.
         """
-        resolution = self.check(ruleset)
-        self.ruleset, self.items = ruleset, items
-        self._active, self.skipped = resolution.ruleset, resolution.skipped
+        self.install(self.prepare(ruleset, items))
+
+    @property
+    def ruleset(self) -> RuleSet | None:
+        return self.view.ruleset if self.view is not None else None
+
+    @property
+    def items(self) -> ItemAttributes | None:
+        return self.view.items if self.view is not None else None
+
+    @property
+    def skipped(self) -> dict[str, str]:
+        """Rule id -> why it is off on this catalog (``rules.catalog``)."""
+        return self.view.skipped if self.view is not None else {}
 
     @property
     def active(self) -> RuleSet | None:
         """The rule set in force on this catalog (``ruleset`` minus the rules skipped here)."""
-        return self._active
+        return self.view.active if self.view is not None else None
 
     def version(self) -> str:
-        return self.ruleset.version if self.ruleset is not None else "unloaded"
+        return self.view.ruleset.version if self.view is not None else "unloaded"
+
+    def pinned(self) -> PinnedRules | RulesStage:
+        """This stage fixed on the view it serves now, for one request (``Pipeline.snapshot``); itself
+        before ``load``, so the request fails in ``run`` as a stage failure (fail closed)."""
+        return self if self.view is None else PinnedRules(self.name, self.apply, self.view)
 
     def run(self, request: Request, candidates: Candidates) -> Candidates:
-        if self._active is None or self.items is None:
+        view = self.view
+        if view is None:
             raise RuntimeError(f"stage {self.name!r}: run() before load()")
-        outcome = apply_rules(self._active, request.user_attrs, self.items, candidates.items, apply=self.apply)
-        out = candidates.take(np.flatnonzero(outcome.keep))
-        # take() shares the dict/list objects with its input; copy them so the input is untouched
-        out.disclaimers = {k: list(v) for k, v in candidates.disclaimers.items()}
-        for item, texts in outcome.disclaimers.items():
-            have = out.disclaimers.setdefault(item, [])
-            have.extend(t for t in texts if t not in have)
-        out.removed = list(candidates.removed)
-        if request.debug:
-            out.removed.extend(outcome.removed)
-        return out
+        return PinnedRules(self.name, self.apply, view).run(request, candidates)

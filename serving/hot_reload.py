@@ -1,15 +1,20 @@
 """Hot reload of rule sets and prompt templates from ``serving.versioned`` into running stages.
 
 Each worker runs one ``VersionWatcher`` thread that reads the active pointers every
-``serving.versions_poll_s`` seconds (one GET per kind) and installs a new active version into
-its stages: ``RulesStage.use`` for every rules stage, ``set_prompt_template`` for an LLM stage
-that has it. The swap is one attribute assignment per stage, so requests in flight finish on
-the old version and the next ones use the new one: no restart, no failed request. The worker
-that received an admin PUT or rollback applies it at once; the others within one poll.
+``serving.versions_poll_s`` seconds (one MGET per kind) and installs a new active version into
+its stages: ``RulesStage.install`` for every rules stage, ``set_prompt_template`` for an LLM stage
+that has it. The rules stages are swapped together under ``recsys.pipeline.STAGE_SWAP``, the
+lock a request holds while it pins its stages, so one answer never mixes two rule sets: requests
+in flight finish on the old version, the next ones use the new one. The worker that received an
+admin PUT or rollback applies it at once; the others within one poll.
 
-When the store has no active version yet (fresh Redis, or Redis restarted without
-persistence), the watcher publishes what its stages serve now (``only_if_empty``), so the
-first version stays available for rollback.
+Sequence numbers (``serving.versioned``): each applier remembers the sequence of what it
+serves (0: the start-up file). A worker installs only a higher sequence than its own (or the
+same one, where the store settles a tie), so a slow poll can never put back an older version
+over a newer publish. When the store's active sequence is lower than its own, or the store is
+empty (a Redis restarted without persistence), the worker re-seeds it with what it serves and
+that sequence (``VersionStore.publish(seed=True)``), which never overwrites a higher one: after a
+restart the newest version any worker serves wins, and the others install it.
 
 Deliberately left out: the admin HTTP routes (``serving.routes.admin``).
 """
@@ -20,14 +25,16 @@ import hashlib
 import json
 import logging
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 from llm_rerank.template import parse_prompt_document
 from recsys.documents import DocumentError, check_version, parse_document
-from recsys.pipeline import Pipeline
+from recsys.pipeline import STAGE_SWAP, Pipeline
 from recsys.redis_state import RedisUnavailable
-from rules.schema import parse_ruleset
-from serving.versioned import VersionStore
+from rules.gates import check_dropped
+from rules.schema import RuleSet, parse_ruleset
+from serving.versioned import Activation, VersionStore
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +53,7 @@ class RulesApplier:
         self.stages: list[Any] = [st for spec, st in pipeline.stages
                                   if spec.kind == "rules" and spec.enabled and hasattr(st, "use")]
         self.applied: str | None = self._serving_version()
+        self.seq = 0  # the sequence of what this worker serves (0: the start-up file)
         self.installed_document: dict[str, Any] | None = None  # the last one installed (re-seeds Redis)
 
     @property
@@ -64,11 +72,26 @@ class RulesApplier:
                 check(ruleset)  # RulesError naming the rule and the attribute this catalog lacks
         return ruleset.version, ruleset
 
-    def install(self, version: str, ruleset: Any, document: dict[str, Any] | None = None) -> None:
+    def check_gates(self, ruleset: RuleSet, source: str, acknowledged: Iterable[str] = ()) -> None:
+        """``rules.gates.GatesDropped`` when ``ruleset`` drops a gate the served one enforces on this
+        catalog without acknowledging it (in the document or in ``acknowledged``); called before a
+        publish or rollback, never when installing what another worker published."""
+        ack = [*ruleset.acknowledge_dropped_gates, *acknowledged]
         for stage in self.stages:
-            stage.use(ruleset, stage.items)
-        self.applied = version
-        self.installed_document = document
+            check, before = getattr(stage, "check", None), getattr(stage, "active", None)
+            if check is not None and before is not None:
+                check_dropped(before, check(ruleset).ruleset, ack, source)
+
+    def install(self, version: str, ruleset: Any, document: dict[str, Any] | None = None) -> None:
+        views = [(st, st.prepare(ruleset)) for st in self.stages if hasattr(st, "prepare")]  # may refuse: first
+        with STAGE_SWAP:  # every rules stage at once: no request pins half of the change
+            for stage, view in views:
+                stage.install(view)
+            for stage in self.stages:
+                if not hasattr(stage, "prepare"):
+                    stage.use(ruleset, stage.items)
+            self.applied = version
+            self.installed_document = document
 
     def current_document(self) -> dict[str, Any] | None:
         """What this worker serves: the last installed document, else the start-up rule set file.
@@ -97,6 +120,7 @@ class PromptApplier:
         self.stages: list[Any] = [st for spec, st in pipeline.stages
                                   if spec.kind == "llm" and spec.enabled and hasattr(st, "set_prompt_template")]
         self.applied: str | None = None
+        self.seq = 0
         self.installed_document: dict[str, Any] | None = None
         self.available = True  # templates are stored and versioned even without a stage to use them
 
@@ -109,10 +133,11 @@ class PromptApplier:
         return version, template
 
     def install(self, version: str, template: Any, document: dict[str, Any] | None = None) -> None:
-        for stage in self.stages:
-            stage.set_prompt_template(template)
-        self.applied = version
-        self.installed_document = document
+        with STAGE_SWAP:
+            for stage in self.stages:
+                stage.set_prompt_template(template)
+            self.applied = version
+            self.installed_document = document
 
     def current_document(self) -> dict[str, Any] | None:
         """The last installed prompt document (re-seeds a restarted store); None for the built-in one."""
@@ -128,32 +153,54 @@ class VersionWatcher:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._bad: dict[str, str] = {}  # kind -> active version that failed to parse (logged once)
+        self._bad: dict[str, Activation] = {}  # kind -> active version that failed to parse (logged once)
 
-    def install(self, kind: str, version: str, parsed: Any, document: dict[str, Any] | None = None) -> None:
-        """Install ``parsed`` (validated from ``document``) as ``version`` of ``kind`` in this worker."""
+    def install(self, kind: str, version: str, parsed: Any, document: dict[str, Any] | None = None,
+                seq: int = 0) -> bool:
+        """Install ``parsed`` (validated from ``document``) as ``version`` of ``kind``, activated with
+        sequence ``seq``, unless this worker already serves a higher sequence (then False)."""
+        applier = self.appliers[kind]
         with self._lock:
-            self.appliers[kind].install(version, parsed, document)
-        log.info("%s version %s installed", kind, version)
+            if seq < applier.seq:
+                log.warning("not installing %s version %s (sequence %d): already serving %s (sequence %d)",
+                            kind, version, seq, applier.applied, applier.seq)
+                return False
+            applier.install(version, parsed, document)
+            applier.seq = seq
+        log.info("%s version %s installed (sequence %d)", kind, version, seq)
+        return True
 
     def sync_once(self) -> None:
-        """Install every kind's active version if it differs from what this worker serves."""
+        """Install every kind's active version when newer than what this worker serves; re-seed the
+        store when it is empty or older (a restarted Redis)."""
         for kind, applier in self.appliers.items():
             if not applier.available:
                 continue
-            active = self.store.active(kind)
-            if active is None:
-                self._seed(kind, applier)
-            elif active != applier.applied and self._bad.get(kind) != active:
-                self._load(kind, applier, active)
+            active = self.store.active_entry(kind)
+            if active is None or active.seq < applier.seq:
+                self._seed(kind, applier, active)
+            elif active.version != applier.applied:
+                if self._bad.get(kind) != active:
+                    self._load(kind, applier, active)
+            elif active.seq > applier.seq:
+                with self._lock:  # the same version activated again (a rollback to it): remember the sequence
+                    applier.seq = max(applier.seq, active.seq)
 
-    def _seed(self, kind: str, applier: Any) -> None:
+    def _seed(self, kind: str, applier: Any, found: Activation | None) -> None:
         doc = applier.current_document()
-        if doc is not None:
-            version, _ = applier.validate(doc, f"{kind} served at start-up")
-            self.store.publish(kind, version, canonical(doc), only_if_empty=True)
+        if doc is None:
+            return
+        version, _ = applier.validate(doc, f"{kind} served at start-up")
+        out = self.store.publish(kind, version, canonical(doc), floor=applier.seq, seed=True)
+        if out.status != "kept" and found is not None:
+            log.warning("%s store held %s (sequence %d), older than served %s (sequence %d): re-seeded it",
+                        kind, found.version, found.seq, version, applier.seq)
+        elif out.status != "kept" and applier.seq > 0:
+            log.warning("%s store was empty (Redis restarted?): re-seeded it with served %s (sequence %d)",
+                        kind, version, applier.seq)
 
-    def _load(self, kind: str, applier: Any, version: str) -> None:
+    def _load(self, kind: str, applier: Any, active: Activation) -> None:
+        version = active.version
         text = self.store.document(kind, version)
         try:
             if text is None:
@@ -161,10 +208,10 @@ class VersionWatcher:
             data = parse_document(text, f"{kind} version {version!r}")
             _, parsed = applier.validate(data, f"{kind} version {version!r}")
         except ValueError as exc:
-            self._bad[kind] = version
+            self._bad[kind] = active
             log.error("not installing %s: %s (still serving %s)", kind, exc, applier.applied)
             return
-        self.install(kind, version, parsed, data)
+        self.install(kind, version, parsed, data, active.seq)
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -228,6 +228,10 @@ class RollbackRequest(BaseModel):
 
     # the bounds VersionStore.publish enforces: whatever was published can be rolled back to
     version: str = Field(min_length=1, max_length=MAX_VERSION_CHARS, pattern=VERSION_PATTERN)
+    acknowledge_dropped_gates: list[str] = Field(
+        default_factory=list, max_length=100,
+        description="Gates of the served rule set the rolled-back one drops, knowingly (rules.gates), "
+                    "e.g. audience_gate:adult.")
 
 
 class VersionEntry(BaseModel):

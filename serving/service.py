@@ -48,7 +48,7 @@ from cascade.settings import Settings
 from recsys.contract import Request, StageTrace
 from recsys.digest import json_sha256
 from recsys.experiments import Assignment, ExperimentsConfig, active_experiment, assign
-from recsys.pipeline import Pipeline, PipelineResult
+from recsys.pipeline import Pipeline, PipelineResult, PipelineSnapshot
 from recsys.redis_state import RedisUnavailable
 from serving.metrics import ServingMetrics
 from serving.policy import Route, choose_route, result_cache_key
@@ -143,7 +143,11 @@ class Recommender:
         arm = assign(self.experiment, body.user_id) if self.experiment is not None else None
         route = self._route(body, arm)
         online = self._read_history(body.user_id)
-        cache_key = self._cache_key(body, arm, route, online)
+        # one snapshot of the stages (rules swapped meanwhile included): the cache key, the run and the
+        # answer's versions all come from it, so an answer is labelled and cached with what ran
+        pipeline = self.variant_pipelines.get(arm.variant, self.pipeline) if arm else self.pipeline
+        snapshot, extra = pipeline.snapshot(), self.extra_versions()
+        cache_key = self._cache_key(body, arm, route, online, {**snapshot.versions, **extra})
         hit = self._cache_lookup(cache_key, request_id)
         if hit.answer is not None:
             return self._finish(hit.answer, [], arm, clock)
@@ -151,8 +155,8 @@ class Recommender:
             body.user_id, body.k, context=body.context, debug=body.debug, request_id=request_id,
             online_history=online.items, deadline=clock.deadline, variant=arm.variant if arm else None,
         )
-        run = self._run(request, route)
-        served = Served(route.reason, online.degraded or hit.degraded, arm, self.extra_versions(), run.handoffs)
+        run = self._run(request, route, pipeline, snapshot)
+        served = Served(route.reason, online.degraded or hit.degraded, arm, extra, run.handoffs)
         answer = build_response(request, run.result, self.catalog, self.llm_stages, served, clock.t0)
         if cache_key is not None and answer.path != "fallback":  # never pin a degraded answer
             self._store(cache_key, answer)
@@ -180,11 +184,12 @@ class Recommender:
         return OnlineHistory(history, version)
 
     def _cache_key(self, body: RecommendRequest, arm: Assignment | None, route: Route,
-                   online: OnlineHistory) -> str | None:
-        """The result cache key, or None when the cache may not serve (offline, Redis down, off, debug)."""
+                   online: OnlineHistory, ran: dict[str, str]) -> str | None:
+        """The result cache key (``ran``: the versions the request runs), or None when the cache may not
+        serve (offline, Redis down, off, debug)."""
         if self.online is None or online.degraded or self.settings.serving.result_cache_ttl_s <= 0 or body.debug:
             return None
-        versions = {**self.versions(), "config": self.config_digest,
+        versions = {**ran, "config": self.config_digest,
                     **({"variant": f"{arm.experiment}:{arm.variant}"} if arm else {})}
         return result_cache_key(body.user_id, body.k, body.context, online.version, versions, route.llm)
 
@@ -207,12 +212,11 @@ class Recommender:
         self.metrics.cache.labels("hit" if answer is not None else "miss").inc()
         return CacheLookup(answer)
 
-    def _run(self, request: Request, route: Route) -> PipelineRun:
-        """The pipeline of the request's variant, the LLM stages skipped off the LLM route."""
-        pipeline = self.variant_pipelines.get(request.variant, self.pipeline) if request.variant else self.pipeline
+    def _run(self, request: Request, route: Route, pipeline: Pipeline, snapshot: PipelineSnapshot) -> PipelineRun:
+        """``snapshot`` of the request variant's ``pipeline``, the LLM stages skipped off the LLM route."""
         handoffs: list[StageHandoff] = []
         observe = stage_handoffs(pipeline, self.catalog, handoffs) if request.debug else None
-        result = pipeline.run(request, skip=() if route.llm else self.llm_stages, observe=observe)
+        result = pipeline.run(request, skip=() if route.llm else self.llm_stages, observe=observe, snapshot=snapshot)
         return PipelineRun(result, handoffs)
 
     def _store(self, key: str, answer: RecommendResponse) -> None:

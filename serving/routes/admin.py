@@ -6,11 +6,16 @@ owner's parser (``rules.schema.parse_ruleset`` plus each rules stage's ``check``
 catalog; for prompts the prompt applier), stores it as a new version in Redis, makes it
 active and installs it in this worker at once; the other workers follow within
 ``serving.versions_poll_s`` (``serving.hot_reload``). An invalid document is a 422 and the
-current version keeps serving. ``POST /admin/{kind}/rollback {"version"}`` re-activates any
-published version. ``POST /admin/reload`` loads the artifact directory again off the
+current version keeps serving; so is a rule set that drops a gate the served one enforces
+without ``acknowledge_dropped_gates`` (``rules.gates``). A 200 means the version is stored in
+Redis and serving in this worker; a 503 means it was not applied, or, when Redis took the
+write but its answer was lost, says how to check (``serving.versioned.PublishUnconfirmed``).
+``POST /admin/{kind}/rollback {"version"}`` re-activates any published version (a rollback
+that drops gates lists them in ``acknowledge_dropped_gates`` of its body). ``POST /admin/reload`` loads the artifact directory again off the
 request path and swaps the new pipeline in only if it loads and passes a smoke request
-(``serving.reload``); refused artifacts are a 422 naming the reason and the old pipeline
-keeps serving; a reload already running is a 409; it takes no body (one is a 422, not
+(``serving.reload``); refused artifacts (a file whose digest differs from training's among
+them) are a 422 naming the reason and the old pipeline keeps serving; a worker whose first load
+failed becomes ready through it; a reload already running is a 409; it takes no body (one is a 422, not
 silently ignored). Every route needs ``X-API-Key`` (``serving.deps.admin_key``; OpenAPI
 declares it as the ``APIKey`` scheme, and the PUT body as YAML or JSON, so ``/docs`` can
 publish a rule set).
@@ -34,7 +39,7 @@ from serving.deps import AdminDep, BackendDep, MetricsDep, RecommenderDep, Setti
 from serving.hot_reload import canonical
 from serving.reload import ReloadRefused, load_checked, swap
 from serving.schemas import RollbackRequest, VersionEntry, VersionsResponse
-from serving.versioned import UnknownVersion, VersionConflict
+from serving.versioned import PublishUnconfirmed, UnknownVersion, VersionConflict
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep])
 Kind = Literal["rules", "prompts"]
@@ -43,16 +48,22 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     409: {"description": "Version reused for another document."}, 503: {"description": "Admin disabled or Redis down."},
 }
 _EXAMPLE_RULES = {
-    "version": "my-rules-2", "description": "Published from /docs.",
-    "rules": [{"id": "withdrawn", "kind": "blocklist", "items": {"item_ids": ["withdrawn-0001"]}},
+    "version": "my-rules-2", "description": "Published from /docs: the default gates and a blocklist.",
+    "rules": [{"id": "withdrawn_items", "kind": "blocklist",
+               "items": {"item_ids": ["withdrawn-0001"], "unknown_ids": "allow"}},
               {"id": "adult_gate", "kind": "audience_gate", "audience": "adult", "min_age": 18,
-               "on_absent_attribute": "skip"}],
+               "on_absent_attribute": "skip"},
+              {"id": "teen_gate", "kind": "audience_gate", "audience": "teen", "min_age": 13,
+               "on_absent_attribute": "skip"},
+              {"id": "risk_tolerance", "kind": "risk_tolerance", "default_tolerance": 1, "on_absent_attribute": "skip"}],
 }
 _EXAMPLE_YAML = """version: my-rules-2
-description: Published from /docs.
+description: "Published from /docs: the default gates and a blocklist."
 rules:
-  - {id: withdrawn, kind: blocklist, items: {item_ids: [withdrawn-0001]}}
+  - {id: withdrawn_items, kind: blocklist, items: {item_ids: [withdrawn-0001], unknown_ids: allow}}
   - {id: adult_gate, kind: audience_gate, audience: adult, min_age: 18, on_absent_attribute: skip}
+  - {id: teen_gate, kind: audience_gate, audience: teen, min_age: 13, on_absent_attribute: skip}
+  - {id: risk_tolerance, kind: risk_tolerance, default_tolerance: 1, on_absent_attribute: skip}
 """
 # The route reads the raw body (YAML or JSON), so FastAPI cannot infer it: declare it for /docs.
 _DOCUMENT_BODY: dict[str, Any] = {"requestBody": {
@@ -77,22 +88,32 @@ def _applier(backend: OnlineBackend, kind: Kind) -> Any:
 
 def _publish(backend: OnlineBackend, kind: Kind, text: bytes) -> dict[str, Any]:
     applier = _applier(backend, kind)
+    source = f"PUT /admin/{kind}"
     try:
-        data = parse_document(text, f"PUT /admin/{kind}")
-        version, parsed = applier.validate(data, f"PUT /admin/{kind}")
+        data = parse_document(text, source)
+        version, parsed = applier.validate(data, source)
+        if hasattr(applier, "check_gates"):
+            applier.check_gates(parsed, source)  # GatesDropped names the gates and the acknowledgement
     except ValueError as exc:
         raise HTTPException(status_code=422, detail=str(exc)) from None
     try:
-        status = backend.versions.publish(kind, version, canonical(data))
+        done = backend.versions.publish(kind, version, canonical(data), floor=applier.seq)
     except InvalidVersion as exc:  # the bounds rollback accepts too (serving.versioned)
-        raise HTTPException(status_code=422, detail=f"PUT /admin/{kind}: {exc}") from None
+        raise HTTPException(status_code=422, detail=f"{source}: {exc}") from None
     except VersionConflict as exc:
         raise HTTPException(status_code=409, detail=str(exc)) from None
-    backend.watcher.install(kind, version, parsed, data)  # type: ignore[union-attr]
-    return {"kind": kind, "version": version, "status": status, "active": version}
+    _install(backend, kind, version, parsed, data, done.seq)
+    return {"kind": kind, "version": version, "status": done.status, "active": version, "sequence": done.seq}
 
 
-def _rollback(backend: OnlineBackend, kind: Kind, version: str) -> dict[str, Any]:
+def _install(backend: OnlineBackend, kind: Kind, version: str, parsed: Any, data: dict[str, Any], seq: int) -> None:
+    if not backend.watcher.install(kind, version, parsed, data, seq):  # type: ignore[union-attr]
+        # only a newer activation stored meanwhile outranks this one: it is stored, but not what serves
+        raise HTTPException(status_code=409, detail=f"{kind} version {version!r} was stored, but a newer "
+                            f"activation overtook it; GET /admin/{kind}/versions shows the active version")
+
+
+def _rollback(backend: OnlineBackend, kind: Kind, version: str, acknowledged: list[str]) -> dict[str, Any]:
     applier = _applier(backend, kind)
     document = backend.versions.document(kind, version)
     if document is None:
@@ -100,14 +121,16 @@ def _rollback(backend: OnlineBackend, kind: Kind, version: str) -> dict[str, Any
     try:  # stored before a rule got stricter, or this catalog lacks what it reads: refuse, keep serving
         data = parse_document(document, f"{kind} {version}")
         _, parsed = applier.validate(data, f"{kind} {version}")
+        if hasattr(applier, "check_gates"):
+            applier.check_gates(parsed, f"POST /admin/{kind}/rollback", acknowledged)
     except ValueError as exc:
         raise HTTPException(status_code=422, detail=f"cannot roll back: {exc}") from None
     try:
-        backend.versions.rollback(kind, version)
+        done = backend.versions.rollback(kind, version, floor=applier.seq)
     except UnknownVersion as exc:
         raise HTTPException(status_code=404, detail=str(exc)) from None
-    backend.watcher.install(kind, version, parsed, data)  # type: ignore[union-attr]
-    return {"kind": kind, "version": version, "status": "rolled_back", "active": version}
+    _install(backend, kind, version, parsed, data, done.seq)
+    return {"kind": kind, "version": version, "status": "rolled_back", "active": version, "sequence": done.seq}
 
 
 def _versions(backend: OnlineBackend, kind: Kind) -> VersionsResponse:
@@ -122,8 +145,10 @@ def _versions(backend: OnlineBackend, kind: Kind) -> VersionsResponse:
 async def _redis(fn: Any, *args: Any) -> Any:
     try:
         return await run_in_threadpool(fn, *args)
-    except RedisUnavailable as exc:
+    except PublishUnconfirmed as exc:  # says itself whether it was applied and how to check
         raise HTTPException(status_code=503, detail=str(exc)) from None
+    except RedisUnavailable as exc:  # before anything was written: nothing changed
+        raise HTTPException(status_code=503, detail=f"{exc}; nothing was changed") from None
 
 
 @router.put("/{kind}", responses={**_ERRORS, 422: {"description": "Invalid document; the detail says why."}},
@@ -143,7 +168,7 @@ async def list_versions(kind: Kind, backend: BackendDep, _: RecommenderDep) -> V
 @router.post("/{kind}/rollback", responses=_ERRORS)
 async def rollback(kind: Kind, body: RollbackRequest, backend: BackendDep, metrics: MetricsDep,
                    _: RecommenderDep) -> dict[str, Any]:
-    out = await _redis(_rollback, backend, kind, body.version)
+    out = await _redis(_rollback, backend, kind, body.version, body.acknowledge_dropped_gates)
     metrics.reloads.labels(kind).inc()
     return out
 

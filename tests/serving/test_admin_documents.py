@@ -16,6 +16,7 @@ from recsys.documents import MAX_ALIASES, MAX_DOCUMENT_CHARS, MAX_DOCUMENT_VALUE
 from rules.schema import RulesError
 from rules.stage import RulesStage
 from tests.serving.conftest import ADMIN_KEY
+from tests.serving.toy import DEFAULT_GATES
 
 AUTH = {"X-API-Key": ADMIN_KEY}
 ONE_RULE = "rules: [{id: no_m6, kind: blocklist, items: {item_ids: [m6]}}]\n"
@@ -73,7 +74,7 @@ def test_aliases_are_bounded_in_number_and_in_expanded_text(online: TestClient) 
 
 def test_a_few_aliases_still_work(online: TestClient) -> None:
     doc = ("version: reuse-1\nrules:\n  - {id: no_m6, kind: blocklist, items: &sel {item_ids: [m6]}}\n"
-           "  - {id: note_m6, kind: disclaimer, text: gone soon, items: *sel}\n")
+           f"  - {{id: note_m6, kind: disclaimer, text: gone soon, items: *sel}}\nacknowledge_dropped_gates: {DEFAULT_GATES}\n")
     resp = put(online, doc)
     assert resp.status_code == 200 and resp.json()["version"] == "reuse-1"
 
@@ -112,7 +113,7 @@ def test_a_rule_set_without_rules_is_refused_and_the_gates_stay_on(online: TestC
 
 
 def test_an_explicitly_empty_rule_set_is_published(online: TestClient) -> None:
-    resp = put(online, "version: open-1\nrules: []\nallow_empty: true\n")
+    resp = put(online, f"version: open-1\nrules: []\nallow_empty: true\nacknowledge_dropped_gates: {DEFAULT_GATES}\n")
     assert resp.status_code == 200 and resp.json()["active"] == "open-1"
     assert "m4" in stranger_items(online)  # what was asked for, explicitly
 
@@ -123,7 +124,7 @@ def test_a_version_yaml_would_mangle_is_refused(online: TestClient) -> None:
     assert resp.json()["detail"] == ("PUT /admin/rules: 'version' must be a string, got float 1.1: YAML reads an "
                                      "unquoted 1.10 as the number 1.1; quote it (version: \"1.10\")")
     assert "1.1" not in published(online)
-    resp = put(online, 'version: "1.10"\n' + ONE_RULE)
+    resp = put(online, 'version: "1.10"\n' + ONE_RULE + f"acknowledge_dropped_gates: {DEFAULT_GATES}\n")
     assert resp.status_code == 200 and resp.json()["version"] == "1.10"
 
 
@@ -145,9 +146,10 @@ def test_a_version_publish_would_refuse_is_refused(online: TestClient, version: 
 def test_every_version_publish_accepts_can_be_rolled_back_to(online: TestClient) -> None:
     first = online.get("/admin/rules/versions", headers=AUTH).json()["active"]
     longest = "v" * 128
-    assert put(online, {"version": longest, "rules": [{"id": "a", "kind": "blocklist",
-                                                       "items": {"item_ids": ["m6"]}}]}).status_code == 200
-    assert online.post("/admin/rules/rollback", json={"version": first}, headers=AUTH).status_code == 200
+    assert put(online, {"version": longest, "rules": [{"id": "a", "kind": "blocklist", "items": {"item_ids": ["m6"]}}],
+                        "acknowledge_dropped_gates": DEFAULT_GATES}).status_code == 200
+    assert online.post("/admin/rules/rollback", json={"version": first, "acknowledge_dropped_gates": ["blocklist:a"]},
+                       headers=AUTH).status_code == 200
     back = online.post("/admin/rules/rollback", json={"version": longest}, headers=AUTH)
     assert back.status_code == 200 and back.json()["active"] == longest
 
@@ -175,7 +177,7 @@ def test_a_rule_kind_that_is_not_a_string_is_422_not_500(online: TestClient, kin
 
 def test_a_json_document_with_escaped_emoji_is_published_as_text(online: TestClient) -> None:
     doc = {"version": "emoji-1", "rules": [{"id": "note", "kind": "disclaimer", "items": {"item_ids": ["m6"]},
-                                            "text": "Heads up 🙂"}]}
+                                            "text": "Heads up 🙂"}], "acknowledge_dropped_gates": DEFAULT_GATES}
     resp = put(online, doc)  # json.dumps: ASCII, so the emoji travels as "\ud83d\ude42"
     assert resp.status_code == 200, resp.text
     assert "emoji-1" in published(online)

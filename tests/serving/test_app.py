@@ -341,7 +341,9 @@ def test_the_documented_example_publishes_a_rule_set(online: TestClient) -> None
     assert as_json.status_code == 200 and as_json.json()["status"] == "created"
     as_yaml = online.put("/admin/rules", content=content["application/yaml"]["example"],
                          headers={**key, "content-type": "application/yaml"})
-    assert as_yaml.status_code == 200 and as_yaml.json() == {**as_json.json(), "status": "unchanged"}
+    assert as_yaml.status_code == 200 and as_yaml.json() == {**as_json.json(), "status": "unchanged",
+                                                             "sequence": as_yaml.json()["sequence"]}
+    assert as_yaml.json()["sequence"] > as_json.json()["sequence"]  # activated again
 
 
 def _wait_ready(client: TestClient, until: str = "ready", timeout_s: float = 20.0):

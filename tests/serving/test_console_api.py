@@ -26,7 +26,7 @@ from serving.console.pages import CSP, PAGES
 from serving.console.summary import MetricsWindow, difference, histogram_quantile, parse_exposition, summarize
 from serving.metrics import ServingMetrics
 from tests.serving.conftest import ADMIN_KEY, REAL_RULES, toy_pipeline
-from tests.serving.toy import toy_settings
+from tests.serving.toy import DEFAULT_GATES, toy_settings
 
 AUTH = {"X-API-Key": ADMIN_KEY}
 REPO = Path(__file__).resolve().parents[2]
@@ -111,7 +111,8 @@ def test_health_reports_readiness_redis_and_the_window(online: TestClient) -> No
 
 
 def test_version_documents_and_diffs_need_the_key(online: TestClient) -> None:
-    doc = {"version": "block-m4", "rules": [{"id": "no_m4", "kind": "blocklist", "items": {"item_ids": ["m4"]}}]}
+    doc = {"version": "block-m4", "rules": [{"id": "no_m4", "kind": "blocklist", "items": {"item_ids": ["m4"]}}],
+           "acknowledge_dropped_gates": DEFAULT_GATES}
     before = online.get("/admin/rules/versions", headers=AUTH).json()["active"]
     assert online.put("/admin/rules", content=json.dumps(doc), headers=AUTH).status_code == 200
     for path in ("/console/api/rules/versions/block-m4", f"/console/api/rules/diff?base={before}&head=block-m4",

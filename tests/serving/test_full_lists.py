@@ -6,6 +6,7 @@ from fastapi.testclient import TestClient
 
 from serving.schemas import RecommendResponse
 from tests.serving.conftest import ADMIN_KEY
+from tests.serving.toy import DEFAULT_GATES
 
 
 def test_a_list_the_rules_leave_short_says_complete_false_and_why(online: TestClient) -> None:
@@ -35,6 +36,7 @@ def test_publishing_a_rule_on_an_attribute_the_catalog_lacks_is_refused_by_name(
     versions = online.get("/admin/rules/versions", headers={"X-API-Key": ADMIN_KEY}).json()
     assert "tags-1" not in [v["version"] for v in versions["versions"]]  # nothing half-written
     ok = doc.replace("items: {tags: [gambling]}", "items: {tags: [gambling]}, on_absent_attribute: skip")
+    ok += f"acknowledge_dropped_gates: {DEFAULT_GATES}\n"
     assert online.put("/admin/rules", content=ok.replace("tags-1", "tags-2"),
                       headers={"X-API-Key": ADMIN_KEY}).status_code == 200
 

@@ -1,7 +1,7 @@
 """The online features over HTTP: events, result cache, admin versions, metrics, Redis outage.
 
 Toy catalog (tests/serving/toy.py) with the real rules stage on rules/rulesets/default.yaml
-(version default-2). u1 (30, risk tolerance 1) has seen m1 m2 m3, so popularity answers
+(version default-3). u1 (30, risk tolerance 1) has seen m1 m2 m3, so popularity answers
 m4 m5 m6; a click on m4 excludes it next time.
 """
 
@@ -15,9 +15,11 @@ from fastapi.testclient import TestClient
 
 from serving.schemas import RecommendResponse
 from tests.serving.conftest import ADMIN_KEY, REAL_RULES, RECALL, client_for
+from tests.serving.toy import DEFAULT_GATES
 
 AUTH = {"X-API-Key": ADMIN_KEY}
-BLOCK_M4 = {"version": "block-m4", "rules": [{"id": "no_m4", "kind": "blocklist", "items": {"item_ids": ["m4"]}}]}
+BLOCK_M4 = {"version": "block-m4", "rules": [{"id": "no_m4", "kind": "blocklist", "items": {"item_ids": ["m4"]}}],
+            "acknowledge_dropped_gates": DEFAULT_GATES}
 
 
 def ids(client: TestClient, user: str = "u1", **body: object) -> tuple[list[str], dict]:
@@ -115,15 +117,18 @@ def test_admin_needs_the_key(online: TestClient, toy_dir) -> None:
 def test_rule_change_and_rollback_take_effect_at_once(online: TestClient) -> None:
     listed = online.get("/admin/rules/versions", headers=AUTH).json()
     assert (listed["active"], listed["serving"], [v["version"] for v in listed["versions"]]) == (
-        "default-2", "default-2", ["default-2"])
+        "default-3", "default-3", ["default-3"])
     put = online.put("/admin/rules", content=json.dumps(BLOCK_M4), headers=AUTH)
     assert put.status_code == 200 and put.json()["status"] == "created"
     items, data = ids(online)
     assert items == ["m5", "m6"] and data["versions"]["rules"] == "block-m4" and data["path"] == "light"
-    back = online.post("/admin/rules/rollback", json={"version": "default-2"}, headers=AUTH)
+    back = online.post("/admin/rules/rollback", json={"version": "default-3"}, headers=AUTH)
+    assert back.status_code == 422 and "blocklist:no_m4" in back.json()["detail"]  # it drops block-m4's blocklist
+    back = online.post("/admin/rules/rollback", json={"version": "default-3", "acknowledge_dropped_gates": [
+        "blocklist:no_m4"]}, headers=AUTH)
     assert back.status_code == 200
     items, data = ids(online)
-    assert items == ["m4", "m5", "m6"] and data["versions"]["rules"] == "default-2"
+    assert items == ["m4", "m5", "m6"] and data["versions"]["rules"] == "default-3"
     assert online.post("/admin/rules/rollback", json={"version": "v404"}, headers=AUTH).status_code == 404
     other = {**BLOCK_M4, "description": "same version, other rules"}
     assert online.put("/admin/rules", content=json.dumps(other), headers=AUTH).status_code == 409
@@ -135,14 +140,15 @@ def test_invalid_rule_set_is_refused_and_the_old_one_keeps_serving(online: TestC
     assert resp.status_code == 422 and "gate" in resp.json()["detail"]
     assert online.put("/admin/rules", content=b"[1, 2", headers=AUTH).status_code == 422
     items, data = ids(online)
-    assert items == ["m4", "m5", "m6"] and data["versions"]["rules"] == "default-2"
+    assert items == ["m4", "m5", "m6"] and data["versions"]["rules"] == "default-3"
     assert [v["version"] for v in online.get("/admin/rules/versions", headers=AUTH).json()["versions"]] == [
-        "default-2"]
+        "default-3"]
 
 
 def test_prompt_versions_are_stored_and_reported(online: TestClient) -> None:
     put = online.put("/admin/prompts", content="version: p-2\nsystem: You rank films.\n", headers=AUTH)
-    assert put.json() == {"kind": "prompts", "version": "p-2", "status": "created", "active": "p-2"}
+    assert put.json() == {"kind": "prompts", "version": "p-2", "status": "created", "active": "p-2",
+                          "sequence": put.json()["sequence"]}
     assert ids(online)[1]["versions"]["prompt"] == "p-2"
     hashed = online.put("/admin/prompts", content='{"system": "Rank."}', headers=AUTH).json()["version"]
     assert hashed.startswith("sha-")
@@ -178,7 +184,7 @@ def test_redis_down_serves_degraded_light_path_then_recovers(online: TestClient,
     deadline = time.monotonic() + 10
     while (data := ids(online)[1])["degraded"] and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert data["degraded"] is False and data["versions"]["rules"] == "default-2"
+    assert data["degraded"] is False and data["versions"]["rules"] == "default-3"
     assert event(online, "ev-11").status_code == 200
     assert ids(online)[0] == ["m5", "m6"]
 

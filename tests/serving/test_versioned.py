@@ -12,9 +12,10 @@ from rules.stage import RulesStage
 from serving.hot_reload import PromptApplier, RulesApplier, VersionWatcher, canonical
 from serving.versioned import UnknownVersion, VersionConflict, VersionStore
 from tests.serving.conftest import RULES, toy_pipeline
-from tests.serving.toy import PopularityRecall, toy_settings
+from tests.serving.toy import DEFAULT_GATES, PopularityRecall, toy_settings
 
-BLOCK_M4 = {"version": "block-m4", "rules": [{"id": "no_m4", "kind": "blocklist", "items": {"item_ids": ["m4"]}}]}
+BLOCK_M4 = {"version": "block-m4", "rules": [{"id": "no_m4", "kind": "blocklist", "items": {"item_ids": ["m4"]}}],
+            "acknowledge_dropped_gates": DEFAULT_GATES}
 
 
 @pytest.fixture
@@ -24,9 +25,9 @@ def store(redis_env: str) -> VersionStore:
 
 def test_publish_conflict_unchanged_rollback(store: VersionStore) -> None:
     assert store.active("rules") is None
-    assert store.publish("rules", "v1", '{"a":1}') == "created"
-    assert store.publish("rules", "v2", '{"a":2}') == "created"
-    assert store.publish("rules", "v1", '{"a":1}') == "unchanged" and store.active("rules") == "v1"
+    assert store.publish("rules", "v1", '{"a":1}').status == "created"
+    assert store.publish("rules", "v2", '{"a":2}').status == "created"
+    assert store.publish("rules", "v1", '{"a":1}').status == "unchanged" and store.active("rules") == "v1"
     with pytest.raises(VersionConflict, match="'v1'"):
         store.publish("rules", "v1", '{"a":3}')
     store.rollback("rules", "v2")
@@ -34,7 +35,7 @@ def test_publish_conflict_unchanged_rollback(store: VersionStore) -> None:
     with pytest.raises(UnknownVersion, match="'v9'"):
         store.rollback("rules", "v9")
     assert [(v.version, v.active) for v in store.versions("rules")] == [("v1", False), ("v2", True)]
-    assert store.publish("rules", "v3", "{}", only_if_empty=True) == "kept"
+    assert store.publish("rules", "v3", "{}", seed=True).status == "kept"
     assert store.versions("prompts") == []
     with pytest.raises(ValueError, match="unknown versioned kind"):
         store.active("features")
@@ -47,16 +48,16 @@ def test_watcher_seeds_the_served_rules_then_installs_and_rolls_back(store: Vers
     rules = RulesApplier(pipe)
     watcher = VersionWatcher(store, [rules, PromptApplier(pipe)], poll_s=0.1)
     watcher.sync_once()
-    assert store.active("rules") == "default-2" == rules.applied  # the file's rule set, now rollback-able
+    assert store.active("rules") == "default-3" == rules.applied  # the file's rule set, now rollback-able
     store.publish("rules", "block-m4", canonical(BLOCK_M4))  # as another worker's PUT would
     watcher.sync_once()
     assert pipe.stage("rules").version() == "block-m4"
-    store.rollback("rules", "default-2")
+    store.rollback("rules", "default-3")
     watcher.sync_once()
-    assert pipe.stage("rules").version() == "default-2"
+    assert pipe.stage("rules").version() == "default-3"
     store.publish("rules", "broken", '{"version": "broken", "rules": [{"id": "x", "kind": "nope"}]}')
     watcher.sync_once()  # an invalid stored document is logged and skipped: the old one keeps serving
-    assert pipe.stage("rules").version() == "default-2"
+    assert pipe.stage("rules").version() == "default-3"
 
 
 def test_an_emptied_store_is_reseeded_with_what_the_worker_serves_not_the_start_up_file(

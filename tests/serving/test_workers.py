@@ -13,9 +13,10 @@ import pytest
 
 from serving.run import shared_state
 from tests.serving.conftest import ADMIN_KEY, RECALL, RULES
-from tests.serving.toy import toy_settings
+from tests.serving.toy import DEFAULT_GATES, toy_settings
 
-BLOCK_M4 = {"version": "block-m4", "rules": [{"id": "no_m4", "kind": "blocklist", "items": {"item_ids": ["m4"]}}]}
+BLOCK_M4 = {"version": "block-m4", "rules": [{"id": "no_m4", "kind": "blocklist", "items": {"item_ids": ["m4"]}}],
+            "acknowledge_dropped_gates": DEFAULT_GATES}
 
 
 def test_shared_state_starts_one_redis_for_all_workers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -81,7 +82,8 @@ def test_rule_change_and_rollback_reach_both_workers_within_two_seconds(toy_dir:
         assert httpx.put(url + "/admin/rules", content=json.dumps(BLOCK_M4), headers=auth).status_code == 200
         time.sleep(2.0)  # the allowance; from here on every worker must serve the new version
         after_put = _sample_both(url, pids)
-        back = httpx.post(url + "/admin/rules/rollback", json={"version": "default-3"}, headers=auth)
+        back = httpx.post(url + "/admin/rules/rollback", json={"version": "default-3", "acknowledge_dropped_gates": [
+            "blocklist:no_m4"]}, headers=auth)
         assert back.status_code == 200
         time.sleep(2.0)
         after_back = _sample_both(url, pids)

@@ -31,6 +31,9 @@ from recsys.config import STAGE_KINDS, StageSpec
 from recsys.contract import Candidates, Request, StageError
 from tests.doubles import PopularityStage
 
+# the gates rules/rulesets/default.yaml enforces on the toy catalog (items rated by audience and risk): a rule
+# set replacing it without them says so (rules.gates)
+DEFAULT_GATES = ["blocklist:withdrawn_items", "audience_gate:adult", "audience_gate:teen", "risk_tolerance"]
 TOY_KINDS = {
     "recall": "tests.serving.toy:PopularityRecall",
     "rules": "tests.serving.toy:AudienceRules",
