@@ -24,12 +24,13 @@ from typing import Any
 import numpy as np
 
 from cascade.settings import MAX_SEED, Settings
+from jobs.baselines import baseline_warnings
 from jobs.evaluate import evaluate_pipeline
 from jobs.train import train_stages, training_warnings
 from offline.split import Split
 from recsys.atomic import atomic_write_json
 
-SUMMARISED = ("stages", "deltas", "candidate_recall", "channel_recall", "policy_costs", "train_s")
+SUMMARISED = ("stages", "deltas", "baselines", "candidate_recall", "channel_recall", "policy_costs", "train_s")
 
 
 def seed_dirs(artifact_dir: Path, first: int, n: int) -> list[tuple[int, Path]]:
@@ -63,7 +64,8 @@ def evaluate_seeds(
         trained = train_stages(seeded, directory, split, stages=stages, force=retrain, progress=progress)
         report = evaluate_pipeline(seeded, directory, split, phase=phase, progress=progress)  # type: ignore[arg-type]
         report["train_s"] = {k: v.get("seconds") for k, v in trained.items()}
-        report["warnings"] = training_warnings(seeded, trained)  # `recsys eval` prints them, as for one seed
+        # `recsys eval` prints them, as for one seed
+        report["warnings"] = training_warnings(seeded, trained) + baseline_warnings(report)
         report["recall_train"] = {k: {f: trained[k].get(f) for f in ("train_s", "best_epoch", "channels", "refit")}
                                   for k in ("recall", "recall_holdout") if k in trained}
         coarse = trained.get("coarse", {})
