@@ -19,12 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from cascade.registry import build_pipeline
+from cascade.registry import build_pipeline, recall_config
 from cascade.settings import Settings
 from fusion.stage import (
     FUSED_STAGES,
     most_refined,
 )
+from jobs.baselines import baseline_metrics, versus_best_baseline
 from jobs.cascade_run import (
     SCORED,
     K,
@@ -123,6 +124,12 @@ def _pct(values: list[float] | np.ndarray) -> dict[str, float]:
             "mean": round(float(v.mean()), 3)}
 
 
+def mean_ci95(values: np.ndarray, n_boot: int, seed: int) -> list[float]:
+    """The percentile bootstrap 95% CI of the mean of per-user ``values`` (users resampled, as for the
+    paired deltas: ``paired_bootstrap`` against zero)."""
+    return [round(x, 5) for x in paired_bootstrap(np.zeros(len(values)), values, n_boot=n_boot, seed=seed)["ci95"]]
+
+
 def require_bootstrap_users(split: Split) -> None:
     """Refuse a split with fewer users than the paired bootstrap needs (``offline.bootstrap.MIN_USERS``).
 
@@ -175,11 +182,17 @@ def evaluate_pipeline(
     targets = split.targets(phase)
 
     per_user = {"popularity": evaluate_rankings_per_user(split, popularity_rankings(split, phase, K), phase, K)}
+    t_base = time.perf_counter()
+    baselines = baseline_metrics(split, phase, K, recall_config(settings))
+    per_user.update(baselines)
+    baselines_s = time.perf_counter() - t_base
     ran = {name for name, st in run["status"].items() if st.get("ok", 0) > 0}
     for stage in (*SCORED, "final"):
         if stage == "final" or stage in ran:
             per_user[stage] = evaluate_rankings_per_user(split, run["tops"][stage], phase, K)
     stages = {name: {k: round(v, 5) for k, v in summarize(m).items()} for name, m in per_user.items()}
+    stages_ci = {name: {metric: mean_ci95(m[metric], n_boot, settings.seed) for metric in (f"ndcg@{K}", f"recall@{K}")}
+                 for name, m in per_user.items()}
 
     def delta(a: str, b: str) -> dict[str, Any]:
         r = paired_bootstrap(per_user[a][f"ndcg@{K}"], per_user[b][f"ndcg@{K}"], n_boot=n_boot, seed=settings.seed)
@@ -193,7 +206,9 @@ def evaluate_pipeline(
     if "llm" in per_user:
         deltas["llm_vs_coarse"] = delta("coarse", "llm")
     cand_recall = stage_candidate_recall(settings, run, targets)
-    report_extra: dict[str, Any] = {}
+    report_extra: dict[str, Any] = {
+        "baselines": {**versus_best_baseline(per_user, ["popularity", *baselines], "final", K, n_boot=n_boot,
+                                             seed=settings.seed), "seconds": round(baselines_s, 2)}}
     if "llm" in ran:
         report_extra["llm_cost"] = llm_cost(pipeline, split, phase, run, settings.pipeline.stage("llm").depth)
     recall_stage = next((st for spec, st in pipeline.stages if spec.enabled and spec.kind == "recall"), None)
@@ -220,9 +235,10 @@ def evaluate_pipeline(
         "n_users": split.n_users,
         "n_items": split.n_items,
         "stages": stages,
+        "stages_ci95": stages_ci,
         "candidate_recall": cand_recall,
         "coverage": {name: round(coverage(run["tops"][name], split.n_items, K), 5)
-                     for name in per_user if name != "popularity"},
+                     for name in per_user if name in run["tops"]},
         "deltas": deltas,
         "lists": list_completeness(run),
         "policy_costs": costs,

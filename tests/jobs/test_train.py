@@ -75,7 +75,9 @@ def test_tiny_cascade_trains_evaluates_and_is_reused(tmp_path: Path, monkeypatch
 
     ev = evaluate_pipeline(settings, art, split, phase="test", progress=False, n_boot=200)
     assert ev["n_users"] == split.n_users and ev["dataset"] == "synthetic"
-    assert set(ev["stages"]) == {"popularity", "recall", "coarse", "final"}
+    assert set(ev["stages"]) == {"popularity", "covisit_last", "ease", "popularity_recent", "recall", "coarse", "final"}
+    assert ev["baselines"]["best"] in {"popularity", "covisit_last", "ease", "popularity_recent"}
+    assert ev["baselines"]["verdict"] in {"beats", "ties", "loses"} and ev["baselines"]["served"] == "final"
     assert set(ev["candidate_recall"]) == {"recall@200", "coarse@50"}
     assert set(ev["deltas"]) == {"coarse_vs_recall", "final_vs_coarse"}
     lo, hi = ev["deltas"]["coarse_vs_recall"]["ndcg@10"]["ci95"]
