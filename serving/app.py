@@ -39,6 +39,7 @@ from serving import console
 from serving.backend import OnlineBackend
 from serving.metrics import ServingMetrics
 from serving.middleware import BodySizeLimit, JsonBodyCheck, RequestContext
+from serving.rate_limit import EventRateLimit
 from serving.routes import admin, events, health, recommend
 from serving.service import Recommender, ServiceSlot
 
@@ -87,6 +88,9 @@ def create_app(settings: Settings, artifact_dir: Path, *, pipeline: Pipeline | N
     app.add_exception_handler(Exception, _internal_error)
     app.add_middleware(JsonBodyCheck, max_depth=settings.serving.max_json_depth,  # inside the size limit
                        on_refused=lambda kind: metrics.errors.labels(kind).inc())
+    app.add_middleware(EventRateLimit, rate_per_s=settings.serving.events_rate_per_s,  # before any body is read
+                       burst=settings.serving.events_rate_burst, client_header=settings.serving.rate_limit_client_header,
+                       on_limited=lambda: metrics.errors.labels("rate_limited").inc())
     app.add_middleware(BodySizeLimit, max_bytes=settings.serving.max_body_bytes)
     app.add_middleware(RequestContext)  # outermost: even a 413 carries a request id
     return app

@@ -5,7 +5,13 @@ Everything comes from ``app.state`` set by ``serving.app.create_app``: the ``Set
 ``OnlineBackend``. ``admin_key`` guards the admin routes: no key configured -> 503 (admin
 disabled), missing or wrong ``X-API-Key`` -> 401; the comparison is constant-time and the key
 is never logged. The key is read through ``fastapi.security.APIKeyHeader``, so OpenAPI declares
-the ``APIKey`` security scheme and ``/docs`` has an "Authorize" button for it. The dependencies are ``async def``
+the ``APIKey`` security scheme and ``/docs`` has an "Authorize" button for it.
+
+``DebugBody`` is the recommend body once a ``debug: true`` request has shown a key: the admin
+key or ``serving.debug_api_key`` in ``X-API-Key``, else 403 naming what is missing. Debug
+answers skip the result cache, weigh ~40 times a plain one and show which gate removed which
+item for a user (their age band, their risk tolerance): not for anyone who knows a user id.
+The dependencies are ``async def``
 although none awaits: FastAPI runs a plain ``def`` dependency on the threadpool, one thread
 hop each per request, for work that takes microseconds.
 """
@@ -20,6 +26,7 @@ from typing import Annotated
 from fastapi import Depends, Header, HTTPException, Request, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.security import APIKeyHeader
+from pydantic import SecretStr
 
 from cascade.settings import Settings
 from serving.backend import OnlineBackend
@@ -96,8 +103,35 @@ async def admin_key(settings: SettingsDep,
                             headers={"WWW-Authenticate": "APIKey"})
 
 
+def _matches(given: str | None, key: SecretStr | None) -> bool:
+    if key is None or not key.get_secret_value() or given is None:
+        return False
+    return hmac.compare_digest(given.encode(), key.get_secret_value().encode())
+
+
+async def debug_checked_body(body: RecommendBody, settings: SettingsDep,
+                             x_api_key: Annotated[str | None, Header(description=(
+                                 "Needed only with debug: true: the admin key or serving.debug_api_key."))] = None,
+                             ) -> RecommendRequest:
+    """``body``, once a debug request has shown the admin or the debug key (403 otherwise).
+
+    A plain header, not a security scheme: the route stays public in OpenAPI, the key opens only debug.
+    """
+    if not body.debug:
+        return body
+    cfg = settings.serving
+    if cfg.admin_api_key is None and cfg.debug_api_key is None:
+        raise HTTPException(status_code=403, detail="debug answers are turned off: configure serving.debug_api_key "
+                                                    "(or serving.admin_api_key) and send it as X-API-Key")
+    if not (_matches(x_api_key, cfg.admin_api_key) or _matches(x_api_key, cfg.debug_api_key)):
+        raise HTTPException(status_code=403, detail="debug answers need X-API-Key: the admin key or "
+                                                    "serving.debug_api_key; send debug: false without one")
+    return body
+
+
 RecommenderDep = Annotated[Recommender, Depends(get_recommender)]
 RecommendBody = Annotated[RecommendRequest, Depends(checked_body)]
+DebugBody = Annotated[RecommendRequest, Depends(debug_checked_body)]
 RequestIdDep = Annotated[str, Depends(request_id)]
 MetricsDep = Annotated[ServingMetrics, Depends(get_metrics)]
 BackendDep = Annotated[OnlineBackend, Depends(get_backend)]

@@ -18,7 +18,9 @@ are left to FastAPI, whose 422 ``json_invalid`` already names the position.
 
 ``RequestContext`` gives every request an id (see its docstring).
 
-Deliberately left out: rate limiting and client authentication (a gateway's job here).
+The per-client rate limit of the event route is ``serving.rate_limit.EventRateLimit``.
+
+Deliberately left out: client authentication (a gateway's job here).
 """
 
 from __future__ import annotations

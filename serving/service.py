@@ -136,8 +136,13 @@ class Recommender:
         """``respond``'s answer as the JSON object POST /v1/recommend serves (CLI, demo)."""
         return self.respond(body, request_id).as_json()
 
-    def respond(self, body: RecommendRequest, request_id: str | None = None) -> RecommendResponse:
-        """The API answer for ``body`` (limits are the caller's to check first); called by the route."""
+    def respond(self, body: RecommendRequest, request_id: str | None = None, *,
+                log_impressions: bool = True) -> RecommendResponse:
+        """The API answer for ``body`` (limits are the caller's to check first); called by the route.
+
+        ``log_impressions`` False: an experiment's user is served in their arm, but the items shown are
+        not logged as impressions (the console's requests).
+        """
         clock = Clock.start(self.settings.pipeline.request_budget_ms)
         request_id = request_id or uuid.uuid4().hex
         arm = assign(self.experiment, body.user_id) if self.experiment is not None else None
@@ -150,7 +155,7 @@ class Recommender:
         cache_key = self._cache_key(body, arm, route, online, {**snapshot.versions, **extra})
         hit = self._cache_lookup(cache_key, request_id)
         if hit.answer is not None:
-            return self._finish(hit.answer, [], arm, clock)
+            return self._finish(hit.answer, [], arm if log_impressions else None, clock)
         request = self.catalog.request_for(
             body.user_id, body.k, context=body.context, debug=body.debug, request_id=request_id,
             online_history=online.items, deadline=clock.deadline, variant=arm.variant if arm else None,
@@ -160,7 +165,7 @@ class Recommender:
         answer = build_response(request, run.result, self.catalog, self.llm_stages, served, clock.t0)
         if cache_key is not None and answer.path != "fallback":  # never pin a degraded answer
             self._store(cache_key, answer)
-        return self._finish(answer, run.result.traces, arm, clock)
+        return self._finish(answer, run.result.traces, arm if log_impressions else None, clock)
 
     def _route(self, body: RecommendRequest, arm: Assignment | None) -> Route:
         """The policy's route under the arm's overrides (a request's own ``llm`` still wins); counted."""

@@ -2,7 +2,8 @@
 
 ``router`` carries the pages (``serving.console.pages``) and the small read-only JSON routes
 they need (``serving.console.api``); ``serving.app`` includes it and mounts ``static_files()``
-at ``STATIC_PATH``. The pages: Try a request (two users side by side, stage by stage), Rules &
+at ``STATIC_PATH``. The pages: Try a request (two users side by side, stage by stage; debug
+answers need the admin key, and its requests are never logged as impressions), Rules &
 prompts (versions, diff, publish, rollback), Experiments (config and latest analysis) and
 Health (readiness, Redis, latency percentiles, cache hit rate, fallbacks).
 """

@@ -5,11 +5,14 @@ clicks, ratings, purchases...; not impressions), onto the user's online history 
 the user's next recommendation reflects it (its history version changes, which also retires
 its cached answers). With an active experiment the entry records it and the user's variant,
 which the server derives from the user id: a client naming another arm gets a 422 (it would
-credit that arm with the user's clicks). An unknown ``item_id`` is a 422
+credit that arm with the user's clicks). With no experiment running, a ``variant`` the client
+sends is ignored, not stored: no arm is being measured, and a stored one would be counted by
+a later `recsys ab analyze` as if the server had assigned it. An unknown ``item_id`` is a 422
 naming the field, and so is a ``value`` or ``ts`` that is not a finite number within bounds
 (``serving.schemas.EventRequest``: no NaN, no ``ts: 1e300``), so nothing absurd reaches the
-history or the stream; Redis down is a 503 (the event is not recorded, the client may retry
-with the same ``event_id``).
+history or the stream; Redis down, or full (at its memory cap with nothing it may evict), is a
+503 (the event is not recorded, the client may retry with the same ``event_id``). Each client
+is held to ``serving.events_rate_per_s`` (429 with ``Retry-After``, ``serving.rate_limit``).
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ router = APIRouter(prefix="/v1", tags=["events"])
 
 
 @router.post("/events", response_model=EventResponse,
-             responses={503: {"description": "Not ready, or Redis unavailable (event not recorded)."}})
+             responses={429: {"description": "Too many events from this client (see Retry-After)."},
+                        503: {"description": "Not ready, or Redis unavailable or full (event not recorded)."}})
 async def post_event(body: EventRequest, recommender: RecommenderDep, settings: SettingsDep,
                      metrics: MetricsDep) -> EventResponse:
     item_idx = recommender.catalog.item_index.get(body.item_id)
@@ -54,8 +58,6 @@ async def post_event(body: EventRequest, recommender: RecommenderDep, settings: 
                           f"{experiment.name!r} ({arm!r}); send that one, or none"}
             raise RequestValidationError([err], body=body.model_dump())
         fields["experiment"], fields["variant"] = experiment.name, arm
-    elif body.variant:  # "" is no variant, as null is: not an arm `recsys ab analyze` would count
-        fields["variant"] = body.variant
     user_idx = recommender.catalog.user_index.get(body.user_id)
     try:
         result = await run_in_threadpool(online.ingest, body.event_id, body.user_id, user_idx,

@@ -4,19 +4,28 @@ The pipeline is synchronous (numpy, faiss, LightGBM, an LLM); running it in star
 threadpool keeps the event loop free for probes and other requests. The answer is the typed
 ``RecommendResponse``: FastAPI validates it against the declared model and serves the fields
 that were set (``debug`` only on debug answers).
+
+``debug: true`` needs a key (``serving.deps.DebugBody``: 403 without the admin or debug key).
+A request sent with ``X-Recsys-Origin: console`` (the console's "Try a request") is served as
+any other but never logged as impressions: an operator trying users out is not an exposure
+an experiment should count (``impressions_logged`` is false).
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Response
 from fastapi.concurrency import run_in_threadpool
 
-from serving.deps import RecommendBody, RecommenderDep, RequestIdDep
+from serving.deps import DebugBody, RecommenderDep, RequestIdDep
 from serving.schemas import RecommendResponse
 
 router = APIRouter(prefix="/v1", tags=["recommend"])
+CONSOLE_ORIGIN = "console"  # the X-Recsys-Origin value of the console's requests
 
 _ERRORS = {
+    403: {"description": "debug: true without the admin key or serving.debug_api_key in X-API-Key."},
     413: {"description": "Body larger than serving.max_body_bytes."},
     503: {"description": "Not ready yet, or a fail-closed stage failed (the detail names it)."},
 }
@@ -24,8 +33,11 @@ _ERRORS = {
 
 @router.post("/recommend", response_model=RecommendResponse, response_model_exclude_unset=True,
              responses=_ERRORS)  # type: ignore[arg-type]
-async def recommend(body: RecommendBody, recommender: RecommenderDep, request_id: RequestIdDep,
-                    response: Response) -> RecommendResponse:
-    answer = await run_in_threadpool(recommender.respond, body, request_id)
+async def recommend(body: DebugBody, recommender: RecommenderDep, request_id: RequestIdDep, response: Response,
+                    x_recsys_origin: Annotated[str | None, Header(
+                        description="`console` for the operator console's requests: not logged as "
+                                    "impressions.")] = None) -> RecommendResponse:
+    log = x_recsys_origin != CONSOLE_ORIGIN
+    answer = await run_in_threadpool(recommender.respond, body, request_id, log_impressions=log)
     response.headers["X-Request-ID"] = answer.request_id
     return answer

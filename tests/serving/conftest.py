@@ -27,6 +27,8 @@ RECALL = StageSpec(name="recall", kind="recall", on_error="fail")
 RULES = StageSpec(name="rules", kind="rules", on_error="fail")
 REAL_RULES = [(RECALL, PopularityRecall), (RULES, RulesStage)]  # rules hot-swappable through Redis
 ADMIN_KEY = "test-admin-key"
+DEBUG_KEY = "test-debug-key"  # opens debug answers, not /admin
+DEBUG = {"X-API-Key": DEBUG_KEY}
 
 
 @pytest.fixture(scope="session")
@@ -76,12 +78,12 @@ def client_for(artifact_dir: Path, pairs: list[tuple[StageSpec, type]], **servin
 
 @pytest.fixture
 def client(toy_dir: Path) -> Iterator[TestClient]:
-    with client_for(toy_dir, [(RECALL, PopularityRecall), (RULES, AudienceRules)]) as c:
+    with client_for(toy_dir, [(RECALL, PopularityRecall), (RULES, AudienceRules)], debug_api_key=DEBUG_KEY) as c:
         yield c
 
 
 @pytest.fixture
 def online(toy_dir: Path) -> Iterator[TestClient]:
     """Toy recall + the real rules stage, admin enabled, a short poll: the online features' app."""
-    with client_for(toy_dir, REAL_RULES, admin_api_key=ADMIN_KEY, versions_poll_s=0.1) as c:
+    with client_for(toy_dir, REAL_RULES, admin_api_key=ADMIN_KEY, debug_api_key=DEBUG_KEY, versions_poll_s=0.1) as c:
         yield c

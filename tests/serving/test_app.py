@@ -17,12 +17,12 @@ from recsys.config import StageSpec
 from recsys.contract import Candidates, Request
 from serving.app import _validation_error, create_app
 from serving.schemas import EventRequest, RecommendResponse
-from tests.serving.conftest import ADMIN_KEY, RECALL, RULES, client_for
+from tests.serving.conftest import ADMIN_KEY, DEBUG, DEBUG_KEY, RECALL, RULES, client_for
 from tests.serving.toy import AudienceRules, FailingStage, PopularityRecall, YearRerank, toy_settings
 
 
 def recommend(client: TestClient, **body: object):
-    return client.post("/v1/recommend", json=body)
+    return client.post("/v1/recommend", json=body, headers=DEBUG if body.get("debug") else None)
 
 
 def test_known_user_gets_k_items_with_every_field(client: TestClient) -> None:
@@ -264,7 +264,7 @@ class NonFiniteRerank(YearRerank):
 
 def test_non_finite_scores_are_served_as_null_not_a_500(toy_dir: Path) -> None:
     llm = StageSpec(name="llm", kind="llm", on_error="passthrough")
-    with client_for(toy_dir, [(RECALL, PopularityRecall), (llm, NonFiniteRerank)]) as client:
+    with client_for(toy_dir, [(RECALL, PopularityRecall), (llm, NonFiniteRerank)], debug_api_key=DEBUG_KEY) as client:
         resp = recommend(client, user_id="u1", k=3, llm=True, debug=True)
     assert resp.status_code == 200
     data = resp.json()

@@ -88,6 +88,7 @@ def driver() -> Iterator[Any]:
 def base(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Base URL of a live server over the toy catalog, with an experiment and a stored analysis."""
     artifact_dir = tmp_path_factory.mktemp("console")
+    _NS.append(artifact_dir.name)
     save_toy_split(artifact_dir)
     (artifact_dir / "ab").mkdir()
     for name in ("online_ml100k.json", "online_rates.png"):
@@ -118,6 +119,21 @@ def base(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory) 
         thread.join(timeout=10)
 
 
+@pytest.fixture(scope="module")
+def console_ns(base: str) -> str:
+    """The Redis namespace of the console's server: its artifact directory's name, which ``base`` records."""
+    return _NS[-1]
+
+
+_NS: list[str] = []  # the artifact directory names ``base`` served
+
+
+def redis_server_client(server: EmbeddedRedis) -> Any:
+    import redis
+
+    return redis.Redis.from_url(server.start())
+
+
 def wait_for(driver: Any, condition: Any, what: str) -> Any:
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -146,6 +162,7 @@ def try_users(driver: Any, base: str, users: dict[str, str]) -> dict[str, dict]:
     from selenium.webdriver.support.ui import Select
 
     open_page(driver, base, "try")
+    driver.execute_script("sessionStorage.setItem('recsys-console-admin-key', arguments[0])", ADMIN_KEY)  # debug
     Select(driver.find_element("id", "opt-llm")).select_by_value("true")
     for pane, user in users.items():
         field = driver.find_element("css selector", f"#pane-{pane} .user-id")
@@ -189,7 +206,8 @@ def read_pane(driver: Any, pane: str) -> dict:
 
 
 def api_answer(base: str, user: str) -> dict:
-    resp = httpx.post(base + "/v1/recommend", json={"user_id": user, "k": 10, "debug": True, "llm": True}, timeout=10)
+    resp = httpx.post(base + "/v1/recommend", json={"user_id": user, "k": 10, "debug": True, "llm": True},
+                      headers={"X-API-Key": ADMIN_KEY}, timeout=10)
     resp.raise_for_status()
     return resp.json()
 
@@ -236,6 +254,21 @@ def test_try_shows_the_api_debug_items_and_scores_stage_by_stage(driver: Any, ba
     assert shown["b"]["removed"] == [["m4", "adult_gate"], ["m3", "risk_tolerance"]]
     assert [s[0] for s in shown["a"]["stages"]][:3] == ["recall", "llm", "rules"]
     assert dict(shown["a"]["stages"][0][3])["m5"] == 2.0  # recall popularity count, from the JSON
+
+
+def test_try_needs_the_key_for_debug_and_never_logs_impressions(driver: Any, base: str, redis_server: EmbeddedRedis,
+                                                                   console_ns: str) -> None:
+    """The Try page used to answer debug requests to anyone and log its answers as experiment impressions."""
+    client = redis_server_client(redis_server)
+    stream = f"{console_ns}:events"
+    before = client.xlen(stream) if client.exists(stream) else 0
+    shown = try_users(driver, base, {"a": "u1", "b": "zz"})
+    assert all(p["error"] is None and p["served"] for p in shown.values())
+    assert (client.xlen(stream) if client.exists(stream) else 0) == before  # nothing logged for the console
+    driver.execute_script("sessionStorage.removeItem('recsys-console-admin-key')")
+    driver.find_element("css selector", "#pane-a .user-form button").click()
+    wait_for(driver, lambda d: "403: debug answers need X-API-Key" in (
+        d.find_element("css selector", "#pane-a .result").text), "the 403 detail")
 
 
 def _publish(driver: Any, text: str) -> str:

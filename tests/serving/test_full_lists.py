@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from serving.schemas import RecommendResponse
-from tests.serving.conftest import ADMIN_KEY
+from tests.serving.conftest import ADMIN_KEY, DEBUG, DEBUG_KEY
 from tests.serving.toy import DEFAULT_GATES
 
 
@@ -49,8 +49,9 @@ def test_debug_lists_what_each_stage_handed_on_and_the_fusion_weights(toy_dir) -
     from tests.serving.toy import PopularityRecall
 
     fusion = StageSpec(name="fusion", kind="fusion")
-    with client_for(toy_dir, [(RECALL, PopularityRecall), (RULES, RulesStage), (fusion, FusionStage)]) as c:
-        data = c.post("/v1/recommend", json={"user_id": "stranger", "k": 2, "debug": True}).json()
+    with client_for(toy_dir, [(RECALL, PopularityRecall), (RULES, RulesStage), (fusion, FusionStage)],
+                    debug_api_key=DEBUG_KEY) as c:
+        data = c.post("/v1/recommend", json={"user_id": "stranger", "k": 2, "debug": True}, headers=DEBUG).json()
     RecommendResponse.model_validate(data)
     handoffs = {h["stage"]: h for h in data["debug"]["handoffs"]}
     assert list(handoffs) == ["recall", "rules", "fusion"]

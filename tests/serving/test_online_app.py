@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from serving.schemas import RecommendResponse
-from tests.serving.conftest import ADMIN_KEY, REAL_RULES, RECALL, client_for
+from tests.serving.conftest import ADMIN_KEY, DEBUG, REAL_RULES, RECALL, client_for
 from tests.serving.toy import DEFAULT_GATES
 
 AUTH = {"X-API-Key": ADMIN_KEY}
@@ -23,7 +23,7 @@ BLOCK_M4 = {"version": "block-m4", "rules": [{"id": "no_m4", "kind": "blocklist"
 
 
 def ids(client: TestClient, user: str = "u1", **body: object) -> tuple[list[str], dict]:
-    data = client.post("/v1/recommend", json={"user_id": user, "k": 3, **body}).json()
+    data = client.post("/v1/recommend", json={"user_id": user, "k": 3, **body}, headers=DEBUG).json()
     return [i["id"] for i in data["items"]], data
 
 

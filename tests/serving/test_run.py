@@ -15,18 +15,18 @@ from serving.response import Served, answer_path, build_response
 from serving.run import ENV_ARTIFACT_DIR, recommend_once, server_env, settings_from_env
 from serving.schemas import LimitError, RecommendResponse
 from serving.state import CatalogState
-from tests.serving.conftest import RECALL
+from tests.serving.conftest import DEBUG, DEBUG_KEY, RECALL
 from tests.serving.toy import toy_settings
 
 
 def test_recommend_once_matches_the_http_answer(toy_dir: Path, toy_kinds: None) -> None:
-    settings = toy_settings()
+    settings = toy_settings(debug_api_key=DEBUG_KEY)
     once = recommend_once(settings, toy_dir, "stranger", k=3, debug=True)
     RecommendResponse.model_validate(once)
     with TestClient(create_app(settings, toy_dir)) as client:
         while client.get("/readyz").status_code != 200:
             time.sleep(0.02)
-        http = client.post("/v1/recommend", json={"user_id": "stranger", "k": 3, "debug": True}).json()
+        http = client.post("/v1/recommend", json={"user_id": "stranger", "k": 3, "debug": True}, headers=DEBUG).json()
     for volatile in ("request_id", "total_ms", "stages"):
         once.pop(volatile), http.pop(volatile)
     assert once == http

@@ -59,6 +59,7 @@ const Console = (() => {
       body = opts.text;
     }
     if (opts.admin) headers["X-API-Key"] = adminKey();
+    Object.assign(headers, opts.headers || {});
     let response;
     try {
       response = await fetch(path, { method, headers, body, cache: "no-store" });

@@ -1,5 +1,7 @@
 // Try a request: POST /v1/recommend for two users side by side, the answer stage by stage.
 // Everything shown comes from the API's answer (with debug: per-stage scores and removals).
+// Debug answers need the admin key (sent as X-API-Key); every request says it comes from the
+// console (X-Recsys-Origin), so the server never logs what it shows here as experiment impressions.
 "use strict";
 
 (() => {
@@ -176,7 +178,8 @@
       return;
     }
     pane.dataset.state = "loading";
-    const answer = await api("POST", "/v1/recommend", { json: request });
+    const answer = await api("POST", "/v1/recommend",
+      { json: request, admin: request.debug, headers: { "X-Recsys-Origin": "console" } });
     if (answer.ok) {
       render(pane, answer.data);
       remember(userId);
