@@ -238,6 +238,8 @@ def bench_serve(
 
 
 def _serving(settings: Settings, **serving: Any) -> Settings:
+    # one load generator stands for many clients: the per-client events limit would refuse its clicks
+    serving = {"events_rate_per_s": 0.0, **serving}
     return settings.model_copy(update={"serving": settings.serving.model_copy(update=serving)})
 
 

@@ -86,6 +86,9 @@ def soak(
     try:
         if embedded is not None:
             settings = settings.model_copy(update={"redis_url": embedded.start()})
+        # one load generator stands for many clients: the per-client events limit would refuse its clicks
+        settings = settings.model_copy(update={"serving": settings.serving.model_copy(
+            update={"events_rate_per_s": 0.0})})
         with start_server_subprocess(settings, artifact_dir, app_factory=app_factory) as url:
             ready = httpx.get(url + "/readyz", timeout=10).json()
             pid = int(ready["pid"])
