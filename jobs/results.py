@@ -59,8 +59,8 @@ def number(value: Any) -> str:
     """
     if value is None:
         return ""
-    if isinstance(value, list):  # a confidence interval: signed bounds
-        return "[" + ", ".join(("+" if isinstance(v, float) and v > 0 else "") + number(v) for v in value) + "]"
+    if isinstance(value, list):  # a confidence interval of a metric difference: signed bounds
+        return "[" + ", ".join(("+" if isinstance(v, float) and 0 < v < 1 else "") + number(v) for v in value) + "]"
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, int):
@@ -135,7 +135,7 @@ def stages_table(docs: list[tuple[str, dict[str, Any]]]) -> list[str]:
             for s, label in STAGES if metric(r, f"stages.{s}.ndcg@10")]
     depth = ", ".join(f"{k} {metric(r, f'candidate_recall.{k}')}" for k in _depths(r))
     return table(["stage", "NDCG@10", "Recall@10", "MRR@10"], rows) + [
-        "", f"Seeds {seeds_of(r)}; candidate recall (target among a stage's candidates): {depth}."]
+        "", f"Seed{'s' if ',' in seeds_of(r) else ''} {seeds_of(r)}; candidate recall (target among a stage's candidates): {depth}."]
 
 
 def _depths(report: dict[str, Any]) -> list[str]:
@@ -166,9 +166,20 @@ def rows_table(records: Any, cols: list[str], where: str) -> list[str]:
     pairs = [c.split("=", 1) if "=" in c else [c, c] for c in cols]
     named = isinstance(records, dict)
     items = list(records.items()) if named else [(None, r) for r in records]
-    body = [[*([str(name)] if named else []), *(number(lookup(rec, key, where)) for key, _ in pairs)]
-            for name, rec in items]
+    for key, _ in pairs:  # a record may lack a value (a blank cell); a key no record holds is a typo
+        if not any(_has(rec, key) for _, rec in items):
+            raise ResultsError(f"{where}: no record holds {key!r}")
+    body = [[*([str(name)] if named else []), *(number(lookup(rec, key, where)) if _has(rec, key) else ""
+                                                for key, _ in pairs)] for name, rec in items]
     return table([*([""] if named else []), *(label for _, label in pairs)], body)
+
+
+def _has(record: Any, key: str) -> bool:
+    try:
+        lookup(record, key, "")
+    except ResultsError:
+        return False
+    return True
 
 
 def source_line(paths: list[str], docs: list[dict[str, Any]], doc_dir: Path, root: Path = ROOT) -> str:
