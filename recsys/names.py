@@ -8,10 +8,16 @@ overrides and isolates, and the interlinear annotation marks. Two ids that print
 ``"alice\\u200b"`` would otherwise be two users whose events and answers never meet, and a bidi
 override makes a log line show another id than the one it holds.
 
+Refused too: the line and paragraph separators U+2028 and U+2029, which JavaScript, many log
+viewers and line-based tools read as a line break, so an id holding one splits a log line.
+
 Allowed, although Unicode also classes them as format characters (Cf), because they change what
 is drawn and real text needs them: the zero-width joiner and non-joiner (emoji sequences such as
-a family or a profession; Persian and Indic spelling), the tag characters of subdivision flags,
-and the visible prepended marks (Arabic number signs, end of ayah, ...).
+a family or a profession; Persian and Indic spelling), the tag characters inside a subdivision
+flag (U+1F3F4, tag letters or digits, U+E007F CANCEL TAG: the flag of Scotland), and the visible
+prepended marks (Arabic number signs, end of ayah, ...). A tag character anywhere else
+(``"a\U000e0041"``) is invisible and refused; that check is ``forbidden_character``'s alone, since a
+character class cannot say "only inside a flag".
 
 One spelling: ids are compared in Unicode NFC (``canonical``), so canonically equivalent spellings
 are one id. ``"café"`` written with a combining acute accent (as macOS file names and some
@@ -38,9 +44,13 @@ CONTROL = r"\x00-\x1f\x7f-\x9f"  # C0, DEL and C1
 HIDDEN = (  # format characters that hide or reorder text (see the module doc)
     r"\u00ad\u061c\u180e\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb"
 )
-FORBIDDEN = CONTROL + HIDDEN
+SEPARATORS = r"\u2028\u2029"  # line and paragraph separator: line breaks to JavaScript and many log tools
+FORBIDDEN = CONTROL + SEPARATORS + HIDDEN
 NAME_PATTERN = f"^[^{FORBIDDEN}]+$"  # a whole name without a forbidden character
 _FORBIDDEN = re.compile(f"[{FORBIDDEN}]")
+TAG_CHARACTERS = "[\U000e0000-\U000e007f]"  # Python's re only (pydantic-core's regex spells \U otherwise)
+_TAG = re.compile(TAG_CHARACTERS)
+_FLAG = re.compile("\U0001f3f4[\U000e0030-\U000e0039\U000e0061-\U000e007a]+\U000e007f")  # a subdivision flag
 
 
 def canonical(name: str) -> str:
@@ -90,11 +100,27 @@ def forbidden_character(name: str) -> str | None:
     a control character ('\\n' at 1)
     >>> print(forbidden_character("bob\\u200b"))
     an invisible format character (U+200B ZERO WIDTH SPACE at 3)
+    >>> print(forbidden_character("a\\U000e0041"))
+    a tag character outside a subdivision flag (U+E0041 TAG LATIN CAPITAL LETTER A at 1)
     """
     found = _FORBIDDEN.search(name)
     if found is None:
-        return None
+        return _stray_tag(name)
     ch, at = found.group(), found.start()
     if re.fullmatch(f"[{CONTROL}]", ch):
         return f"a control character ({ch!r} at {at})"
+    if ch in "\u2028\u2029":
+        return f"a line break character (U+{ord(ch):04X} {unicodedata.name(ch)} at {at})"
     return f"an invisible format character (U+{ord(ch):04X} {unicodedata.name(ch, 'unnamed')} at {at})"
+
+
+def _stray_tag(name: str) -> str | None:
+    """A tag character outside a well-formed subdivision flag, named with its position, or None."""
+    if name.isascii() or not _TAG.search(name):
+        return None
+    masked = _FLAG.sub(lambda m: "x" * len(m.group()), name)  # flags keep their length: positions hold
+    found = _TAG.search(masked)
+    if found is None:
+        return None
+    ch, at = found.group(), found.start()
+    return f"a tag character outside a subdivision flag (U+{ord(ch):04X} {unicodedata.name(ch, 'unnamed')} at {at})"

@@ -22,7 +22,7 @@ import pandas as pd
 
 from offline.loaders.reading import Table
 from offline.schema import DataError
-from recsys.names import FORBIDDEN, MAX_ID_CHARS, WHITESPACE, canonical, forbidden_character
+from recsys.names import FORBIDDEN, MAX_ID_CHARS, TAG_CHARACTERS, WHITESPACE, canonical, forbidden_character
 
 MAX_EXACT_INT = 2**53  # float64 holds every integer below this exactly
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -148,6 +148,9 @@ def ids(table: Table, column: str, what: str) -> pd.Series:
     (NFC; ``recsys.names``); ``what`` names the id (e.g. "user id")."""
     out = _required(table, _id_text(table, column, what), what)
     bad = out.str.contains(f"[{FORBIDDEN}]", regex=True).to_numpy(dtype=bool)
+    tagged = out.str.contains(TAG_CHARACTERS, regex=True).to_numpy(dtype=bool)  # allowed only inside a flag
+    bad = bad | tagged & np.fromiter((bool(t) and forbidden_character(v) is not None for v, t in zip(out, tagged, strict=True)),
+                                dtype=bool, count=len(out))
     table.fail_first(bad, lambda pos: f"{what} {out.iat[pos]!r} contains {forbidden_character(out.iat[pos])}")
     values = out.tolist()  # plain loops: pandas' map and str.len cost ~10x more on 5M ids
     if not all(v.isascii() for v in values):
@@ -262,9 +265,27 @@ def timestamps(table: Table, column: str) -> np.ndarray:
     return seconds
 
 
+# What a timestamp in a finer unit looks like: since 1973-03-03 in milliseconds (1e11..) or microseconds
+# (1e14..), within what pandas holds. A value between the range and 1e11 (year 2337 in seconds) is no such thing.
+_FINER_UNITS = ((1_000, "milliseconds", 10**11), (1_000_000, "microseconds", 10**14))
+
+
+def unit_hint(value: float) -> str:
+    """`` (milliseconds? divide by 1000)`` when ``value`` (out of range as seconds) reads as a recent time in
+    a finer unit, else "".
+
+    >>> unit_hint(1_609_459_200_000), unit_hint(11_600_000_000), unit_hint(1_609_459_200_000_000)
+    (' (milliseconds? divide by 1000)', '', ' (microseconds? divide by 1000000)')
+    """
+    for factor, unit, low in _FINER_UNITS:
+        if low <= value <= TIMESTAMP_MAX * factor:
+            return f" ({unit}? divide by {factor})"
+    return ""
+
+
 def _in_range(table: Table, seconds: np.ndarray, shown: Callable[[int], str], *, numeric: bool) -> None:
     def message(pos: int) -> str:
-        hint = " (milliseconds? divide by 1000)" if numeric and abs(seconds[pos]) <= TIMESTAMP_MAX * 1000 else ""
+        hint = unit_hint(float(seconds[pos])) if numeric else ""
         return f"timestamp {shown(pos)!r} is outside {_TIMESTAMP_RANGE}{hint}"
 
     table.fail_first((seconds < TIMESTAMP_MIN) | (seconds > TIMESTAMP_MAX), message)

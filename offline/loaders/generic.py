@@ -39,6 +39,7 @@ from offline.schema import (
     Dataset,
 )
 from recsys.atomic import json_default
+from recsys.names import forbidden_character
 
 log = logging.getLogger(__name__)
 
@@ -117,10 +118,15 @@ def _users(table: Table) -> pd.DataFrame:
 
 def _categories(table: Table) -> list[list[str]]:
     """'A|B' strings or lists of names (Parquet) -> lists of non-empty stripped names; an empty
-    value (None, NaN) has none. Anything else (a struct, a number, a nested list) is a DataError
-    naming the row, not a silent ``[]`` or a category spelled like a Python dict."""
+    value (None, NaN) has none. A cell written as a JSON list (``["Drama", "Horror"]``, as some
+    exports write lists into CSV) is read as that list, never as one category named with brackets
+    and quotes. Anything else (a struct, a number, a nested list, a name holding a control or
+    invisible character) is a DataError naming the row, not a silent ``[]`` or a category spelled
+    like a Python dict."""
     out: list[list[str]] = []
     for pos, v in enumerate(table.rows["categories"]):
+        if isinstance(v, str) and v.strip().startswith("["):
+            v = _json_list(table, pos, v)
         if isinstance(v, str):
             parts: Sequence[object] = v.split("|")
         elif isinstance(v, (list, tuple, np.ndarray)):
@@ -134,8 +140,23 @@ def _categories(table: Table) -> list[list[str]]:
         else:
             raise DataError(f"{table.where(pos)}: categories must be a '|'-joined string or a list of names, "
                             f"got {type(v).__name__} {checks.short(v)}")
-        out.append([str(p).strip() for p in parts if str(p).strip()])
+        names = [str(p).strip() for p in parts if str(p).strip()]
+        if bad := next((n for n in names if forbidden_character(n)), None):
+            raise DataError(f"{table.where(pos)}: category {bad!r} contains {forbidden_character(bad)}")
+        out.append(names)
     return out
+
+
+def _json_list(table: Table, pos: int, cell: str) -> list[object]:
+    """A categories cell that opens with '[': a JSON list of names, or a DataError saying how to write it."""
+    try:
+        value = json.loads(cell)
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, list):
+        raise DataError(f"{table.where(pos)}: categories {checks.short(cell)} starts like a JSON list but is not "
+                        "one; write names joined by '|' (Drama|Horror) or a JSON list of strings")
+    return value
 
 
 def _attributes(table: Table, schema_columns: Sequence[str]) -> list[str]:

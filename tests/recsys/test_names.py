@@ -30,7 +30,7 @@ def test_controls_and_the_format_characters_that_hide_text_are_forbidden_and_not
     for cp in range(sys.maxunicode + 1):
         ch = chr(cp)
         category = unicodedata.category(ch)
-        if category == "Cc" or (category == "Cf" and cp not in DRAWN):
+        if category in ("Cc", "Zl", "Zp") or (category == "Cf" and cp not in DRAWN):
             assert forbidden.fullmatch(ch), f"U+{cp:04X} ({category}) is not refused"
         elif forbidden.fullmatch(ch):
             # a newer Unicode may class a code point Cf that this Python's unicodedata does not know yet
@@ -55,6 +55,8 @@ def test_printable_names_pass_the_python_and_the_pydantic_check(name: str) -> No
     ("\ufeffu1", "an invisible format character (U+FEFF ZERO WIDTH NO-BREAK SPACE at 0)"),
     ("al\u00adice", "an invisible format character (U+00AD SOFT HYPHEN at 2)"),
     ("x\u2067y", "an invisible format character (U+2067 RIGHT-TO-LEFT ISOLATE at 1)"),
+    ("a\u2028b", "a line break character (U+2028 LINE SEPARATOR at 1)"),
+    ("p\u2029", "a line break character (U+2029 PARAGRAPH SEPARATOR at 1)"),
 ])
 def test_forbidden_names_say_which_character_and_where_in_both_engines(name: str, why: str) -> None:
     assert forbidden_character(name) == why
@@ -82,3 +84,15 @@ def test_canonical_and_id_problem() -> None:
     assert id_problem("") == "is empty" and id_problem("x" * MAX_ID_CHARS) is None
     assert id_problem("x" * (MAX_ID_CHARS + 1)) == f"is {MAX_ID_CHARS + 1} characters long (at most {MAX_ID_CHARS})"
     assert id_problem("a\u200bb") == "contains an invisible format character (U+200B ZERO WIDTH SPACE at 1)"
+
+
+@pytest.mark.parametrize(("name", "why"), [
+    ("sku\U000e0041", "a tag character outside a subdivision flag (U+E0041 TAG LATIN CAPITAL LETTER A at 3)"),
+    ("\U000e0001en", "a tag character outside a subdivision flag (U+E0001 LANGUAGE TAG at 0)"),
+    ("🏴\U000e0067\U000e0062\U000e007fx\U000e0062", "a tag character outside a subdivision flag "
+     "(U+E0062 TAG LATIN SMALL LETTER B at 5)"),  # after a whole flag, a stray one is still named
+    ("🏴\U000e0067\U000e0062", "a tag character outside a subdivision flag (U+E0067 TAG LATIN SMALL LETTER G at 1)"),
+])
+def test_a_tag_character_outside_a_subdivision_flag_is_refused_where_it_is(name: str, why: str) -> None:
+    assert forbidden_character(name) == why
+    assert id_problem(name) == f"contains {why}"
