@@ -62,6 +62,7 @@ def test_compare_puts_files_side_by_side_under_their_labels(tmp_path: Path) -> N
     ("fields eval/one.json stages.llm.ndcg@10", "no 'stages.llm.ndcg@10'"),
     ("stages eval/one.json eval/seeds.json", "results:stages takes one file, got 2"),
     ("datasets", "results:datasets names no result file"),
+    ("rows eval/one.json runs concurrency p99_ms", "no record holds 'p99_ms'"),
 ])
 def test_a_bad_marker_is_named_by_page_and_line(tmp_path: Path, spec: str, message: str) -> None:
     root = _results(tmp_path)
