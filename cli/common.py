@@ -177,8 +177,8 @@ def strict_json(value: Any) -> Any:
 
 
 def write_report(report: dict[str, Any], out: Path | None, *, settings: Settings | None = None,
-                 data: Path | None = None, seeds: Sequence[int] | None = None) -> None:
-    """Print the report and, with ``--out``, write it atomically (tmp file + rename) with its
+                 data: Path | None = None, seeds: Sequence[int] | None = None, show: bool = True) -> None:
+    """Print the report (unless ``show`` is False) and, with ``--out``, write it atomically (tmp file + rename) with its
     ``provenance`` block (``recsys.provenance``: command, commit, digests of ``settings`` and of the
     ``data`` directory, machine, ``seeds``, date); strict JSON: an undefined number (NaN, +-inf) is
     written as null, never as the non-JSON ``NaN``."""
@@ -190,7 +190,8 @@ def write_report(report: dict[str, Any], out: Path | None, *, settings: Settings
             seeds = [settings.seed]
         write_result(out, report, config=config, data=data, seeds=seeds)
         typer.echo(f"report written to {out}", err=True)
-    typer.echo(text)
+    if show:
+        typer.echo(text)
 
 
 def fail(message: str, code: int = 2) -> Any:

@@ -115,9 +115,18 @@ def evaluate(
                                                   "--seeds).")] = True,
     cold_share: Annotated[float, typer.Option(min=0.01, max=0.5, help="Share of items made new by the cutoff.")]
     = 0.1,
-    out: c.OutOpt = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", dir_okay=False, callback=c.writable_path,
+        help="Write the full JSON report here (default: <artifacts>/eval_<phase>.json).")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the full JSON report on stdout instead of the "
+                                                          "summary.")] = False,
 ) -> None:
-    """Train (or reuse) every stage, then measure each stage and the fused result."""
+    """Train (or reuse) every stage, then measure each stage and the fused result.
+
+    Prints a summary (per stage NDCG@10 and Recall@10 with 95% CIs, candidate recall, users evaluated
+    and left out, warnings); the full report goes to --out.
+    """
+    from jobs.eval_summary import summary  # lazy: keeps `recsys --help` fast
     from jobs.evaluate import evaluate_pipeline, require_bootstrap_users  # lazy: keeps `recsys --help` fast
     from jobs.train import DEFAULT_STAGES, train_stages, training_warnings  # lazy: keeps `recsys --help` fast
 
@@ -144,7 +153,11 @@ def evaluate(
 
             report["cold_items"] = cold_item_report(settings, art, split, share=cold_share, phase=phase)
         runs = {"": report}
-    c.write_report(report, out, settings=settings, data=data, seeds=[settings.seed + i for i in range(seeds)])
+    out = out or art / f"eval_{phase}.json"
+    c.write_report(report, out, settings=settings, data=data, seeds=[settings.seed + i for i in range(seeds)],
+                   show=json_out)
+    if not json_out:
+        typer.echo(summary(report, out))
     _warn_and_guard(runs)
 
 
