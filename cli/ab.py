@@ -219,8 +219,8 @@ def _read_redis(url: str, namespace: str, ledger: Path | None) -> tuple[Any, dic
     from redis.exceptions import RedisError  # lazy: as redis
     from redis.exceptions import TimeoutError as RedisTimeoutError  # lazy: as redis
 
-    from jobs.ab.events import read_stream, stream_name  # lazy: keeps `recsys --help` fast
-    from jobs.ab.integrity import stream_integrity  # lazy: as above
+    from jobs.ab.events import events_frame, read_stream, stream_name  # lazy: keeps `recsys --help` fast
+    from jobs.ab.integrity import integrity_warning, stream_integrity  # lazy: as above
     from recsys.event_ledger import read_acknowledged  # lazy: as above
 
     shown = _redacted(url)
@@ -239,7 +239,10 @@ def _read_redis(url: str, namespace: str, ledger: Path | None) -> tuple[Any, dic
         return c.fail(f"cannot reach Redis at {shown}: {exc}")
     except RedisError as exc:  # e.g. the key holds something other than a stream
         return c.fail(f"Redis at {shown}: cannot read {stream_name(namespace)}: {exc}")
-    except ValueError as exc:  # no such stream (a wrong --namespace): not an empty log
+    except ValueError as exc:  # no such stream (a wrong --namespace, or a Redis that lost it): not an empty log
+        gone = stream_integrity(client, namespace, events_frame([]), acknowledged)
+        if gone["accepted"]:
+            return c.fail(f"Redis at {shown}: no events to analyze: {integrity_warning(namespace, gone, analysis=False)}")
         return c.fail(f"Redis at {shown}: {exc}")
     finally:
         client.close()

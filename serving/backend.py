@@ -53,8 +53,13 @@ def embedded_redis(settings: Settings, artifact_dir: Path) -> EmbeddedRedis:
 
 
 def ledger_path(settings: Settings, artifact_dir: Path) -> Path | None:
-    """Where serving keeps its events ledger (``recsys.event_ledger``); None when it keeps nothing on disk."""
-    return Path(artifact_dir).resolve() / "state" / LEDGER_NAME if settings.serving.redis_persist else None
+    """Where serving keeps its events ledger (``recsys.event_ledger``): beside the Redis data directory
+    (``<artifacts>/state/events-ledger.json`` by default); None when it keeps nothing on disk."""
+    cfg = settings.serving
+    if not cfg.redis_persist:
+        return None
+    state = Path(cfg.redis_state_dir).resolve().parent if cfg.redis_state_dir else Path(artifact_dir).resolve() / "state"
+    return state / LEDGER_NAME
 
 
 class OnlineBackend:

@@ -64,7 +64,7 @@ def stream_integrity(client: Any, namespace: str, events: pd.DataFrame,
         top = max(added, last)
         unexplained = max(0, (top - first + 1) - _overlap(ranges, first, top) - seqs.nunique())
     else:
-        trimmed, unexplained, top = max(0, added - held), 0, added
+        trimmed, unexplained, top = max(0, added - held - lost), 0, added  # no numbers: the count alone
     not_in_redis = max(0, (acknowledged or 0) - top)
     accepted = top + not_in_redis
     return {"accepted": accepted, "held": held, "missing": trimmed + lost + unexplained + not_in_redis,
@@ -72,8 +72,11 @@ def stream_integrity(client: Any, namespace: str, events: pd.DataFrame,
             "unexplained": unexplained, "ledger": acknowledged}
 
 
-def integrity_warning(namespace: str, counts: dict[str, Any]) -> str | None:
-    """One line saying how many accepted events the analysis lacks and why; None when none is missing."""
+def integrity_warning(namespace: str, counts: dict[str, Any], *, analysis: bool = True) -> str | None:
+    """One line saying how many accepted events the analysis lacks and why; None when none is missing.
+
+    ``analysis`` False: the line without the closing sentence about what the analysis covers.
+    """
     if not counts["missing"]:
         return None
     why = []
@@ -89,6 +92,6 @@ def integrity_warning(namespace: str, counts: dict[str, Any]) -> str | None:
                    "(serving.events_stream_maxlen; raise it, or export the log with --export more often)")
     if counts["unexplained"]:
         why.append(f"{counts['unexplained']:,} missing from the numbering without a record (deleted by hand?)")
-    return (f"{stream_name(namespace)} holds {counts['held']:,} of the {counts['accepted']:,} events serving "
-            f"accepted; {counts['missing']:,} are missing: {'; '.join(why)}. This analysis covers only the events "
-            "held")
+    line = (f"{stream_name(namespace)} holds {counts['held']:,} of the {counts['accepted']:,} events serving "
+            f"accepted; {counts['missing']:,} are missing: {'; '.join(why)}")
+    return line + ". This analysis covers only the events held" if analysis else line
