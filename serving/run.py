@@ -13,6 +13,11 @@ URL into the settings every worker receives; with ``workers > 1`` it also points
 ``PROMETHEUS_MULTIPROC_DIR`` at a fresh directory so ``/metrics`` aggregates all workers.
 Logs are JSON lines (``serving.logs``) in every process.
 
+Signals: SIGINT, SIGTERM and SIGHUP (``STOP_SIGNALS``) each stop the server cleanly, with one worker
+(``DrainingServer``) or several (``StoppingSupervisor``, whose workers leave SIGHUP and SIGINT to it): requests
+in flight are answered, the workers' lifespans close their Redis links, the embedded Redis is stopped,
+and the process exits with ``128 + signum`` (130, 143, 129), as ``docs/operations.md`` documents.
+
 Deliberately left out: the command-line interface itself (``cli``).
 """
 
@@ -24,7 +29,7 @@ import shutil
 import signal
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
@@ -33,6 +38,8 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 from pydantic import ValidationError
+from uvicorn.config import STARTUP_FAILURE
+from uvicorn.supervisors.multiprocess import Multiprocess
 
 from cascade.registry import build_stage
 from cascade.settings import Settings
@@ -47,6 +54,9 @@ ENV_ARTIFACT_DIR = "SERVING_ARTIFACT_DIR"  # required by app_from_env
 ENV_SETTINGS_JSON = "SERVING_SETTINGS_JSON"  # the full settings, as serve() resolved them
 ENV_CONFIG_PATH = "SERVING_CONFIG"  # or a pipeline YAML (env RECSYS_* still applies on top)
 APP_FACTORY = "serving.run:app_from_env"
+ENV_SUPERVISOR_PID = "SERVING_SUPERVISOR_PID"  # a worker whose parent is this pid leaves SIGHUP/SIGINT to it
+# a clean stop on each: drain in-flight requests, stop the embedded Redis, exit 128 + signum (docs/operations.md)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def settings_from_env(environ: dict[str, str] | None = None) -> Settings:
@@ -62,6 +72,7 @@ def app_from_env() -> FastAPI:
     artifact_dir = os.environ.get(ENV_ARTIFACT_DIR)
     if not artifact_dir:
         raise RuntimeError(f"{ENV_ARTIFACT_DIR} is not set: it names the per-dataset artifact directory to serve")
+    leave_signals_to_supervisor()
     return create_app(settings_from_env(), Path(artifact_dir))  # JSON logs: uvicorn's log_config (serve)
 
 
@@ -89,12 +100,23 @@ def serve(
     if workers < 1:
         raise ValueError(f"serve: workers must be >= 1, got {workers}")
     check_rules(settings, Path(artifact_dir))
-    with exit_on_sigterm(), shared_state(settings, workers, Path(artifact_dir)) as settings:
+    with exit_on_signals(), shared_state(settings, workers, Path(artifact_dir)) as settings:
         if workers == 1:
-            uvicorn.run(create_app(settings, Path(artifact_dir)), host=host, port=port, log_config=log_config())
-            return
-        os.environ.update(server_env(settings, Path(artifact_dir)))
-        uvicorn.run(APP_FACTORY, factory=True, host=host, port=port, workers=workers, log_config=log_config())
+            server = DrainingServer(uvicorn.Config(create_app(settings, Path(artifact_dir)), host=host, port=port,
+                                                   log_config=log_config()))
+            server.run()
+            if server.received is None and not server.started:
+                raise SystemExit(STARTUP_FAILURE)
+            received = server.received
+        else:
+            os.environ.update({**server_env(settings, Path(artifact_dir)), ENV_SUPERVISOR_PID: str(os.getpid())})
+            config = uvicorn.Config(APP_FACTORY, factory=True, host=host, port=port, workers=workers,
+                                    log_config=log_config())
+            supervisor = StoppingSupervisor(config, sockets=[config.bind_socket()])
+            supervisor.run()
+            received = supervisor.received
+        if received is not None:  # drained and stopped: the embedded Redis stops as this block exits
+            raise SystemExit(128 + received)
 
 
 def check_rules(settings: Settings, artifact_dir: Path) -> None:
@@ -109,24 +131,75 @@ def check_rules(settings: Settings, artifact_dir: Path) -> None:
                 raise type(exc)(f"stage {spec.name!r}: {exc}") from exc
 
 
-def _sigterm_exits(signum: int, frame: FrameType | None) -> None:
+def _signal_exits(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
 
 @contextmanager
-def exit_on_sigterm() -> Iterator[None]:
-    """SIGTERM ends the process by ``SystemExit`` (status 143) so the ``finally`` blocks and
-    ``atexit`` handlers run: uvicorn stops gracefully on SIGTERM and then raises it again with the
-    handler it found, and the default one killed the process on the spot, leaving the embedded
-    redis-server of ``shared_state`` running as an orphan after every ``kill``/``docker stop``."""
+def exit_on_signals() -> Iterator[None]:
+    """``STOP_SIGNALS`` end the process by ``SystemExit(128 + signum)`` outside the HTTP server's own
+    handling (while the embedded Redis starts, say), so the ``finally`` blocks and ``atexit``
+    handlers run: the default actions kill on the spot (SIGINT with a traceback), leaving the embedded
+    redis-server of ``shared_state`` running as an orphan."""
     if threading.current_thread() is not threading.main_thread():  # only the main thread owns signals
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _sigterm_exits)
+    previous = {sig: signal.signal(sig, _signal_exits) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server (one worker) that also drains on SIGHUP (a closed terminal), as it does on SIGINT
+    and SIGTERM, and keeps the first stop signal in ``received`` instead of raising it again once
+    stopped: ``serve`` then exits ``128 + signum`` after its own clean-up (the embedded Redis)."""
+
+    received: int | None = None
+
+    @contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self._stop) for sig in STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _stop(self, signum: int, frame: FrameType | None) -> None:
+        self.received = signum if self.received is None else self.received
+        self.handle_exit(signum, frame)  # a second SIGINT forces the exit, as in uvicorn
+
+
+class StoppingSupervisor(Multiprocess):
+    """uvicorn's worker supervisor, stopping (workers drained by SIGTERM) on SIGHUP as on SIGINT and
+    SIGTERM, where uvicorn restarts the workers; keeps the first stop signal in ``received``."""
+
+    received: int | None = None
+
+    def handle_signals(self) -> None:
+        for sig in self.signal_queue:
+            if sig in STOP_SIGNALS and self.received is None:
+                self.received = sig
+        super().handle_signals()
+
+    def handle_hup(self) -> None:
+        self.should_exit.set()
+
+
+def leave_signals_to_supervisor(environ: dict[str, str] | None = None) -> None:
+    """In a worker of ``serve``'s supervisor, ignore SIGHUP and SIGINT: a closed terminal or Ctrl+C sends
+    them to the whole process group, and the supervisor then drains and stops each worker with SIGTERM
+    (workers stopping on their own would be restarted by it as crashed)."""
+    env = os.environ if environ is None else environ
+    if env.get(ENV_SUPERVISOR_PID) == str(os.getppid()) and threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGHUP, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
 
 
 @contextmanager

@@ -89,19 +89,21 @@ def test_settings_travel_to_workers_through_env(toy_dir: Path) -> None:
     assert (back.pipeline.max_k, back.serving.max_body_bytes) == (7, 2048)
 
 
-def test_sigterm_under_serve_unwinds_so_the_embedded_redis_is_stopped() -> None:
-    """uvicorn re-raises SIGTERM after its graceful stop; the default action killed the process before
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT", "SIGHUP"])
+def test_a_stop_signal_under_serve_unwinds_so_the_embedded_redis_is_stopped(name: str) -> None:
+    """Outside the HTTP server's own handling, the default actions killed the process before
     ``shared_state`` could stop the embedded redis-server, orphaning it on every ``kill``."""
     import signal
 
-    from serving.run import exit_on_sigterm
+    from serving.run import exit_on_signals
 
-    before = signal.getsignal(signal.SIGTERM)
+    sig = getattr(signal, name)
+    before = signal.getsignal(sig)
     cleaned = []
-    with pytest.raises(SystemExit) as exited, exit_on_sigterm():
+    with pytest.raises(SystemExit) as exited, exit_on_signals():
         try:
-            signal.raise_signal(signal.SIGTERM)  # what uvicorn does once it has stopped
+            signal.raise_signal(sig)
         finally:
             cleaned.append(True)
-    assert exited.value.code == 128 + signal.SIGTERM and cleaned == [True]
-    assert signal.getsignal(signal.SIGTERM) is before  # restored once serve returns
+    assert exited.value.code == 128 + sig and cleaned == [True]
+    assert signal.getsignal(sig) is before  # restored once serve returns
