@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
+from typer._click.core import ParameterSource  # typer (pinned) vendors click
 
 from cli import common as c
 from llm_rerank.backbone import resolve_model
@@ -59,6 +60,29 @@ def _model_dir(settings: Settings, root: Path, explicit: Path | None, base: bool
     return resolve_model(settings.llm, Path(settings.artifacts_dir))
 
 
+SHARED_OPTIONS = ("data", "config", "artifacts", "out", "threads")  # given before a subcommand, they apply to it
+
+
+def _shared(ctx: typer.Context, **own: Any) -> tuple[Any, ...]:
+    """The subcommand's ``SHARED_OPTIONS`` (``own``, in order), each given after the subcommand's name or
+    before it (``recsys tag --data D merge-items``: the group's, which a subcommand ignored before);
+    the same option given both ways with two values is refused."""
+    group = ctx.parent.params if ctx.parent is not None else {}
+    out = []
+    for name, value in own.items():
+        before = group.get(name)
+        if value is not None and before is not None and value != before:
+            c.fail(f"--{name} is given twice, {before} before `{ctx.info_name}` and {value} after it; give it once")
+        out.append(value if value is not None else before)
+    return tuple(out)
+
+
+def _tagging_only_options(ctx: typer.Context) -> list[str]:
+    """The options of tagging itself (not ``SHARED_OPTIONS``) given on the command line."""
+    return [f"--{name.replace('_', '-')}" for name in ctx.params
+            if name not in SHARED_OPTIONS and ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE]
+
+
 @tag_app.callback()
 def tag(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
         out: c.OutOpt = None, model: ModelOpt = None, threads: ThreadsOpt = None,
@@ -82,8 +106,14 @@ def tag(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, 
         shots: Annotated[int, typer.Option(
             "--shots", min=0, help="logits: known items shown with their genres in the cached instruction.")] = 0,
         ) -> None:
-    """Tag every item of the dataset's split (resumable; rerun after a kill to continue)."""
+    """Tag every item of the dataset's split (resumable; rerun after a kill to continue).
+
+    --data, --config, --artifacts, --out and --threads may also come before a subcommand's name.
+    """
     if ctx.invoked_subcommand is not None:
+        if given := _tagging_only_options(ctx):
+            c.fail(f"{', '.join(given)} set(s) tagging itself, not `recsys tag {ctx.invoked_subcommand}`; "
+                   f"see `recsys tag {ctx.invoked_subcommand} --help`")
         return
     from jobs.tagging.generate import TaggerSettings  # lazy: keeps `recsys --help` fast
     from jobs.tagging.run import tag_catalog  # lazy: keeps `recsys --help` fast
@@ -109,7 +139,7 @@ def tag(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, 
 
 
 @tag_app.command("adapt")
-def adapt(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
+def adapt(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
           out: c.OutOpt = None, threads: ThreadsOpt = None,
           holdout: Annotated[float, typer.Option("--holdout", help="Share of items never trained on.")] = 0.5,
           epochs: Annotated[int, typer.Option("--epochs", min=1)] = 2,
@@ -119,6 +149,8 @@ def adapt(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.Artif
     from jobs.tagging.adapt import AdaptSettings  # lazy: keeps `recsys --help` fast
     from jobs.tagging.run import adapt_tagger_for  # lazy: keeps `recsys --help` fast
 
+    data, config, artifacts, out, threads = _shared(ctx, data=data, config=config, artifacts=artifacts, out=out,
+                                                    threads=threads)
     settings = c.load_settings(config)
     split, root = _split(settings, data, artifacts)
     cfg = AdaptSettings(epochs=epochs, lr=lr, max_items=max_items, seed=settings.seed, threads=threads)
@@ -127,13 +159,14 @@ def adapt(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.Artif
 
 
 @tag_app.command("embed-train")
-def embed_train(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
+def embed_train(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
                 out: c.OutOpt = None,
                 epochs: Annotated[int, typer.Option("--epochs", min=1)] = 30,
                 dim: Annotated[int, typer.Option("--dim", min=8)] = 256) -> None:
     """Train the 256-d projection of the cached pooled states (InfoNCE) and build its faiss index."""
     from jobs.tagging.embed import EmbedSettings, train_embeddings  # lazy: keeps `recsys --help` fast
 
+    data, config, artifacts, out = _shared(ctx, data=data, config=config, artifacts=artifacts, out=out)
     settings = c.load_settings(config)
     split, root = _split(settings, data, artifacts)
     try:
@@ -144,11 +177,12 @@ def embed_train(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c
 
 
 @tag_app.command("merge-items")
-def merge_items(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
+def merge_items(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
                 out: c.OutOpt = None) -> None:
     """Write tags/items.parquet: the split's items with tags merged (for rules and coarse)."""
     from jobs.tagging.wiring import write_tagged_items  # lazy: keeps `recsys --help` fast
 
+    data, config, artifacts, out = _shared(ctx, data=data, config=config, artifacts=artifacts, out=out)
     settings = c.load_settings(config)
     split, root = _split(settings, data, artifacts)
     try:
@@ -159,7 +193,7 @@ def merge_items(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c
 
 
 @tag_app.command("ablation")
-def ablation(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
+def ablation(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
              out: c.OutOpt = None,
              llm_share: Annotated[float, typer.Option("--llm-share", min=0.0, max=1.0)] = 0.2,
              variants: Annotated[str, typer.Option(
@@ -174,6 +208,7 @@ def ablation(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.Ar
     """
     from jobs.tagging.ablation import run_ablation  # lazy: keeps `recsys --help` fast
 
+    data, config, artifacts, out = _shared(ctx, data=data, config=config, artifacts=artifacts, out=out)
     settings = c.load_settings(config)
     split, root = _split(settings, data, artifacts)
     chosen = tuple(v.strip() for v in variants.split(",") if v.strip())
@@ -186,7 +221,7 @@ def ablation(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.Ar
 
 
 @tag_app.command("cold-items")
-def cold_items(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
+def cold_items(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
                out: c.OutOpt = None,
                share: Annotated[float, typer.Option("--share", min=0.01, max=0.5,
                                                     help="Share of items made new by the cutoff.")] = 0.1,
@@ -207,6 +242,7 @@ def cold_items(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.
     """
     from jobs.cold_sources import cold_source_report  # lazy: keeps `recsys --help` fast
 
+    data, config, artifacts, out = _shared(ctx, data=data, config=config, artifacts=artifacts, out=out)
     settings = c.load_settings(config)
     split, root = _split(settings, data, artifacts)
     chosen = tuple(v.strip() for v in variants.split(",") if v.strip())
@@ -222,7 +258,7 @@ def cold_items(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.
 
 
 @tag_app.command("bench-logits")
-def bench_logits(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
+def bench_logits(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
                  out: c.OutOpt = None, threads: ThreadsOpt = None,
                  backbones: Annotated[str, typer.Option(
                      "--backbones", help="Comma-separated catalogue names or model directories tagged by logits.")
@@ -242,6 +278,8 @@ def bench_logits(data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: 
     from jobs.tagging.generate import TaggerSettings  # lazy: keeps `recsys --help` fast
     from offline.loaders import load_dataset  # lazy: keeps `recsys --help` fast
 
+    data, config, artifacts, out, threads = _shared(ctx, data=data, config=config, artifacts=artifacts, out=out,
+                                                    threads=threads)
     settings = c.load_settings(config)
     split, _ = _split(settings, data, artifacts)
     if data is None:
