@@ -6,7 +6,8 @@ its own section only (``cascade.registry``). Sources, highest priority first: ex
 keyword arguments, environment variables (``RECSYS_`` prefix, ``__`` for nesting, e.g.
 ``RECSYS_SERVING__PORT=9000``), the YAML file given to ``Settings.from_yaml``, then defaults.
 
-Validation errors are re-raised as ``ConfigError`` whose message names the file and the
+A relative ``artifacts_dir``, ``llm.model_cache_dir`` or ``llm.int8_dir`` is under ``PROJECT_ROOT`` (the
+folder holding ``configs/``), never the current directory. Validation errors are re-raised as ``ConfigError`` whose message names the file and the
 dotted key (``pipeline.stages.1.depth: ...``).
 """
 
@@ -43,6 +44,9 @@ MAX_SEED = 2**31 - 1  # LightGBM's random_state is a C int; numpy and torch take
 ENV_NESTED = "__"
 ENV_REDIS_URL = "REDIS_URL"  # the plain name container platforms set, read when no redis_url is configured
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "pipeline.yaml"
+# relative paths in the settings (artifacts_dir, llm.model_cache_dir, llm.int8_dir; from a config file, the
+# environment or a default) are under this folder, the one holding configs/, wherever a command runs from
+PROJECT_ROOT = DEFAULT_CONFIG.parent.parent
 
 
 class ConfigError(ValueError):
@@ -89,6 +93,18 @@ class Settings(BaseSettings):
             except ValidationError as exc:
                 problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
                 raise ValueError(f"pipeline.stages[{i}] ({spec.name}) params: {problems}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _paths_under_project_root(self) -> Settings:
+        # a command run from another folder must find the same artifacts and converted models, not
+        # convert the LLM again into ./artifacts/models there
+        if not self.artifacts_dir.is_absolute():
+            self.artifacts_dir = PROJECT_ROOT / self.artifacts_dir
+        moved = {key: PROJECT_ROOT / value for key in ("model_cache_dir", "int8_dir")
+                 if (value := getattr(self.llm, key)) is not None and not Path(value).is_absolute()}
+        if moved:
+            self.llm = self.llm.model_copy(update=moved)
         return self
 
     def resolve_redis_url(self) -> str | None:
