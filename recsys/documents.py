@@ -51,7 +51,9 @@ class DocumentError(ValueError):
 # again each time it is used, so a 376-byte "billion laughs" (anchors nested 7 levels deep)
 # is refused after ~MAX_DOCUMENT_VALUES steps instead of growing into a 69 MB document.
 MAX_DOCUMENT_VALUES = 10_000  # mappings, lists, keys and scalars
-MAX_DOCUMENT_CHARS = 256 * 1024  # summed length of the keys and string values
+# summed length of the keys and string values: the default HTTP body cap (serving.max_body_bytes), so a rule
+# set file that loads also fits a PUT /admin/rules body, and aliases cannot expand a document past it
+MAX_DOCUMENT_CHARS = 64 * 1024
 MAX_ALIASES = 100  # uses of ``*name`` in one document
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-
 from cascade.registry import build_stage
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request
