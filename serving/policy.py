@@ -26,7 +26,8 @@ from typing import Any, Literal
 
 from recsys.experiments import user_hash
 
-RouteReason = Literal["opt_in", "opt_out", "share", "not_in_share", "llm_unavailable"]
+# llm_disabled: no LLM stage is enabled in the config; llm_unavailable: one is, but it failed to load
+RouteReason = Literal["opt_in", "opt_out", "share", "not_in_share", "llm_disabled", "llm_unavailable"]
 
 
 def llm_bucket(user_id: str, salt: str) -> float:
@@ -44,11 +45,16 @@ class Route:
     reason: RouteReason
 
 
-def choose_route(user_id: str, opt: bool | None, llm_share: float, salt: str, llm_available: bool) -> Route:
-    """The path of one request: explicit opt-in/out wins, then the user's hash bucket.
+def choose_route(user_id: str, opt: bool | None, llm_share: float, salt: str, llm_available: bool,
+                 llm_configured: bool = True) -> Route:
+    """The path of one request: explicit opt-in/out wins, then the user's hash bucket. Without a loaded
+    LLM stage, the light path: ``llm_disabled`` when the config enables none (``llm_configured`` False),
+    ``llm_unavailable`` when it does but the stage failed to load.
 
     >>> choose_route("u1", True, 0.0, "s", llm_available=False)
     Route(llm=False, reason='llm_unavailable')
+    >>> choose_route("u1", True, 0.0, "s", llm_available=False, llm_configured=False)
+    Route(llm=False, reason='llm_disabled')
     >>> choose_route("u1", None, 1.0, "s", llm_available=True)
     Route(llm=True, reason='share')
     """
@@ -57,7 +63,7 @@ def choose_route(user_id: str, opt: bool | None, llm_share: float, salt: str, ll
     if opt is False:
         return Route(False, "opt_out")
     if not llm_available:
-        return Route(False, "llm_unavailable")
+        return Route(False, "llm_unavailable" if llm_configured else "llm_disabled")
     if opt is True:
         return Route(True, "opt_in")
     if llm_bucket(user_id, salt) < llm_share:

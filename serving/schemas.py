@@ -122,7 +122,9 @@ def _error(loc: tuple[str, ...], msg: str, value: Any) -> dict:
 
 class StageInfo(BaseModel):
     name: str
-    status: Literal["ok", "skipped", "fallback", "error"]
+    status: Literal["ok", "skipped", "fallback", "error", "cached"] = Field(
+        description="cached: the answer came from the result cache, so the stage did not run for it (ms 0; the "
+                    "reason says how it ran when the answer was computed).")
     ms: float
     n_in: int
     n_out: int

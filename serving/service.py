@@ -112,6 +112,8 @@ class Recommender:
         self.metrics = metrics or ServingMetrics()
         self.llm_stages = frozenset(spec.name for spec, _ in pipeline.stages if spec.kind == "llm")
         self.llm_available = any(spec.kind == "llm" and spec.enabled for spec, _ in pipeline.stages)
+        # enabled in the config but not in the pipeline: it failed to load (route llm_unavailable, not llm_disabled)
+        self.llm_configured = any(spec.kind == "llm" and spec.enabled for spec in settings.pipeline.stages)
         self.online: OnlineState | None = None  # attached by serving.backend when serving online
         self.extra_versions: Callable[[], dict[str, str]] = dict  # e.g. the active prompt version
         self.experiment = active_experiment(settings)
@@ -173,7 +175,7 @@ class Recommender:
         over = self.experiment.overrides(arm.variant) if self.experiment is not None and arm is not None else None
         share = over.llm_share if over is not None and over.llm_share is not None else cfg.llm_share
         opt = body.llm if body.llm is not None or over is None else over.llm
-        route = choose_route(body.user_id, opt, share, cfg.policy_salt, self.llm_available)
+        route = choose_route(body.user_id, opt, share, cfg.policy_salt, self.llm_available, self.llm_configured)
         self.metrics.routes.labels(route.reason).inc()
         return route
 
@@ -211,7 +213,8 @@ class Recommender:
         if raw is not None:
             try:
                 answer = RecommendResponse.model_validate(
-                    {**raw, "request_id": request_id, "path": "cache", "degraded": False, "total_ms": 0.0})
+                    {**raw, "request_id": request_id, "path": "cache", "degraded": False, "total_ms": 0.0,
+                     "stages": cached_stages(raw.get("stages"))})
             except (TypeError, ValidationError) as exc:  # written by an older schema, or not by us
                 log.warning("result cache entry %s unreadable, recomputing: %s", key, exc)
         self.metrics.cache.labels("hit" if answer is not None else "miss").inc()
@@ -278,6 +281,25 @@ def variant_pipelines(
                                     settings) if spec.kind == "fusion" else stage)
                  for spec, stage in pipeline.stages]
         out[variant.name] = Pipeline(pairs, request_budget_ms=pipeline.request_budget_ms)
+    return out
+
+
+def cached_stages(stages: Any) -> Any:
+    """The stage list of a cached answer as this request's: no stage ran, so each is ``cached`` in 0 ms, its
+    reason saying how it ran when the answer was computed (an 800 ms LLM stage is not this hit's time).
+
+    >>> cached_stages([{"name": "llm", "status": "ok", "ms": 812.4, "n_in": 50, "n_out": 20, "reason": ""}])
+    [{'name': 'llm', 'status': 'cached', 'ms': 0.0, 'n_in': 50, 'n_out': 20, 'reason': 'result cache: ok in 812.4 ms when computed'}]
+    """
+    if not isinstance(stages, list):
+        return stages  # not an answer we wrote: validation refuses it
+    out = []
+    for stage in stages:
+        if not isinstance(stage, dict):
+            return stages
+        was = f"result cache: {stage.get('status')} in {stage.get('ms')} ms when computed"
+        out.append({**stage, "status": "cached", "ms": 0.0,
+                    "reason": f"{was} ({stage['reason']})" if stage.get("reason") else was})
     return out
 
 
