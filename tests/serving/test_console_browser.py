@@ -41,7 +41,7 @@ from serving.app import create_app
 from serving.bench import free_port
 from serving.console.pages import PAGES
 from tests.serving.conftest import ADMIN_KEY, toy_pipeline
-from tests.serving.toy import PopularityRecall, YearRerank, save_toy_split, toy_settings
+from tests.serving.toy import DEFAULT_GATES, PopularityRecall, YearRerank, save_toy_split, toy_settings
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
@@ -271,6 +271,15 @@ def test_try_needs_the_key_for_debug_and_never_logs_impressions(driver: Any, bas
         d.find_element("css selector", "#pane-a .result").text), "the 403 detail")
 
 
+def _alert(driver: Any) -> Any:
+    from selenium.common.exceptions import NoAlertPresentException  # lazy, as the other selenium imports
+
+    try:
+        return driver.switch_to.alert
+    except NoAlertPresentException:
+        return None
+
+
 def _publish(driver: Any, text: str) -> str:
     driver.execute_script("document.querySelector('#message').textContent = ''")
     box = driver.find_element("id", "publish-text")
@@ -288,7 +297,8 @@ def test_publishing_a_block_rule_removes_the_top_item_and_rollback_brings_it_bac
                    "the versions table")[0]
     before = row.get_attribute("data-version")
     doc = {"version": f"console-block-{top}", "rules": [{"id": "console_block", "kind": "blocklist",
-                                                          "items": {"item_ids": [top]}}]}
+                                                          "items": {"item_ids": [top]}}],
+           "acknowledge_dropped_gates": DEFAULT_GATES}
     said = _publish(driver, yaml.safe_dump(doc))
     assert said.startswith(f"published rules console-block-{top}"), said
     driver.find_element("css selector", "#diff-form button").click()  # the newest two: before -> new
@@ -302,6 +312,9 @@ def test_publishing_a_block_rule_removes_the_top_item_and_rollback_brings_it_bac
     open_page(driver, base, "rules")
     wait_for(driver, lambda d: d.find_elements("css selector", f"tr[data-version='{before}'] button.rollback"),
              "the rollback button").pop().click()
+    alert = wait_for(driver, lambda d: _alert(d), "the question whether to drop the block rule's gate")
+    assert "blocklist:console_block" in alert.text
+    alert.accept()  # the console sends the rollback again, acknowledging that gate
     said = wait_for(driver, lambda d: d.find_element("id", "message").text, "the rollback answer")
     assert said == f"rolled back: rules {before} is active"
     assert try_users(driver, base, {"a": "u1"})["a"]["served"][0][0] == top

@@ -88,8 +88,20 @@
     await loadVersions();
   }
 
-  async function rollback(version) {
-    const answer = await api("POST", `/admin/${kind}/rollback`, { admin: true, json: { version } });
+  // A rollback that drops gates the served rule set enforces is refused with their names (docs/rules.md):
+  // ask, and send it again acknowledging exactly those gates.
+  function droppedGates(error) {
+    const found = /acknowledge_dropped_gates: (\[[^\]]*\])/.exec(error || "");
+    return found ? JSON.parse(found[1]) : null;
+  }
+
+  async function rollback(version, acknowledge) {
+    const json = acknowledge ? { version, acknowledge_dropped_gates: acknowledge } : { version };
+    const answer = await api("POST", `/admin/${kind}/rollback`, { admin: true, json });
+    const gates = answer.ok || acknowledge ? null : droppedGates(answer.error);
+    if (gates && window.confirm(`${answer.error}\n\nRoll back anyway, dropping ${gates.join(", ")}?`)) {
+      return rollback(version, gates);
+    }
     if (!answer.ok) return say(answer.error, "error");
     say(`rolled back: ${kind} ${answer.data.version} is active`, "ok");
     await loadVersions();
