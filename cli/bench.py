@@ -1,7 +1,12 @@
-"""``recsys bench ...``: benchmark commands; each writes a JSON report to ``--out``."""
+"""``recsys bench ...``: benchmark commands; each writes a JSON report to ``--out``.
+
+``reliability`` runs ``serving.reliability.report`` (real servers, only copies of the artifacts
+damaged) and writes one result file with its provenance.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
@@ -83,6 +88,47 @@ def bench_serve(
                  llm_users=llm_users, llm_shares=shares, max_requests=max_requests)
     report["dataset"] = art.name
     c.write_report(report, out, settings=settings, data=data)
+
+
+@bench_app.command("reliability")
+def bench_reliability(
+    artifacts: Annotated[Path, typer.Option("--artifacts", exists=True, file_okay=False,
+                                            help="A trained artifact directory (only copies are damaged).")],
+    config: c.ConfigOpt = None,
+    only: Annotated[str, typer.Option(help="Groups to run, comma-separated: rules, artifacts, events.")]
+        = "rules,artifacts,events",
+    requests: Annotated[int, typer.Option(min=1, help="Answers checked under concurrent publishes.")] = 10_000,
+    trials: Annotated[int, typer.Option(min=1, help="Publish-then-kill trials.")] = 20,
+    events: Annotated[int, typer.Option(min=1, help="Events posted before Redis is killed.")] = 1_600,
+    flood_seconds: Annotated[float, typer.Option(min=0.5, help="Length of each anonymous flood.")] = 20.0,
+    flood_users: Annotated[int, typer.Option(min=1, help="Made-up user ids of the flood.")] = 10_000,
+    work_dir: Annotated[Path | None, typer.Option(
+        "--work-dir", help="Keep the runs' copies, logs and Redis state here (default: a temporary folder, "
+                           "removed).", callback=c.writable_folder)] = None,
+    out: c.OutOpt = None,
+) -> None:
+    """Reliability runs against real servers: concurrent publishes, publish then kill, damaged artifacts,
+    events across a Redis crash, an anonymous flood. Each run failing is recorded, not fatal."""
+    from serving.reliability.report import GROUPS, Sizes, run_report  # lazy: keeps `recsys --help` fast
+
+    groups = [g.strip() for g in only.split(",") if g.strip()]
+    if not groups or sorted(set(groups) - set(GROUPS)):
+        c.fail(f"--only takes groups among {', '.join(GROUPS)}, comma-separated; got {only!r}")
+    if not (artifacts / "split").exists():
+        c.fail(f"{artifacts}: no split here; give a trained artifact directory (`recsys train` makes one)")
+    settings = c.load_settings(config)
+    sizes = Sizes(requests=requests, trials=trials, events=events, flood_seconds=flood_seconds,
+                  flood_users=flood_users)
+    report = run_report(artifacts, only=groups, sizes=sizes, settings=settings, config=config, work_dir=work_dir,
+                        progress=lambda step: typer.echo(f"running {step}", err=True))
+    for failed in report["errors"]:
+        typer.secho(f"warning: {failed} failed: {_error_of(report, failed)}", fg=typer.colors.YELLOW, err=True)
+    c.write_report(report, out, settings=settings, show=False)
+
+
+def _error_of(report: dict, dotted: str) -> str:
+    group, name = dotted.split(".", 1)
+    return str(report[group][name]["error"])
 
 
 import cli.bench_llm  # noqa: E402, F401  (registers `bench llm` on bench_app)
