@@ -117,7 +117,7 @@ def evaluate(
     = 0.1,
     out: Annotated[Path | None, typer.Option(
         "--out", dir_okay=False, callback=c.writable_path,
-        help="Write the full JSON report here (default: <artifacts>/eval_<phase>.json).")] = None,
+        help="Write the full JSON report here (default: eval_<phase>.json in the artifacts directory).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the full JSON report on stdout instead of the "
                                                           "summary.")] = False,
 ) -> None:
