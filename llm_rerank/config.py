@@ -57,6 +57,34 @@ class AdaptConfig(BaseModel):
         "(avx512_bf16/AMX or a bf16 GPU, ~2x faster steps), off elsewhere (emulated bf16 is far slower than fp32).")
 
 
+class ExplainConfig(BaseModel):
+    """Reasons written for recommended items (``llm_rerank.explain``; ``explain: true`` on a request)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    explain_k: int = Field(3, ge=1, le=20, description="Top items given a reason when a request does not say.")
+    max_words: int = Field(25, ge=5, le=60, description="A reason is one sentence of at most this many words.")
+    max_new_tokens: int = Field(64, ge=8, le=256, description="Generated tokens per reason (JSON included).")
+    budget_ms: float = Field(
+        2000.0, ge=0, le=60_000, description="Generation time per request, within what is left of the request "
+        "budget; past it (or 0) every reason not cached is the template one.")
+    neighbours: int = Field(2, ge=0, le=5, description="History items named as an item's nearest by co-visitation.")
+    text_chars: int = Field(160, ge=0, le=1000, description="Characters of the item's own text in its facts.")
+    cache_ttl_s: int = Field(7 * 86_400, ge=0, le=90 * 86_400,
+                             description="How long a reason stays cached (Redis, or in process); 0: no cache.")
+    cache_size: int = Field(10_000, ge=0, le=1_000_000, description="Reasons kept by the in-process cache (LRU).")
+    verb: str | None = Field(
+        None, min_length=1, max_length=30, description="What users did with items in template reasons "
+        "('watched', 'bought'); None: from llm.domain (movie, film, show, video -> watched; book -> read; "
+        "song, album, track -> listened to; anything else -> bought).")
+    model: Literal["auto", "pipeline"] = Field(
+        "auto", description="Which model writes reasons: auto = the pipeline's enabled LLM stage, else the configured "
+        "backbone (llm.model) loaded for reasons alone; pipeline = only the pipeline's stage (templates otherwise).")
+    preload: bool = Field(
+        False, description="Load the explanation model at start-up; false: on the first request asking for "
+        "reasons (template reasons until it is ready). An enabled LLM stage's model is used when there is one.")
+
+
 class KVCacheConfig(BaseModel):
     """Two-tier block prefix KV cache (``llm_rerank.kvcache``): tier 1 in process, tier 2 in Redis."""
 
@@ -135,6 +163,7 @@ class LLMConfig(BaseModel):
     prefix_cache_size: int = Field(32, ge=0, le=10_000, description="User prefixes kept (LRU); 0 disables.")
     threads: int | None = Field(None, ge=1, le=256, description="torch intra-op threads; None keeps torch's.")
     adapt: AdaptConfig = Field(default_factory=AdaptConfig)
+    explain: ExplainConfig = Field(default_factory=ExplainConfig)
     prompt: PromptTemplate | None = Field(
         None, description="Prompt document served from start-up (same schema as PUT /admin/prompts, "
         "llm_rerank.template); None: the built-in prompt. A published prompt version replaces it.")

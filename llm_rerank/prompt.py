@@ -142,7 +142,12 @@ class PromptBuilder:
 
     def title_ids(self, title: str) -> list[int]:
         """Token ids of one sanitised title, special-token parsing off, special ids dropped."""
-        clean = sanitise_title(title, self.title_chars, self.special_tokens)
+        return self.data_ids(title, self.title_chars)
+
+    def data_ids(self, text: str, max_chars: int) -> list[int]:
+        """Token ids of catalog text (a title, categories, a description) sanitised and cut to ``max_chars``,
+        special-token parsing off, special ids dropped: data that cannot forge a prompt line or turn."""
+        clean = sanitise_title(text, max_chars, self.special_tokens)
         try:
             ids = self._encode(clean, split_special_tokens=True)
         except TypeError:  # tokenizers without split_special_tokens

@@ -1,7 +1,8 @@
 """The prompt document: the parts of the LLM prompts an operator may change, and their bounds.
 
-One document serves both LLM users: the re-ranker (``llm_rerank.prompt.PromptBuilder``) and the
-offline tagger (``jobs.tagging.prompt.render_prompt``). It is what ``PUT /admin/prompts``
+One document serves every LLM user: the re-ranker (``llm_rerank.prompt.PromptBuilder``), the
+reasons written for recommended items (``llm_rerank.explain``) and the offline tagger
+(``jobs.tagging.prompt.render_prompt``). It is what ``PUT /admin/prompts``
 publishes (``serving.hot_reload.PromptApplier``), what ``llm.prompt`` in the pipeline config
 holds, and what ``jobs.tagging.run.tag_catalog(prompt=...)`` takes. Every field has the
 built-in text as its default, so ``PromptTemplate()`` renders exactly the prompts of
@@ -42,6 +43,7 @@ SPECIAL_TOKEN_RE = re.compile(r"<\|[^<>|]{0,40}\|>|</?s>|\[/?INST\]")
 _PLACEHOLDER_RE = re.compile(r"\{([^{}]*)\}")
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _TAGGING_FIELDS = ("tagging_system", "tagging_request")
+EXPLAIN_FIELDS = ("system", "explain_request")  # what an explanation's prompt reads
 
 
 class PromptError(ValueError):
@@ -70,8 +72,14 @@ class PromptTemplate(BaseModel):
     tagging_request: str = _text(
         "Give its genres, audience, risk flags, themes and a summary of at most 12 words.", 300,
         "Tagger request after the item's title and description.")
+    explain_request: str = _text(
+        "In one sentence of at most 25 words, tell the user why this {domain} suits them. Name only titles "
+        "from their history and facts listed here.", 400,
+        "Explanation request after one recommended item's facts (llm_rerank.explain); the re-ranker's "
+        "instruction and the user's history come before it.")
 
-    @field_validator("system", "listwise_question", "pointwise_question", "tagging_system", "tagging_request")
+    @field_validator("system", "listwise_question", "pointwise_question", "tagging_system", "tagging_request",
+                     "explain_request")
     @classmethod
     def _safe_text(cls, value: str) -> str:
         unknown = sorted({m for m in _PLACEHOLDER_RE.findall(value) if m != "domain"})
@@ -120,6 +128,10 @@ class PromptTemplate(BaseModel):
         """Digest of what the tagger reads (the re-ranker texts do not change tags)."""
         return self.digest(_TAGGING_FIELDS)
 
+    def explain_digest(self) -> str:
+        """Digest of what the explanation prompt reads (``llm_rerank.explain``): part of a cached reason's key."""
+        return self.digest(EXPLAIN_FIELDS)
+
     def tagging_is_default(self) -> bool:
         return self.is_default(_TAGGING_FIELDS)
 
@@ -136,7 +148,7 @@ def parse_prompt_document(data: Mapping[str, Any] | PromptTemplate, source: str 
     Traceback (most recent call last):
     ...
     llm_rerank.template.PromptError: prompt document: 'sytem': unknown key (allowed: version, system, \
-listwise_question, pointwise_question, tagging_system, tagging_request)
+listwise_question, pointwise_question, tagging_system, tagging_request, explain_request)
     """
     if isinstance(data, PromptTemplate):
         return data

@@ -19,7 +19,6 @@ Deliberately left out: chunking, resuming and files (``jobs.tagging.job``).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +28,7 @@ import numpy as np
 from jobs.tagging.prompt import PREFILL, render_prompt
 from jobs.tagging.schema import fallback_record, parse_and_validate
 from llm_rerank.backbone import load_model
+from llm_rerank.grammar import GrammarLogits, compile_json_schema
 from llm_rerank.template import DEFAULT, PromptTemplate
 
 
@@ -44,36 +44,6 @@ class TaggerSettings:
     threads: int | None = None
 
 
-class GrammarLogits:
-    """A transformers logits processor applying one xgrammar matcher per batch row."""
-
-    def __init__(self, compiled: Any, prefills: Sequence[str]) -> None:
-        """One matcher per row, each having accepted its row's prefill (the JSON written so far)."""
-        import xgrammar as xgr  # lazy: heavy (xgrammar)
-
-        self.xgr, self.compiled, self.prefills = xgr, compiled, list(prefills)
-        self.matchers = [xgr.GrammarMatcher(compiled) for _ in prefills]
-        for m, prefill in zip(self.matchers, prefills, strict=True):
-            if not m.accept_string(prefill):
-                raise ValueError(f"grammar rejects the prefill {prefill!r}")
-        self.bitmask = xgr.allocate_token_bitmask(len(prefills), compiled.tokenizer_info.vocab_size)
-        self.started = False
-
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
-        if self.started:
-            for i, m in enumerate(self.matchers):
-                if not m.is_terminated():
-                    m.accept_token(int(input_ids[i, -1]))
-        self.started = True
-        self.xgr.reset_token_bitmask(self.bitmask)
-        for i, m in enumerate(self.matchers):
-            if not m.is_terminated():
-                m.fill_next_token_bitmask(self.bitmask, i)
-        scores = scores.float()
-        self.xgr.apply_token_bitmask_inplace(scores, self.bitmask)
-        return scores
-
-
 class Tagger:
     """Model + tokenizer + compiled grammar + prompt document; ``tag_batch`` is the unit of work."""
 
@@ -83,16 +53,10 @@ class Tagger:
         self.model: Any = None
 
     def load(self) -> Tagger:
-        import xgrammar as xgr  # lazy: heavy (xgrammar)
-
         self.model, self.tok = load_model(self.model_dir, self.settings.precision, self.settings.threads)
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token
-        info = xgr.TokenizerInfo.from_huggingface(self.tok, vocab_size=self.model.config.vocab_size)
-        grammar = xgr.Grammar.from_json_schema(json.dumps(self.schema), any_whitespace=False,
-                                               separators=(", ", ": "))
-        self.compiled = xgr.GrammarCompiler(info).compile_grammar(grammar)
-        self.stop_ids = list(info.stop_token_ids)
+        self.compiled, self.stop_ids = compile_json_schema(self.tok, self.model.config.vocab_size, self.schema)
         return self
 
     def tag_batch(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -1,0 +1,277 @@
+"""Reasons for recommended items, written by the LLM from evidence, checked, cached, within a budget.
+
+For each of a request's top items ``ReasonWriter.write`` returns one ``Reason``:
+
+1. **evidence** (``EvidenceBuilder``): the item's title, categories, year and text, the recall
+   channels that found it, its nearest history items by co-visitation (the trained
+   ``recall.item_models.covisitation`` matrix), the user's history;
+2. **cache**: a reason already written for (history digest, item, prompt version) is served as is
+   (``llm_rerank.reason_cache``);
+3. **generation** (``ReasonGenerator``): one batched, schema-constrained greedy decode for all the
+   items not cached, one row per item, each row ``{"reason": "..."}`` (``REASON_SCHEMA``, through
+   xgrammar, ``llm_rerank.grammar``). Every row continues the re-ranker's own prefix (instruction,
+   profile, history window: ``PromptBuilder.prefix``), so the prefix's keys/values come from the
+   re-ranker's prefix cache and are computed once per user for both;
+4. **check** (``llm_rerank.grounding.ItemFacts.check``): a reason naming a title outside the
+   history, a category or year the data does not carry, or too long, is replaced by the template
+   reason from the same evidence, as is every reason when generation errors or runs past its
+   budget (``ExplainConfig.budget_ms``, within the request's deadline). ``source`` says which.
+
+The prompt version of a cached reason is the stage's version (weights, re-ranker prompt) plus the
+digest of the explanation texts of the prompt document, so a publish through ``PUT /admin/prompts``
+or new weights never serve a reason written under the old ones.
+
+Deliberately left out: HTTP and where reasons go in the answer (``serving.explaining``); the
+``http`` backend (a remote model) writes no reasons here: its requests get template reasons.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from llm_rerank.config import ExplainConfig
+from llm_rerank.grammar import GrammarLogits, compile_json_schema
+from llm_rerank.grounding import Evidence, ItemFacts, template_reason, verb_for
+from llm_rerank.prompt import PromptBuilder
+from llm_rerank.reason_cache import ReasonCache
+from llm_rerank.template import CLOSE, OPEN
+from recsys.contract import Request, StageError
+
+log = logging.getLogger(__name__)
+
+ReasonSource = Literal["llm", "template"]
+CHANNEL_WORDS = {"covisit": "often {verb} together with your history", "two_tower": "close to your taste overall",
+                 "item_model": "similar to items in your history", "popularity": "popular with other visitors",
+                 "text": "its text resembles your history", "llm_embedding": "its description resembles your history"}
+
+
+def reason_schema(max_chars: int) -> dict[str, Any]:
+    """The JSON schema of one row's output: one reason, at most ``max_chars`` characters."""
+    return {"type": "object", "properties": {"reason": {"type": "string", "minLength": 1, "maxLength": max_chars}},
+            "required": ["reason"], "additionalProperties": False}
+
+
+@dataclass(frozen=True)
+class Reason:
+    """One item's served reason and how it came to be."""
+
+    text: str
+    source: ReasonSource
+    cached: bool = False
+    schema_valid: bool | None = None  # the model's output parsed against the schema (None: no output)
+    problems: tuple[str, ...] = ()  # why the model's reason was not served
+
+
+@dataclass(frozen=True)
+class EvidenceBuilder:
+    """Evidence per item from the catalog facts and the co-visitation matrix (None: no neighbours)."""
+
+    facts: ItemFacts
+    covisit: Any = None  # scipy CSR [n_items, n_items]: how often column was visited near row
+    neighbours: int = 2
+    history_items: int = 10
+
+    def build(self, request: Request, items: Sequence[int], channels: Sequence[Sequence[str]]) -> list[Evidence]:
+        history = tuple(int(i) for i in request.history if 0 <= int(i) < len(self.facts))
+        recent = history[-self.history_items:] if self.history_items > 0 else ()
+        out = []
+        for item, chans in zip(items, channels, strict=True):
+            i = int(item)
+            out.append(Evidence(item=i, title=self.facts.titles[i], categories=self.facts.categories[i],
+                                year=self.facts.years[i], text=self.facts.texts[i], channels=tuple(chans),
+                                neighbours=self.nearest(history, i), history=history, recent=recent))
+        return out
+
+    def nearest(self, history: tuple[int, ...], item: int) -> tuple[int, ...]:
+        """History items with the largest co-visitation weight towards ``item`` (either direction)."""
+        if self.covisit is None or not history or self.neighbours == 0 or item >= self.covisit.shape[0]:
+            return ()
+        hist = np.unique(np.asarray([h for h in history if h < self.covisit.shape[0]], dtype=np.int64))
+        weight = (np.asarray(self.covisit[hist, item].todense()).ravel()
+                  + np.asarray(self.covisit[item, hist].todense()).ravel())
+        order = np.lexsort((hist, -weight))
+        return tuple(int(hist[j]) for j in order[: self.neighbours] if weight[j] > 0)
+
+
+def history_digest(history: Sequence[int] | np.ndarray, window: int) -> str:
+    """16 hex digits over the history window a prompt shows (the reason's input beside the item)."""
+    recent = [int(i) for i in history][-window:] if window > 0 else []
+    return hashlib.sha256(json.dumps(recent).encode()).hexdigest()[:16]
+
+
+class ReasonGenerator:
+    """Writes reasons with the re-ranker's in-process model, prompt builder and prefix cache.
+
+    ``stage`` is a loaded ``llm_rerank.stage.LLMRerankStage`` with the local backend; its current
+    ``prompts`` (hot-swapped with the prompt document) build every row.
+    """
+
+    def __init__(self, stage: Any, cfg: ExplainConfig, domain: str):
+        backend = stage.local()  # ValueError for the http backend: the caller serves templates
+        self.stage, self.cfg, self.domain, self.verb = stage, cfg, domain, cfg.verb or verb_for(domain)
+        self.model, self.pad_id, self.scorer = backend.model, backend.pad_id, backend.scorer
+        tok = stage.prompts.tok
+        self.max_chars = cfg.max_words * 8
+        vocab = int(getattr(self.model.config, "vocab_size", len(tok)))
+        self.compiled, stop = compile_json_schema(tok, vocab, reason_schema(self.max_chars))
+        self.stop_ids = set(stop)
+
+    def version(self) -> str:
+        """The prompt version of what this writes: model, re-ranker prompt and explanation texts."""
+        return f"{self.stage.version()}.e{self.stage.template.explain_digest()}"
+
+    def rows(self, request: Request, evidence: Sequence[Evidence]) -> tuple[list[int], list[list[int]]]:
+        """(the re-ranker's prefix for ``request``, one suffix per item asking for its reason)."""
+        builder: PromptBuilder = self.stage.prompts
+        titles = [self.stage.titles[i] for i in evidence[0].recent] if evidence else []
+        prefix = builder.prefix(titles, request.user_attrs)
+        return prefix, [self._suffix(builder, ev) for ev in evidence]
+
+    def _suffix(self, b: PromptBuilder, ev: Evidence) -> list[int]:
+        def quoted(text: str, chars: int) -> list[int]:
+            return b.ids(OPEN) + b.data_ids(text, chars) + b.ids(CLOSE)
+
+        ask = b.template.render("explain_request", self.domain)
+        out = b.ids(f"{ask}\nThe {self.domain}: ") + quoted(ev.title, b.title_chars) + b.ids("\n")
+        facts = [c for c in ev.categories if c][:4]
+        if facts:
+            out += b.ids("Its categories: ") + quoted(", ".join(facts), 120) + b.ids("\n")
+        if ev.year is not None:
+            out += b.ids(f"Its year: {ev.year}\n")
+        if ev.text and self.cfg.text_chars > 0:
+            out += b.ids("About it: ") + quoted(ev.text, self.cfg.text_chars) + b.ids("\n")
+        why = [CHANNEL_WORDS[c].format(verb=self.verb) for c in ev.channels if c in CHANNEL_WORDS]
+        if why:
+            out += b.ids(f"Why it was picked: {'; '.join(why)}.\n")
+        if ev.neighbours:
+            out += b.ids("Closest in their history: ")
+            for n, i in enumerate(ev.neighbours):
+                out += (b.ids(", ") if n else []) + quoted(self.stage.titles[i], b.title_chars)
+            out += b.ids("\n")
+        return out + b.ids(b.tail.removesuffix("Answer:"))
+
+    def generate(self, request: Request, evidence: Sequence[Evidence], deadline: float) -> list[str]:
+        """One JSON text per item, decoded greedily in one batch; ``StageError`` past ``deadline``
+        (``time.monotonic()``)."""
+        import torch  # lazy: heavy (torch)
+
+        from llm_rerank.scoring import BatchState, continue_batch  # lazy: imports torch
+
+        def check() -> None:
+            if time.monotonic() >= deadline:
+                raise StageError("explanation budget reached before the reasons were written")
+
+        check()
+        prefix, suffixes = self.rows(request, evidence)
+        steps = self.cfg.max_new_tokens
+        with torch.inference_mode():
+            state = BatchState.of_prefix(self.scorer.prefix_state(prefix), len(suffixes))
+            check()
+            grammar = GrammarLogits(self.compiled, [""] * len(suffixes))
+            logits, state = continue_batch(self.model, state, suffixes, self.pad_id, logits=True, room=steps)
+            out: list[list[int]] = [[] for _ in suffixes]
+            chosen = torch.full((len(suffixes), 1), self.pad_id, dtype=torch.long)
+            for step in range(steps):
+                masked = grammar(chosen, logits)
+                chosen = masked.argmax(dim=-1, keepdim=True)
+                for row in range(len(suffixes)):
+                    if not grammar.terminated(row):
+                        out[row].append(int(chosen[row, 0]))
+                if all(grammar.terminated(r) or (out[r] and out[r][-1] in self.stop_ids)
+                       for r in range(len(suffixes))) or step == steps - 1:
+                    break
+                check()
+                logits, state = continue_batch(self.model, state, chosen.tolist(), self.pad_id, logits=True)
+        tok = self.stage.prompts.tok
+        return [tok.decode([t for t in ids if t not in self.stop_ids], skip_special_tokens=True) for ids in out]
+
+
+def parse_reason(text: str) -> str | None:
+    """The reason of one row's JSON output; None when it is not a schema-valid document."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(data, dict) or set(data) != {"reason"} or not isinstance(data["reason"], str):
+        return None
+    reason = " ".join(data["reason"].split())
+    return reason or None
+
+
+def first_sentence(text: str) -> str:
+    """The text up to its first sentence end.
+
+    >>> first_sentence("A tense thriller. You liked Alien (1979).")
+    'A tense thriller.'
+    """
+    match = re.search(r"[.!?](?=\s+[A-Z])", text)
+    return text[: match.end()] if match else text
+
+
+@dataclass
+class ReasonWriter:
+    """Reasons for a request's items: cache, one generation, the check, templates (module docstring)."""
+
+    evidence: EvidenceBuilder
+    cfg: ExplainConfig
+    domain: str
+    cache: ReasonCache | None = None
+    generator: Callable[[], ReasonGenerator | None] = field(default=lambda: None)  # None: templates only
+
+    def write(self, request: Request, items: Sequence[int], channels: Sequence[Sequence[str]],
+              budget_s: float | None = None) -> list[Reason]:
+        """One reason per item of ``items``; never later than ``budget_s`` (default the config's) or the
+        request's deadline."""
+        budget = self.cfg.budget_ms / 1000 if budget_s is None else budget_s
+        deadline = time.monotonic() + max(0.0, min(budget, request.remaining_s()))
+        evidence = self.evidence.build(request, items, channels)
+        gen = self.generator()
+        version = gen.version() if gen is not None else "template"
+        digest = history_digest(request.history, self.evidence.history_items)
+        keys = [f"{version}|{digest}|{ev.item}" for ev in evidence]
+        cached = self.cache.get_many(keys) if self.cache is not None and gen is not None else [None] * len(keys)
+        out: list[Reason | None] = [None if c is None else Reason(c["text"], c["source"], cached=True,
+                                                                  schema_valid=c.get("schema_valid"))
+                                    for c in cached]
+        todo = [i for i, r in enumerate(out) if r is None]
+        texts: list[str] | None = None
+        if todo and gen is not None and budget > 0:
+            try:
+                texts = gen.generate(request, [evidence[i] for i in todo], deadline)
+            except StageError as exc:
+                log.info("reasons of %s from templates: %s", request.request_id or request.user_id, exc)
+            except Exception as exc:  # noqa: BLE001 (a model failure must not fail the answer)
+                log.warning("reason generation failed, templates served: %s: %s", type(exc).__name__, exc)
+        fresh: dict[str, dict[str, Any]] = {}
+        for n, i in enumerate(todo):
+            reason = self._judge(evidence[i], None if texts is None else texts[n])
+            out[i] = reason
+            if texts is not None:  # written and judged (a grounding failure recurs: greedy decoding)
+                fresh[keys[i]] = {"text": reason.text, "source": reason.source, "schema_valid": reason.schema_valid}
+        if fresh and self.cache is not None:
+            self.cache.put_many(fresh)
+        return [r for r in out if r is not None]
+
+    def _judge(self, ev: Evidence, raw: str | None) -> Reason:
+        """The model's reason when it parses and passes the check, else the template one."""
+        template = template_reason(ev, self.evidence.facts, self.cfg.verb or verb_for(self.domain), self.domain)
+        if raw is None:
+            return Reason(template, "template")
+        reason = parse_reason(raw)
+        if reason is None:
+            return Reason(template, "template", schema_valid=False, problems=("not schema-valid JSON",))
+        if len(reason.split()) > self.cfg.max_words:  # a second sentence is not served
+            reason = first_sentence(reason)
+        problems = self.evidence.facts.check(reason, ev, self.cfg.max_words)
+        if problems:
+            return Reason(template, "template", schema_valid=True, problems=tuple(problems))
+        return Reason(reason, "llm", schema_valid=True)
