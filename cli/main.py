@@ -214,13 +214,16 @@ def recommend(
     user: Annotated[str, typer.Argument(help="External user id.")],
     k: Annotated[int, typer.Option(min=1, help="How many items.")] = 10,
     debug: Annotated[bool, typer.Option(help="Include per-stage scores and rule removals.")] = False,
+    explain: Annotated[bool, typer.Option(help="Give the top items a reason (written by the LLM, checked, "
+                                               "else a template; see docs/explanations.md).")] = False,
+    explain_k: Annotated[int | None, typer.Option(help="How many top items get a reason (default 3).")] = None,
     data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
 ) -> None:
     """Answer one recommendation request from the shell (same JSON as the HTTP endpoint)."""
     from serving.run import recommend_once  # lazy: keeps `recsys --help` fast
 
     settings, art = c.trained(config, data, artifacts)
-    c.write_report(recommend_once(settings, art, user, k, debug), None)
+    c.write_report(recommend_once(settings, art, user, k, debug, explain=explain, explain_k=explain_k), None)
 
 
 @app.command()

@@ -73,7 +73,8 @@ def load_checked(settings: Settings, artifact_dir: Path, metrics: ServingMetrics
             stage.load(artifact_dir)
         except Exception as exc:
             raise ReloadRefused(load_failure(spec.name, artifact_dir, exc)) from exc
-    recommender = Recommender(settings, catalog, Pipeline(built.stages, built.request_budget_ms), metrics)
+    recommender = Recommender(settings, catalog, Pipeline(built.stages, built.request_budget_ms), metrics,
+                              Path(artifact_dir))
     smoke_test(recommender)
     return recommender
 

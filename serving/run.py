@@ -233,17 +233,27 @@ def recommend_once(
     k: int | None = None,
     debug: bool = False,
     context: dict[str, Any] | None = None,
+    explain: bool = False,
+    explain_k: int | None = None,
 ) -> dict[str, Any]:
     """Load everything, answer one request in-process: the same JSON as POST /v1/recommend.
+
+    With ``explain`` the model that writes reasons is loaded before the request (a server loads it
+    in the background and serves template reasons meanwhile).
 
     Raises ``ValueError`` naming the field for input the API would refuse with 422, and
     ``recsys.pipeline.PipelineError`` when a fail-closed stage fails (the API's 503).
     """
     try:
         given: dict[str, Any] = {"k": k} if k is not None else {}  # omitted k: the API default, capped by max_k
+        given |= {"explain": True, "explain_k": explain_k} if explain else {}
         body = RecommendRequest.model_validate({"user_id": user_id, "context": context, "debug": debug, **given})
     except ValidationError as exc:  # one line per bad field, as the 422 names them
         fields = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         raise ValueError(f"invalid request: {fields}") from exc
     body = within_limits(body, settings)  # LimitError is a ValueError naming the field
-    return Recommender.load(settings, Path(artifact_dir)).recommend(body)
+    recommender = Recommender.load(settings, Path(artifact_dir))
+    if explain:
+        recommender.explanations.generator()  # the pipeline's LLM stage, else start loading the backbone
+        recommender.explanations.start_loading(wait=True)
+    return recommender.recommend(body)

@@ -80,6 +80,10 @@ class RecommendRequest(BaseModel):
     llm: bool | None = Field(
         None, description="true: ask for the LLM path (when available); false: light path; null: the traffic policy."
     )
+    explain: bool = Field(False, description="Give the top explain_k items a reason (one sentence written by the LLM "
+                          "from the user's history and the item's data, checked, else a template).")
+    explain_k: int | None = Field(None, ge=1, le=20, description="How many top items get a reason (default "
+                                  "llm.explain.explain_k, 3; at most the list).")
 
 
 class LimitError(ValueError):
@@ -139,6 +143,10 @@ class RecommendedItem(BaseModel):
     disclaimers: list[str]
     backfill: bool = Field(False, description="Reached from deeper candidates after the rules left the ranked list "
                            "short (ranked by the stage it came from, not by the served order: score is null).")
+    reason: str | None = Field(None, description="Why it is recommended (explain requests, top explain_k items).")
+    reason_source: Literal["llm", "template"] | None = Field(
+        None, description="llm: written by the model and checked against the history and catalog; template: "
+                          "built from the same evidence (the model's failed the check, overran or erred).")
 
 
 class RemovedItem(BaseModel):

@@ -10,7 +10,8 @@ top to bottom:
 4. look the answer up in the result cache ("cache"), when it may serve;
 5. build the pipeline ``Request`` once (deadline counted from arrival, the arm's variant);
 6. run the pipeline (the arm's), the LLM stages skipped on the light path;
-7. build the response (``serving.response``): "llm", "light" or "fallback";
+7. build the response (``serving.response``): "llm", "light" or "fallback"; an ``explain`` request's
+   top items get their reasons (``serving.explaining``; such answers skip the result cache);
 8. store it in the result cache (never a fallback);
 9. stamp ``total_ms``, record the metrics and log the impressions.
 
@@ -50,6 +51,7 @@ from recsys.digest import json_sha256
 from recsys.experiments import Assignment, ExperimentsConfig, active_experiment, assign
 from recsys.pipeline import Pipeline, PipelineResult, PipelineSnapshot
 from recsys.redis_state import RedisUnavailable
+from serving.explaining import Explanations
 from serving.metrics import ServingMetrics
 from serving.policy import Route, choose_route, result_cache_key
 from serving.response import Served, build_response, stage_handoffs
@@ -105,7 +107,7 @@ class Recommender:
     """Loaded state plus pipeline; built once per process by the app's start-up or the CLI."""
 
     def __init__(self, settings: Settings, catalog: CatalogState, pipeline: Pipeline,
-                 metrics: ServingMetrics | None = None):
+                 metrics: ServingMetrics | None = None, artifact_dir: Path | None = None):
         self.settings = settings
         self.catalog = catalog
         self.pipeline = pipeline
@@ -121,6 +123,7 @@ class Recommender:
         # what the answers depend on beyond the model versions: a depth, a recall param, a popularity share
         # change what is served from the same trained files, so the result cache must not mix them
         self.config_digest = settings_digest(settings)
+        self.explanations = Explanations(settings, catalog, pipeline, artifact_dir)  # loads on first use
 
     @classmethod
     def load(cls, settings: Settings, artifact_dir: Path, pipeline: Pipeline | None = None,
@@ -129,7 +132,10 @@ class Recommender:
         catalog = CatalogState.load(artifact_dir)
         if pipeline is None:
             pipeline = load_pipeline(settings, Path(artifact_dir))
-        return cls(settings, catalog, pipeline, metrics)
+        recommender = cls(settings, catalog, pipeline, metrics, Path(artifact_dir))
+        if settings.llm.explain.preload:
+            recommender.explanations.start_loading()
+        return recommender
 
     def versions(self) -> dict[str, str]:
         return {**self.pipeline.versions(), **self.extra_versions()}
@@ -165,6 +171,8 @@ class Recommender:
         run = self._run(request, route, pipeline, snapshot)
         served = Served(route.reason, online.degraded or hit.degraded, arm, extra, run.handoffs)
         answer = build_response(request, run.result, self.catalog, self.llm_stages, served, clock.t0)
+        if body.explain:  # after the answer is built; its own budget, within the request's
+            answer = self.explanations.explain(request, run.result.candidates, answer, body.explain_k, self.online)
         if cache_key is not None and answer.path != "fallback":  # never pin a degraded answer
             self._store(cache_key, answer)
         return self._finish(answer, run.result.traces, arm if log_impressions else None, clock)
@@ -194,7 +202,8 @@ class Recommender:
                    online: OnlineHistory, ran: dict[str, str]) -> str | None:
         """The result cache key (``ran``: the versions the request runs), or None when the cache may not
         serve (offline, Redis down, off, debug)."""
-        if self.online is None or online.degraded or self.settings.serving.result_cache_ttl_s <= 0 or body.debug:
+        if (self.online is None or online.degraded or self.settings.serving.result_cache_ttl_s <= 0 or body.debug
+                or body.explain):  # reasons have their own cache (llm_rerank.reason_cache)
             return None
         versions = {**ran, "config": self.config_digest,
                     **({"variant": f"{arm.experiment}:{arm.variant}"} if arm else {})}
