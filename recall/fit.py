@@ -63,7 +63,7 @@ from recall.item_models import item_counts
 from recall.scoring import full_ranking_metrics, user_vectors
 from recall.text import embed_items
 from recall.towers import ItemTower, UserTower
-from recall.windows import seen_pairs, training_windows
+from recall.windows import epoch_batches, seen_pairs, training_windows, trim_padding, window_lengths
 from recsys.progress import progress_bar
 
 
@@ -78,7 +78,7 @@ def batch_loss(
         logits = (h @ items.T).masked_fill(~item_tower.known[None, :], float("-inf"))
         if config.mask_history:  # the served ranking never shows them: not negatives either
             # in place is safe: masked_fill's backward keeps only its mask
-            logits.index_put_(seen_pairs(x, y, prior), torch.tensor(float("-inf")))
+            logits.index_put_(seen_pairs(x, y, prior), torch.tensor(float("-inf"), dtype=logits.dtype))
         return F.cross_entropy(logits, y[mask])
     # log_q is -inf for items never trained on: never sampled as negatives
     negatives = torch.multinomial(log_q.exp(), config.n_negatives, replacement=True, generator=gen)
@@ -188,6 +188,7 @@ def fit(run: Run, config: RecallConfig, seed: int, t0: float, progress: bool, ep
     bad_evals, epoch, out_of_time, out_of_budget, steps, logits, cut_short = 0, 0, False, False, 0, 0, False
     scored = len(run.item_tower.known) if run.log_q is None else 1 + config.n_negatives  # items per target position
     positions = (y_all >= 0).sum(axis=1)  # target positions per window
+    lengths = window_lengths(x_all)
     budget = max_logits if epochs else config.max_train_logits
     budget = float("inf") if budget is None else budget
     last = epochs or config.max_epochs
@@ -197,13 +198,12 @@ def fit(run: Run, config: RecallConfig, seed: int, t0: float, progress: bool, ep
         run.item_tower.train()
         run.user_tower.train()
         losses = []
-        order = rng.permutation(len(x_all))
-        for s in range(0, len(order), config.batch_size):
-            rows = order[s:s + config.batch_size]
-            loss = batch_loss(run.item_tower, run.user_tower, torch.from_numpy(x_all[rows]),
-                               torch.from_numpy(y_all[rows]), torch.from_numpy(run.attrs[owner[rows]]),
-                               config, run.log_q, gen,
-                               [run.seqs[owner[r]][:start[r]] for r in rows] if config.mask_history else [])
+        batches = epoch_batches(lengths, config.batch_size, rng, by_length=config.length_buckets)
+        for b, rows in enumerate(batches):
+            x, y = (trim_padding(x_all[rows], y_all[rows]) if config.length_buckets else (x_all[rows], y_all[rows]))
+            loss = batch_loss(run.item_tower, run.user_tower, torch.from_numpy(x), torch.from_numpy(y),
+                              torch.from_numpy(run.attrs[owner[rows]]), config, run.log_q, gen,
+                              [run.seqs[owner[r]][:start[r]] for r in rows] if config.mask_history else [])
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -213,7 +213,7 @@ def fit(run: Run, config: RecallConfig, seed: int, t0: float, progress: bool, ep
             out_of_budget = logits >= budget
             out_of_time = time.perf_counter() - t0 > config.max_train_s
             if out_of_budget or out_of_time:
-                cut_short = s + config.batch_size < len(order) or epoch < last
+                cut_short = b + 1 < len(batches) or epoch < last
                 break  # within the epoch: one epoch over millions of windows can outlast the budget many times
         if epochs:  # the refit: no held-out target to evaluate on
             bar.set_postfix(loss=round(float(np.mean(losses)), 4))

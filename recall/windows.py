@@ -1,8 +1,12 @@
-"""The two-tower's training data: windows cut from the users' sequences, and each target's past.
+"""The two-tower's training data: windows cut from the users' sequences, their batches, and each
+target's past.
 
 ``training_windows`` cuts every train sequence into fixed-length (inputs, targets) windows;
-``seen_pairs`` lists, per target, the items the user had before it, which the loss leaves out
-of its negatives (``RecallConfig.mask_history``; see ``recall.train``).
+``epoch_batches`` deals them into one epoch's batches, optionally grouping windows of similar
+length so that ``trim_padding`` can drop the columns a whole batch pads (on a catalog whose users
+have a handful of items, most of a ``max_len`` window is padding); ``seen_pairs`` lists, per
+target, the items the user had before it, which the loss leaves out of its negatives
+(``RecallConfig.mask_history``; see ``recall.fit``).
 """
 
 from __future__ import annotations
@@ -43,6 +47,52 @@ def training_windows(
     if not xs:
         raise ValueError("training_windows: every sequence is empty; nothing to train on")
     return np.stack(xs), np.stack(ys), np.asarray(owners, dtype=np.int64), np.asarray(starts, dtype=np.int64)
+
+
+def window_lengths(x: np.ndarray) -> np.ndarray:
+    """Real (non-padding) positions per window; windows are left-padded, so they are the last ones."""
+    return (x != PAD).sum(axis=1)
+
+
+def epoch_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generator, *, by_length: bool = False,
+                  pool_batches: int = 50) -> list[np.ndarray]:
+    """One epoch's batches of window rows, in random order.
+
+    Plain: a random permutation cut into ``batch_size`` rows (one ``rng.permutation`` call). By
+    length: that permutation is cut into pools of ``pool_batches`` batches, each pool sorted by
+    window length (stable) and cut into batches, and the batches shuffled; every window is still
+    seen once per epoch, but a batch's windows have similar lengths (the bucketing of sequence
+    models' training loops), so ``trim_padding`` leaves little padding.
+
+    >>> rng = np.random.default_rng(0)
+    >>> bs = epoch_batches(np.array([1, 5, 1, 5]), 2, rng, by_length=True)
+    >>> sorted(sorted(np.array([1, 5, 1, 5])[b].tolist()) for b in bs)
+    [[1, 1], [5, 5]]
+    """
+    order = rng.permutation(len(lengths))
+    if not by_length:
+        return [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
+    pool = batch_size * pool_batches
+    batches = []
+    for p in range(0, len(order), pool):
+        rows = order[p:p + pool]
+        rows = rows[np.argsort(lengths[rows], kind="stable")]
+        batches += [rows[s:s + batch_size] for s in range(0, len(rows), batch_size)]
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def trim_padding(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Drop the leading columns that are padding in every row of a batch.
+
+    Exact for the user tower: positions count from the most recent item and padding is never
+    attended to, so the real positions' outputs do not change.
+
+    >>> x, y = trim_padding(np.array([[PAD, PAD, 3], [PAD, 1, 2]]), np.array([[-1, -1, 4], [-1, 2, 3]]))
+    >>> x.tolist(), y.tolist()
+    ([[-1, 3], [1, 2]], [[-1, 4], [2, 3]])
+    """
+    longest = max(int(window_lengths(x).max()), 1)
+    return np.ascontiguousarray(x[:, -longest:]), np.ascontiguousarray(y[:, -longest:])
 
 
 def seen_pairs(x: torch.Tensor, y: torch.Tensor, prior: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from recall.windows import seen_pairs, training_windows
+from recall.windows import epoch_batches, seen_pairs, training_windows
 
 
 def test_training_windows_cut_from_the_end_and_skip_empty_users():
@@ -35,3 +35,14 @@ def test_seen_pairs_list_each_targets_past_and_never_the_target_itself():
             want |= {(row, i) for i in past if i != int(y[b, t])}
             row += 1
     assert got == want
+
+
+def test_epoch_batches_see_every_window_once_and_group_lengths_when_asked():
+    lengths = np.random.default_rng(3).integers(1, 50, 1000)
+    plain = epoch_batches(lengths, 32, np.random.default_rng(7))
+    assert np.array_equal(np.concatenate(plain), np.random.default_rng(7).permutation(1000))  # the plain loop's order
+    grouped = epoch_batches(lengths, 32, np.random.default_rng(7), by_length=True, pool_batches=10)
+    assert sorted(np.concatenate(grouped).tolist()) == list(range(1000))
+    assert len(grouped) == len(plain)
+    spread = np.mean([np.ptp(lengths[b]) for b in grouped])
+    assert spread < np.mean([np.ptp(lengths[b]) for b in plain]) / 3
