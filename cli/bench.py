@@ -131,5 +131,6 @@ def _error_of(report: dict, dotted: str) -> str:
     return str(report[group][name]["error"])
 
 
+import cli.bench_explain  # noqa: E402, F401  (registers `bench explain` on bench_app, `tag explanations`)
 import cli.bench_llm  # noqa: E402, F401  (registers `bench llm` on bench_app)
 import cli.soak  # noqa: E402, F401  (registers `bench soak` on bench_app)

@@ -31,7 +31,9 @@ import hashlib
 import json
 import logging
 import re
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -226,6 +228,20 @@ class ReasonWriter:
     domain: str
     cache: ReasonCache | None = None
     generator: Callable[[], ReasonGenerator | None] = field(default=lambda: None)  # None: templates only
+    counts: Counter[str] = field(default_factory=Counter)  # served, cached, generated, schema_valid, grounded, llm
+
+    def _count(self, reasons: Sequence[Reason]) -> None:
+        with self._lock:
+            self.counts["served"] += len(reasons)
+            self.counts["cached"] += sum(r.cached for r in reasons)
+            fresh = [r for r in reasons if not r.cached and r.schema_valid is not None]
+            self.counts["generated"] += len(fresh)
+            self.counts["schema_valid"] += sum(bool(r.schema_valid) for r in fresh)
+            self.counts["grounded"] += sum(r.source == "llm" for r in fresh)
+            self.counts["llm"] += sum(r.source == "llm" for r in reasons)
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
 
     def write(self, request: Request, items: Sequence[int], channels: Sequence[Sequence[str]],
               budget_s: float | None = None) -> list[Reason]:
@@ -259,7 +275,9 @@ class ReasonWriter:
                 fresh[keys[i]] = {"text": reason.text, "source": reason.source, "schema_valid": reason.schema_valid}
         if fresh and self.cache is not None:
             self.cache.put_many(fresh)
-        return [r for r in out if r is not None]
+        reasons = [r for r in out if r is not None]
+        self._count(reasons)
+        return reasons
 
     def _judge(self, ev: Evidence, raw: str | None) -> Reason:
         """The model's reason when it parses and passes the check, else the template one."""

@@ -67,6 +67,11 @@ class MemoryReasonCache:
             while len(self._data) > self.capacity:
                 self._data.popitem(last=False)
 
+    def clear(self) -> None:
+        """Forget every reason (a benchmark's cold start)."""
+        with self._lock:
+            self._data.clear()
+
     def __len__(self) -> int:
         return len(self._data)
 

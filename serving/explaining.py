@@ -110,6 +110,11 @@ class Explanations:
             self.start_loading()
         return None
 
+    def backbone(self) -> str | None:
+        """Where the model writing reasons was loaded from (None: templates only so far)."""
+        gen = self._generator
+        return None if gen is None else str(gen.stage.model_location or self.settings.llm.model)
+
     def _pipeline_stage(self) -> LLMRerankStage | None:
         for spec, stage in self.pipeline.stages:
             if spec.kind == "llm" and spec.enabled and isinstance(stage, LLMRerankStage) and stage.prompts is not None:
