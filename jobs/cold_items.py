@@ -36,7 +36,7 @@ from cascade.registry import build_pipeline
 from cascade.settings import Settings
 from jobs.cascade_run import SCORED, memoised, requests_for_user, run_cascade, slice_table
 from jobs.evaluate import stage_candidate_recall
-from jobs.train import DEFAULT_STAGES, split_id, train_stages
+from jobs.train import DEFAULT_STAGES, split_id, train_stages, training_warnings
 from offline.metrics import candidates_found, per_user_metrics
 from offline.split import Split
 from recsys.atomic import atomic_write_json
@@ -105,6 +105,7 @@ def cold_item_report(settings: Settings, artifact_dir: Path, split: Split, *, sh
         **measure_cold(settings, cold_dir, cold, phase=phase, n_boot=n_boot, progress=progress),
         "train_s": {k: v.get("seconds") for k, v in trained.items()},
         "seconds": {"train": round(t1 - t0, 1), "eval": round(time.perf_counter() - t1, 1)},
+        "warnings": [f"cold-item cascade: {w}" for w in training_warnings(settings, trained)],
     }
 
 

@@ -284,8 +284,8 @@ def training_warnings(settings: Settings, report: dict[str, Any]) -> list[str]:
       another model on a slower or busier machine (measured under the old 240 s cap: on ML-100K
       without item text, 14 epochs and valid NDCG@10 0.071 on a shared box against 47 epochs and
       0.106 on a quiet one);
-    - the logit budget (``recall.max_train_logits``) stopped a fit while its last evaluation was
-      still its best: deterministic, but not converged.
+    - the logit budget (``recall.max_train_logits``) stopped a fit before early stopping did:
+      deterministic, but not converged (said more strongly when its last evaluation was its best).
     """
     out = []
     recall = settings.recall
@@ -295,10 +295,12 @@ def training_warnings(settings: Settings, report: dict[str, Any]) -> list[str]:
             out.append(f"{stage}: the wall-clock cap recall.max_train_s ({recall.max_train_s:g} s) stopped the "
                        f"two-tower at epoch {rep.get('epochs')}, before its logit budget; the result depends on this "
                        "machine's speed and load (raise recall.max_train_s for a reproducible model)")
-        elif rep.get("out_of_budget") and rep.get("best_epoch") == rep.get("epochs"):
+        elif rep.get("out_of_budget"):
+            how = ("while it was still improving" if rep.get("best_epoch") == rep.get("epochs")
+                   else f"before early stopping (best epoch {rep.get('best_epoch')})")
             out.append(f"{stage}: the logit budget recall.max_train_logits ({recall.max_train_logits:g}) stopped the "
-                       f"two-tower at epoch {rep.get('epochs')} while it was still improving (raise it for a "
-                       "converged model)")
+                       f"two-tower at epoch {rep.get('epochs')} {how}: not converged (raise it for a converged "
+                       "model)")
         if (rep.get("refit") or {}).get("out_of_time"):  # the refit has its own clock (recall.train._refit)
             out.append(f"{stage}: the wall-clock cap recall.max_train_s ({recall.max_train_s:g} s) stopped the refit "
                        f"at epoch {rep['refit'].get('epochs')} of {rep.get('best_epoch')}; the served model depends on "

@@ -16,8 +16,9 @@ from jobs.cold_items import (
     measure_cold,
     new_items,
     prepare_cold,
+    train_cold,
 )
-from jobs.train import prepare
+from jobs.train import prepare, training_warnings
 from tests.jobs.test_train import TINY
 
 
@@ -75,6 +76,9 @@ def test_cold_item_report_trains_a_cold_cascade_and_slices_by_the_test_item(synt
     assert report["new_items"] == len(cold.unseen_items) and report["item_side_knowledge"]["text"] is False
     again = cold_item_report(settings, art, split, share=0.1, n_boot=200, progress=False)
     assert again["slices"] == slices  # the cold cascade is reused, not retrained
+    # its two-tower fits are checked like the main cascade's (the eval report lists these warnings too)
+    trained = train_cold(settings, cold_dir, cold, progress=False)
+    assert report["warnings"] == [f"cold-item cascade: {w}" for w in training_warnings(settings, trained)]
 
 
 def test_cold_slices_report_candidate_recall_of_the_stages_that_ran_keyed_by_depth(

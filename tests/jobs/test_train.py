@@ -180,7 +180,7 @@ def test_split_fingerprint_follows_content_not_mtime_or_path(tmp_path):
     assert _fingerprint(data, None, 5, {}) != first
 
 
-def test_a_two_tower_stopped_by_the_clock_is_a_warning_and_by_the_budget_only_while_improving() -> None:
+def test_a_two_tower_stopped_by_the_clock_or_by_the_budget_before_early_stopping_is_a_warning() -> None:
     settings = Settings.build({})
     clocked = {"epochs": 14, "best_epoch": 10, "out_of_time": True, "out_of_budget": False}
     warnings = training_warnings(settings, {"recall": clocked, "coarse": {"seconds": 1.0}})
@@ -190,8 +190,10 @@ def test_a_two_tower_stopped_by_the_clock_is_a_warning_and_by_the_budget_only_wh
     budget = {"epochs": 6, "best_epoch": 6, "out_of_time": False, "out_of_budget": True}
     warnings = training_warnings(settings, {"recall_holdout": budget})
     assert len(warnings) == 1 and "recall.max_train_logits (1e+10) stopped the two-tower at epoch 6 while" in warnings[0]
-    # the budget after the best epoch had passed, or early stopping: nothing to say
-    assert training_warnings(settings, {"recall": {**budget, "best_epoch": 4}}) == []
+    # the budget after the best epoch had passed but before patience ran out: still not converged
+    (warning,) = training_warnings(settings, {"recall": {**budget, "best_epoch": 4}})
+    assert "at epoch 6 before early stopping (best epoch 4): not converged" in warning
+    # early stopping: nothing to say
     assert training_warnings(settings, {"recall": {**budget, "out_of_budget": False}}) == []
     # the refit (recall.refit) has no budget, only the clock
     refit = {"epochs": 20, "best_epoch": 12, "out_of_time": False, "out_of_budget": False,
