@@ -126,6 +126,7 @@ def evaluate(
     Prints a summary (per stage NDCG@10 and Recall@10 with 95% CIs, candidate recall, users evaluated
     and left out, warnings); the full report goes to --out.
     """
+    from jobs.baselines import baseline_warnings  # lazy: keeps `recsys --help` fast
     from jobs.eval_summary import summary  # lazy: keeps `recsys --help` fast
     from jobs.evaluate import evaluate_pipeline, require_bootstrap_users  # lazy: keeps `recsys --help` fast
     from jobs.train import DEFAULT_STAGES, train_stages, training_warnings  # lazy: keeps `recsys --help` fast
@@ -147,11 +148,12 @@ def evaluate(
         train_report = train_stages(settings, art, split, stages=wanted, force=retrain)
         report = evaluate_pipeline(settings, art, split, phase=phase)
         report["timings"]["train_s"] = {k: v.get("seconds") for k, v in train_report.items()}
-        report["warnings"] = training_warnings(settings, train_report)
+        report["warnings"] = training_warnings(settings, train_report) + baseline_warnings(report)
         if cold_items:
             from jobs.cold_items import cold_item_report  # lazy: keeps `recsys --help` fast
 
             report["cold_items"] = cold_item_report(settings, art, split, share=cold_share, phase=phase)
+            report["warnings"] += report["cold_items"]["warnings"]  # every fit the eval makes is checked
         runs = {"": report}
     out = out or art / f"eval_{phase}.json"
     c.write_report(report, out, settings=settings, data=data, seeds=[settings.seed + i for i in range(seeds)],
