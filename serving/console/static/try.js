@@ -14,6 +14,7 @@
 
   function body(userId) {
     const out = { user_id: userId, k: Number($("#opt-k").value) || 10, debug: $("#opt-debug").checked };
+    if ($("#opt-explain").checked) out.explain = true;
     const llm = $("#opt-llm").value;
     if (llm) out.llm = llm === "true";
     const context = $("#opt-context").value.trim();
@@ -55,14 +56,25 @@
       el("div", { class: `chip chip-${k.replace(/ /g, "-")}`, dataset: { field: k } }, el("dt", {}, k), el("dd", {}, v))));
   }
 
+  // An explain answer's reason and who wrote it: the LLM (checked against the history and catalog) or a template.
+  function reasonCell(item) {
+    if (!item.reason) return el("td", { class: "reason muted" }, "–");
+    const source = item.reason_source || "";
+    return el("td", { class: "reason", dataset: { source } },
+      el("span", { class: `badge reason-source source-${source}` }, source), " ", el("span", { class: "reason-text" }, item.reason));
+  }
+
   function servedList(data) {
+    const explained = data.items.some((item) => item.reason);
     const rows = data.items.map((item) => el("tr", { dataset: { item: item.id } },
       el("td", { class: "num" }, item.rank),
       el("td", {}, el("span", { class: "title" }, item.title), " ", el("code", {}, item.id)),
       el("td", { class: "num", dataset: { score: item.score === null ? "" : String(item.score) } }, num(item.score)),
-      el("td", {}, item.disclaimers.map((d) => el("span", { class: "disclaimer" }, d)))));
+      el("td", {}, item.disclaimers.map((d) => el("span", { class: "disclaimer" }, d))),
+      explained ? reasonCell(item) : null));
     if (!rows.length) return el("p", { class: "muted" }, "No items served.");
-    return Console.table(["#", "item", "score", "disclaimers"], rows, { class: "served" });
+    const head = ["#", "item", "score", "disclaimers", ...(explained ? ["reason"] : [])];
+    return Console.table(head, rows, { class: "served" });
   }
 
   // Rank of each item within one score column (1 = highest; unscored items unranked).
