@@ -21,6 +21,7 @@ gate over every valid user (``recsys train`` with ``configs/pipeline_llm.yaml``)
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from typing import Any
 import httpx
 import numpy as np
 import typer
+from pydantic import SecretStr
 
 from cascade.registry import RECALL_KINDS, build_stage, load_stage, weights_key
 from cascade.settings import Settings
@@ -164,7 +166,19 @@ def tune_gate(rec: Any, settings: Settings, artifact_dir: Path, split: Any) -> d
     return {"weights": weights, **meta, "key": key, "seconds": time.perf_counter() - t0}
 
 
+def with_debug_key(settings: Settings) -> tuple[Settings, str]:
+    """``settings`` whose server answers ``debug: true`` to the returned key: the configured debug or admin
+    key, else a one-off key for this demo (debug answers need one; the demo shows the LLM's own order)."""
+    for configured in (settings.serving.debug_api_key, settings.serving.admin_api_key):
+        if configured is not None:
+            return settings, configured.get_secret_value()
+    key = secrets.token_urlsafe(24)
+    serving = settings.serving.model_copy(update={"debug_api_key": SecretStr(key)})
+    return settings.model_copy(update={"serving": serving}), key
+
+
 def serve_and_ask(settings: Settings, artifact_dir: Path, known: str, other: str, gate: dict[str, Any]) -> None:
+    settings, debug_key = with_debug_key(settings)
     with start_server_subprocess(settings, artifact_dir) as base_url:
         for user in (known, "a-user-nobody-has-seen"):
             resp = httpx.post(f"{base_url}/v1/recommend", json={"user_id": user, "k": 5}, timeout=30)
@@ -177,7 +191,7 @@ def serve_and_ask(settings: Settings, artifact_dir: Path, known: str, other: str
         for n, label in enumerate(("first LLM request (cold prefix)", "same user again (warm prefix)")):
             before = llm_cache_counts(httpx.get(f"{base_url}/metrics", timeout=10).text)
             body = {"user_id": known, "k": 5, "llm": True, "debug": True, "context": {"demo_call": n}}
-            resp = httpx.post(f"{base_url}/v1/recommend", json=body, timeout=60)
+            resp = httpx.post(f"{base_url}/v1/recommend", json=body, headers={"X-API-Key": debug_key}, timeout=60)
             resp.raise_for_status()
             after = llm_cache_counts(httpx.get(f"{base_url}/metrics", timeout=10).text)
             answer = resp.json()

@@ -9,7 +9,8 @@ elapsed time and the last postfix the loop set::
 
 so a log holds one line per stage instead of hundreds of carriage-return frames. Every progress
 bar of the project goes through here; ``quiet_library_bars`` switches off the bars that libraries
-(Hugging Face downloads and weight loading) draw themselves, on the same condition.
+(Hugging Face downloads and weight loading, transformers' GGUF conversion) draw themselves, on the
+same condition.
 
 Deliberately left out: nested-bar layout and rate estimates off a terminal (one line per stage
 is the point), and any configuration: the stream decides.
@@ -22,8 +23,6 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from typing import IO, Any, TypeVar
-
-from tqdm import tqdm
 
 T = TypeVar("T")
 
@@ -125,15 +124,23 @@ def progress_bar(iterable: Iterable[T] | None = None, *, desc: str, total: int |
     the bar or the line goes (default: ``sys.stderr``, looked up at call time).
     """
     if enabled and interactive(stream):
+        from tqdm import tqdm  # here, not at import: quiet_library_bars must run before tqdm's first import
+
         return tqdm(iterable, desc=desc, total=total, unit=unit, initial=initial, file=stream)
     return StageLine(iterable, desc, total, unit, initial, enabled, stream)
 
 
 def quiet_library_bars(stream: IO[str] | None = None) -> None:
-    """Off a terminal, switch off the progress bars Hugging Face libraries draw themselves (hub
-    downloads, transformers' weight loading), which would otherwise fill a log with frames."""
+    """Off a terminal, switch off the progress bars libraries draw themselves (Hugging Face hub
+    downloads, transformers' weight loading and GGUF conversion), which would fill a log with frames.
+
+    Off a terminal ``progress_bar`` never creates a tqdm bar, so every tqdm bar there is a library's:
+    ``TQDM_DISABLE`` switches them all off, when set before tqdm is first imported (``recsys`` calls
+    this first thing; a library that imports tqdm earlier keeps its bars).
+    """
     if interactive(stream):
         return
+    os.environ.setdefault("TQDM_DISABLE", "1")  # read once, when tqdm is first imported
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # read when huggingface_hub is imported
     if "huggingface_hub" in sys.modules:  # already imported: switch its bars off directly
         from huggingface_hub.utils import disable_progress_bars  # lazy: only when already loaded

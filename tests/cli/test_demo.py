@@ -11,17 +11,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
+from pydantic import SecretStr
 
 from cascade.registry import build_stage
 from cascade.settings import Settings
-from cli.demo import DEMO_RECALL_MAX_LOGITS, cut_llm_budget, demo_recall_budget, llm_enabled
+from cli.demo import DEMO_RECALL_MAX_LOGITS, cut_llm_budget, demo_recall_budget, llm_enabled, with_debug_key
 from llm_rerank.stage import LLMRerankStage
 from recsys.config import StageSpec
 from recsys.pipeline import Pipeline
+from serving.app import create_app
 from serving.schemas import RecommendRequest
 from serving.service import Recommender
 from serving.state import CatalogState
 from tests.llm_rerank.factories import save_tiny_llm
+from tests.serving.conftest import toy_pipeline
 from tests.serving.toy import AudienceRules, PopularityRecall, save_toy_split, toy_settings
 
 RECALL = StageSpec(name="recall", kind="recall", on_error="fail")

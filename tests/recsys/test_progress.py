@@ -106,3 +106,12 @@ def test_library_bars_are_switched_off_off_a_terminal() -> None:
         res = subprocess.run([sys.executable, "-c", code, when], capture_output=True, text=True, cwd=ROOT,
                              timeout=300, env=env)
         assert res.stdout.strip() == "False", (when, res.stdout, res.stderr)
+
+
+def test_a_library_bar_of_plain_tqdm_draws_nothing_off_a_terminal() -> None:
+    """transformers' GGUF conversion draws a plain tqdm bar (272 frames in `make demo`'s log)."""
+    code = ("from recsys.progress import quiet_library_bars\nquiet_library_bars()\n"
+            "from tqdm.auto import tqdm\nprint(sum(1 for _ in tqdm(range(50), desc='Converting tensors')))")
+    env = {k: v for k, v in os.environ.items() if k != "TQDM_DISABLE"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120, env=env)
+    assert (res.returncode, res.stdout, res.stderr) == (0, "50\n", "")
