@@ -81,3 +81,20 @@ def test_cut_budget_serves_the_previous_order_marked_fallback(tmp_path: Path) ->
     assert trace["status"] == "fallback" and trace["reason"]
     assert [i["id"] for i in cut["items"]] == [i["id"] for i in light["items"]]  # the order before the LLM
     assert next(s for s in full["stages"] if s["name"] == "llm")["status"] == "ok"  # the loaded stage is shared
+
+
+def test_the_demo_server_answers_its_debug_requests_and_nobody_else(tmp_path: Path) -> None:
+    """The demo shows the LLM's own order from a debug answer, which the server gives only to a key:
+    without one configured the demo's server gets a one-off key, and the demo sends it."""
+    save_toy_split(tmp_path)
+    settings, key = with_debug_key(toy_settings(RECALL, RULES))
+    assert len(key) >= 24 and with_debug_key(settings)[1] == key  # a configured key is kept, not replaced
+    app = create_app(settings, tmp_path, pipeline=toy_pipeline(tmp_path, settings, [(RECALL, PopularityRecall),
+                                                                                    (RULES, AudienceRules)]))
+    body = {"user_id": "u1", "k": 3, "debug": True}
+    with TestClient(app) as client:
+        assert client.post("/v1/recommend", json=body, headers={"X-API-Key": key}).status_code == 200
+        assert client.post("/v1/recommend", json=body).status_code == 403
+    admin = toy_settings(RECALL, RULES).model_copy(update={"serving": toy_settings(RECALL, RULES).serving.model_copy(
+        update={"admin_api_key": SecretStr("an-admin-key-of-enough-length")})})
+    assert with_debug_key(admin) == (admin, "an-admin-key-of-enough-length")
