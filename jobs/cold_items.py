@@ -44,6 +44,30 @@ from recsys.atomic import atomic_write_json
 COLD_DIR = "cold-items"
 
 
+def clockless(split: Split) -> bool:
+    """True when the timestamps only order each user's events (positions 0, 1, 2, ... in the user's
+    sequence, as datasets published without times carry them), so a global time cutoff means nothing.
+
+    The test: every timestamp is a non-negative integer below twice the longest user sequence. Unix
+    times (seconds or milliseconds), dates and days-since-start of any real log are far larger.
+
+    >>> import pandas as pd
+    >>> from types import SimpleNamespace as N
+    >>> clockless(N(train=pd.DataFrame({"user_idx": [0, 0, 1], "timestamp": [0, 1, 0]}),
+    ...             valid_ts=np.array([2, 1]), test_ts=np.array([3, 2])))
+    True
+    >>> clockless(N(train=pd.DataFrame({"user_idx": [0, 0], "timestamp": [881250949, 881251000]}),
+    ...             valid_ts=np.array([881252000]), test_ts=np.array([881253000])))
+    False
+    """
+    ts = np.concatenate([split.train["timestamp"].to_numpy(np.int64), np.asarray(split.valid_ts, np.int64),
+                         np.asarray(split.test_ts, np.int64)])
+    if len(ts) == 0:
+        return False
+    longest = int(np.bincount(split.train["user_idx"].to_numpy()).max()) + 2  # + the valid and test items
+    return bool(ts.min() >= 0 and ts.max() < 2 * longest)
+
+
 def first_seen(split: Split) -> np.ndarray:
     """Per item, the earliest timestamp of any interaction with it (train, valid, test); int64 max if none."""
     first = np.full(split.n_items, np.iinfo(np.int64).max, dtype=np.int64)

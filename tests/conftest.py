@@ -1,6 +1,6 @@
 """Shared fixtures. Real data lives in ../shared (never in the repo).
 
-``ml100k_dir`` skips with a clear reason when the data set is absent (a user's fresh clone)
+``ml100k_dir`` and ``amazon_scientific_dir`` skip with a clear reason when the data set is absent (a user's fresh clone)
 but fails when CI=true, so CI never skips the real-data tests silently.
 """
 
@@ -11,14 +11,28 @@ from pathlib import Path
 
 import pytest
 
-ML100K = Path(__file__).resolve().parent.parent.parent / "shared" / "datasets" / "ml-100k"
+DATASETS = Path(__file__).resolve().parent.parent.parent / "shared" / "datasets"
+ML100K = DATASETS / "ml-100k"
+AMAZON_SCIENTIFIC = DATASETS / "amazon-scientific"
+
+
+def _absent(msg: str) -> None:
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{msg}; CI=true requires it")
+    pytest.skip(msg)
 
 
 @pytest.fixture(scope="session")
 def ml100k_dir() -> Path:
     if (ML100K / "u.data").exists():
         return ML100K
-    msg = f"MovieLens-100K not found at {ML100K} (it lives in ../shared beside the clone)"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"{msg}; CI=true requires it")
-    pytest.skip(msg)
+    _absent(f"MovieLens-100K not found at {ML100K} (it lives in ../shared beside the clone)")
+    return ML100K
+
+
+@pytest.fixture(scope="session")
+def amazon_scientific_dir() -> Path:
+    if (AMAZON_SCIENTIFIC / "interactions.csv").exists():
+        return AMAZON_SCIENTIFIC
+    _absent(f"Amazon Scientific not found at {AMAZON_SCIENTIFIC} (it lives in ../shared beside the clone)")
+    return AMAZON_SCIENTIFIC

@@ -9,6 +9,7 @@ import jobs.cold_items
 from cascade.settings import Settings
 from jobs.cascade_run import SCORED
 from jobs.cold_items import (
+    clockless,
     cold_item_report,
     cold_split,
     first_seen,
@@ -107,3 +108,14 @@ def test_cold_slices_report_candidate_recall_of_the_stages_that_ran_keyed_by_dep
                                                               "coarse@50": round(float(kept[users].mean()), 5)}
         # the per-user table jobs.cold_sources compares between variants skips it too
         assert {k for k in per_user[name] if k.startswith("candidates:")} == {"candidates:recall", "candidates:coarse"}
+
+
+@pytest.mark.ml100k
+@pytest.mark.amazon
+def test_only_a_dataset_whose_timestamps_are_positions_is_clockless(ml100k_dir, amazon_scientific_dir) -> None:
+    from offline.loaders import load_dataset
+    from offline.protocol import make_split
+
+    assert not clockless(make_split(load_dataset(ml100k_dir), k_core=5))  # unix seconds
+    # published without times: each user's events are numbered 0, 1, 2, ...; no time cutoff applies
+    assert clockless(make_split(load_dataset(amazon_scientific_dir), k_core=5))
