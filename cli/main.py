@@ -16,6 +16,7 @@ import typer
 
 from cli import common as c
 from cli.ab import ab_app
+from cli.battery import battery
 from cli.bench import bench_app
 from cli.tag import tag_app
 from recsys.progress import quiet_library_bars
@@ -35,6 +36,7 @@ app = typer.Typer(cls=c.UserErrorGroup, add_completion=False, no_args_is_help=Tr
 app.add_typer(bench_app, name="bench")
 app.add_typer(ab_app, name="ab")
 app.add_typer(tag_app, name="tag")
+app.command("battery")(battery)
 
 STAGES_HELP = ("Stages to train, comma-separated, from recall,recall_holdout,coarse,llm,fusion "
                "('all' = recall,recall_holdout,coarse,fusion).")
@@ -129,7 +131,12 @@ def evaluate(
     from jobs.baselines import baseline_warnings  # lazy: keeps `recsys --help` fast
     from jobs.eval_summary import summary  # lazy: keeps `recsys --help` fast
     from jobs.evaluate import evaluate_pipeline, require_bootstrap_users  # lazy: keeps `recsys --help` fast
-    from jobs.train import DEFAULT_STAGES, train_stages, training_warnings  # lazy: keeps `recsys --help` fast
+    from jobs.train import (  # lazy: keeps `recsys --help` fast
+        DEFAULT_STAGES,
+        fit_summary,
+        train_stages,
+        training_warnings,
+    )
 
     settings = c.load_settings(config)
     art = c.artifact_dir(settings, data, artifacts)
@@ -148,6 +155,7 @@ def evaluate(
         train_report = train_stages(settings, art, split, stages=wanted, force=retrain)
         report = evaluate_pipeline(settings, art, split, phase=phase)
         report["timings"]["train_s"] = {k: v.get("seconds") for k, v in train_report.items()}
+        report["recall_train"] = fit_summary(train_report)
         report["warnings"] = training_warnings(settings, train_report) + baseline_warnings(report)
         if cold_items:
             from jobs.cold_items import clockless, cold_item_report  # lazy: keeps `recsys --help` fast

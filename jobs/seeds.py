@@ -26,7 +26,7 @@ import numpy as np
 from cascade.settings import MAX_SEED, Settings
 from jobs.baselines import baseline_warnings
 from jobs.evaluate import evaluate_pipeline
-from jobs.train import train_stages, training_warnings
+from jobs.train import fit_summary, train_stages, training_warnings
 from offline.split import Split
 from recsys.atomic import atomic_write_json
 
@@ -66,13 +66,13 @@ def evaluate_seeds(
         report["train_s"] = {k: v.get("seconds") for k, v in trained.items()}
         # `recsys eval` prints them, as for one seed
         report["warnings"] = training_warnings(seeded, trained) + baseline_warnings(report)
-        report["recall_train"] = {k: {f: trained[k].get(f) for f in ("train_s", "best_epoch", "channels", "refit")}
-                                  for k in ("recall", "recall_holdout") if k in trained}
+        report["recall_train"] = fit_summary(trained)
         coarse = trained.get("coarse", {})
         report["coarse_importance"] = coarse.get("feature_importance_gain", coarse.get("feature_importance_top10"))
         atomic_write_json(directory / f"eval_{phase}.json", report, default=str)
         per_seed[seed] = report
-    return {"dataset": split.name, "phase": phase, "seeds": list(per_seed), "artifacts": str(artifact_dir),
+    return {"dataset": split.name, "n_users": split.n_users, "n_items": split.n_items, "phase": phase,
+            "seeds": list(per_seed), "artifacts": str(artifact_dir),
             "summary": summarize(per_seed), "per_seed": {s: _compact(r) for s, r in per_seed.items()}}
 
 

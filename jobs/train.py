@@ -277,6 +277,14 @@ def train_stages(
     return report
 
 
+FIT_FIELDS = ("train_s", "epochs", "best_epoch", "out_of_budget", "out_of_time", "channels", "refit")
+
+
+def fit_summary(report: dict[str, Any]) -> dict[str, Any]:
+    """The two-tower fits of a ``train_stages`` report: epochs, best epoch, what stopped them, channels."""
+    return {k: {f: report[k].get(f) for f in FIT_FIELDS} for k in ("recall", "recall_holdout") if k in report}
+
+
 def training_warnings(settings: Settings, report: dict[str, Any]) -> list[str]:
     """What in a ``train_stages`` report a user should know about the two-tower fits:
 
