@@ -131,6 +131,7 @@ class OnlineBackend:
         recommender.online = self.online = online
         self._reconcile()
         self.rules, self.prompts = RulesApplier(recommender.pipeline), PromptApplier(recommender.pipeline)
+        self.prompts.stages.append(recommender.explanations)  # the backbone loaded for reasons, if any
         prompts = self.prompts
         recommender.extra_versions = lambda: {"prompt": prompts.applied} if prompts.applied else {}
         self.watcher = VersionWatcher(self.versions, [self.rules, self.prompts], cfg.versions_poll_s)

@@ -12,7 +12,8 @@
 - the model: an enabled, loaded LLM stage of the pipeline with the local backend (its prefix
   cache, prompt document and hot swaps are shared), else the configured backbone loaded on a
   background thread when ``explain`` is first asked for (``llm.explain.preload``: at start-up).
-  Until a model is ready, or with the ``http`` backend, reasons come from the templates.
+  Until a model is ready, or with the ``http`` backend, reasons come from the templates. A prompt
+  document published with ``PUT /admin/prompts`` reaches that backbone too (``set_prompt_template``).
 
 ``explain`` sets ``reason`` and ``reason_source`` on the first ``explain_k`` items of an answer.
 
@@ -54,6 +55,8 @@ class Explanations:
         self._writer: ReasonWriter | None = None
         self._generator: ReasonGenerator | None = None
         self._loading: threading.Thread | None = None
+        self._standalone: LLMRerankStage | None = None  # the backbone loaded for reasons alone, if any
+        self._template: Any = None  # the prompt document published last (PUT /admin/prompts), for that stage
         self._lock = threading.Lock()
         self.load_error: str | None = None
 
@@ -149,7 +152,19 @@ class Explanations:
             self.load_error = f"{type(exc).__name__}: {exc}"
             log.error("the explanation model did not load; reasons come from templates: %s", self.load_error)
             return
+        with self._lock:
+            self._standalone = stage
+            if self._template is not None:
+                stage.set_prompt_template(self._template)
         self._generator = self._wrap(stage)
+
+    def set_prompt_template(self, template: Any) -> None:
+        """A published prompt document (``serving.hot_reload.PromptApplier``, which also installs it in the
+        pipeline's LLM stages): the backbone loaded for reasons alone serves it too, now or once loaded."""
+        with self._lock:
+            self._template = template
+            if self._standalone is not None:
+                self._standalone.set_prompt_template(template)
 
     # -- serving -----------------------------------------------------------------------
     def explain(self, request: Request, candidates: Candidates, answer: RecommendResponse, explain_k: int | None,

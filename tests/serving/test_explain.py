@@ -119,3 +119,25 @@ def test_a_budget_of_zero_serves_templates_at_once(toy_dir: Path, tiny_llm_dir: 
     with explain_client(toy_dir, tiny_llm_dir, budget_ms=0) as c:
         items = c.post("/v1/recommend", json={"user_id": "u1", "k": 2, "explain": True, "llm": True}).json()["items"]
     assert [i["reason_source"] for i in items] == ["template", "template"]
+
+
+def test_the_backbone_loaded_for_reasons_alone_serves_the_published_prompt(toy_dir: Path, tiny_llm_dir: Path,
+                                                                           redis_env: str) -> None:
+    """No LLM stage in the pipeline: the configured backbone is loaded for reasons on the first explain
+    request (templates meanwhile), and a prompt published afterwards reaches it."""
+    settings = Settings.build({
+        "pipeline": {"max_k": 5, "stages": [RECALL.model_dump(), RULES.model_dump()]},
+        "serving": {"admin_api_key": ADMIN_KEY, "versions_poll_s": 0.1},
+        "llm": {"model": str(tiny_llm_dir), "precision": "fp32", "explain": {"budget_ms": 60_000}}})
+    pairs: list[tuple[StageSpec, type]] = [(RECALL, PopularityRecall), (RULES, AudienceRules)]
+    with TestClient(create_app(settings, toy_dir, pipeline=toy_pipeline(toy_dir, settings, pairs))) as c:
+        ask = {"user_id": "u1", "k": 2, "explain": True}
+        assert c.post("/v1/recommend", json=ask).status_code == 200
+        explanations = c.app.state.slot.recommender.explanations  # type: ignore[attr-defined]
+        explanations.start_loading(wait=True)
+        assert explanations.backbone() == str(tiny_llm_dir)
+        resp = c.put("/admin/prompts", headers=ADMIN, json={"version": "why-3", "explain_request": "Why this {domain}?"})
+        assert resp.status_code in (200, 201), resp.text
+        assert explanations.generator().stage.template.explain_request == "Why this {domain}?"
+        c.post("/v1/recommend", json=ask)
+        assert len(redis.Redis.from_url(redis_env).keys(f"{toy_dir.name}:reason:*")) == 2
