@@ -141,3 +141,14 @@ def test_the_backbone_loaded_for_reasons_alone_serves_the_published_prompt(toy_d
         assert explanations.generator().stage.template.explain_request == "Why this {domain}?"
         c.post("/v1/recommend", json=ask)
         assert len(redis.Redis.from_url(redis_env).keys(f"{toy_dir.name}:reason:*")) == 2
+
+
+def test_an_explain_request_is_never_answered_from_the_result_cache(templates_only: TestClient) -> None:
+    plain = templates_only.post("/v1/recommend", json={"user_id": "u1", "k": 2}).json()
+    again = templates_only.post("/v1/recommend", json={"user_id": "u1", "k": 2}).json()
+    assert plain["path"] != "cache" and again["path"] == "cache"
+    explained = templates_only.post("/v1/recommend", json={"user_id": "u1", "k": 2, "explain": True}).json()
+    assert explained["path"] != "cache"
+    assert all(i["reason"] for i in explained["items"])
+    later = templates_only.post("/v1/recommend", json={"user_id": "u1", "k": 2}).json()
+    assert all("reason" not in i for i in later["items"])  # nor is a plain one answered with reasons
