@@ -8,8 +8,8 @@ names by matching it against the whole catalog:
 
 - titles: each catalog title in two forms, its full name and its head (before a bracket, colon or
   comma), normalised ("Lion King, The (1994)" reads "the lion king"), matched word for word with
-  the longest name winning; a one-word name counts only written with a capital letter past the
-  reason's first word ("Heat" the film, not "heat"). A named catalog item that is neither in the
+  the longest name winning; a name counts only written as one (a capital letter in a word other
+  than an article, and a one-word name past the reason's first word: "Heat" the film, not "heat"). A named catalog item that is neither in the
   history nor the item itself fails the reason;
 - categories: every catalog category, singular or plural ("comedies" names Comedy); one that is
   neither the item's nor a history item's fails the reason;
@@ -39,6 +39,7 @@ _ARTICLE_SUFFIX = re.compile(r"^(.*), (The|A|An|Les|La|Le|Il|Das|Der|Die|El)$", 
 _HEAD_CUT = re.compile(r"\s[(\[]|[:,;]\s| - ")
 _WATCHED = ("movie", "film", "show", "video", "series", "episode", "anime")
 _LISTENED = ("song", "album", "track", "podcast", "music")
+_ARTICLES = frozenset({"the", "a", "an"})
 
 
 def verb_for(domain: str) -> str:
@@ -99,6 +100,13 @@ def title_forms(title: str) -> list[tuple[str, ...]]:
     return [f for f in forms if f and (len(f) > 1 or len(f[0]) >= 3)]
 
 
+def _written_as_name(words: Sequence[str], first: bool) -> bool:
+    """Whether ``words`` (as written) read as a name rather than common words (``PhraseIndex.find``)."""
+    if len(words) == 1 and first:
+        return False
+    return any(any(ch.isupper() for ch in w) for w in words if w.lower() not in _ARTICLES)
+
+
 class PhraseIndex:
     """Word-sequence phrases -> the ids they name; ``find`` returns what a text names, longest first."""
 
@@ -108,9 +116,10 @@ class PhraseIndex:
             self.index.setdefault(phrase, set()).add(ident)
         self.lengths = sorted({len(p) for p in self.index}, reverse=True)
 
-    def find(self, text: str, *, proper_single: bool = False) -> set[Any]:
-        """Ids named in ``text``; with ``proper_single`` a one-word phrase counts only capitalised and
-        past the first word (a title, not a common word)."""
+    def find(self, text: str, *, proper: bool = False) -> set[Any]:
+        """Ids named in ``text``; with ``proper`` a phrase counts only written as a name: a word of it
+        other than an article holds a capital letter, and a one-word phrase is past the first word
+        ("The Game" the film, not "the game"; "Heat", not "heat" nor a sentence's first word)."""
         toks = _tokens(text)
         stems = [s for s, _ in toks]
         found: set[Any] = set()
@@ -120,7 +129,7 @@ class PhraseIndex:
                 phrase = tuple(stems[i : i + n])
                 if len(phrase) < n or phrase not in self.index:
                     continue
-                if n == 1 and proper_single and (i == 0 or not toks[i][1][:1].isupper()):
+                if proper and not _written_as_name([w for _, w in toks[i : i + n]], first=i == 0):
                     continue
                 found |= self.index[phrase]
                 i += n - 1
@@ -183,7 +192,7 @@ class ItemFacts:
         if n_words > max_words:
             problems.append(f"has {n_words} words, more than {max_words}")
         allowed = {*ev.history, ev.item}
-        for item in sorted(self.title_index.find(reason, proper_single=True) - allowed):
+        for item in sorted(self.title_index.find(reason, proper=True) - allowed):
             problems.append(f"names {display_title(self.titles[item])!r}, which is not in the user's history")
         known = {c for i in (ev.item, *ev.history) for c in self.categories[i]}
         for cat in sorted(self.category_index.find(reason) - known):

@@ -88,9 +88,12 @@ def test_grounding_rejects_a_category_or_year_the_data_does_not_carry(facts: Ite
 
 
 def test_a_common_word_is_not_read_as_a_one_word_title() -> None:
-    facts = ItemFacts(["Heat (1995)", "Alien (1979)", "Up (2009)"], [[], [], []], [1995, 1979, 2009], ["", "", ""])
+    facts = ItemFacts(["Heat (1995)", "Alien (1979)", "Up (2009)", "Game, The (1997)"], [[], [], [], []],
+                      [1995, 1979, 2009, 1997], ["", "", "", ""])
     ev = EvidenceBuilder(facts).build(Request(user_id="u", history=np.array([2])), [1], [[]])[0]
     assert facts.check("It brings the heat, as Up did.", ev, 25) == []
+    assert facts.check("Heat and tension: the game is on.", ev, 25) == []
+    assert facts.check("As tense as The Game.", ev, 25) == ["names 'The Game (1997)', which is not in the user's history"]
     assert facts.check("It brings the Heat of Alien.", ev, 25) == [
         "names 'Heat (1995)', which is not in the user's history"]
 
