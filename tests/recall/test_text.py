@@ -34,3 +34,13 @@ def test_embed_items_normalised_semantic_and_cached(tmp_path: Path):
     (cached,) = list(tmp_path.glob("*.npy"))
     np.save(cached, np.zeros_like(vecs))  # a planted cache entry proves the second call reads it
     assert not embed_items(items, tmp_path).any()
+
+
+def test_the_text_cache_is_the_machines_and_follows_the_environment(monkeypatch, tmp_path) -> None:
+    from recall.text import text_cache_dir
+
+    monkeypatch.setenv("RECSYS_CACHE_DIR", str(tmp_path / "c"))
+    assert text_cache_dir() == tmp_path / "c" / "text"
+    monkeypatch.delenv("RECSYS_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert text_cache_dir() == tmp_path / "xdg" / "recsys" / "text"
