@@ -77,9 +77,10 @@ class RecallConfig(BaseModel):
         "positions x items scored: the catalog under the full softmax, 1 + n_negatives under the sampled one), "
         "checked after every step (an epoch is cut short); the model is then evaluated and the best one so far "
         "kept. None: no budget.")
-    max_train_s: float = Field(1800.0, gt=0, description="Wall-clock safety cap on training, checked after every step "
-                               "like the budget; when it, not the budget, stops a fit the result depends on the "
-                               "machine's speed and load (train and eval then print a warning).")
+    max_train_s: float | None = Field(
+        None, gt=0, description="Opt-in wall-clock cap on training (None: none), checked after every step like the "
+        "budget; when it, not the budget, stops a fit the result depends on the machine's speed and load (train and "
+        "eval then print a warning). Off by default: the same seed and data give the same model on a busy machine.")
     mask_history: bool = Field(
         True, description="Leave the items a user had before each training target out of its softmax, as "
         "negatives (the served ranking excludes a user's history, so it never competes with them there); a "

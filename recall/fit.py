@@ -10,8 +10,8 @@ AdamW, dropout, early stopping on full-ranking NDCG@10 of held-out targets with 
 evaluations: ML-100K's valid curve plateaus for 4-5 of them before climbing again; see ``RecallConfig``),
 and a budget of softmax logits (``max_train_logits``, the dominant cost of a step) that bounds
 a fit at scale; the best evaluated weights are kept. Bit-for-bit deterministic for a given seed
-and thread count, on a busy machine as on a quiet one, unless the wall-clock safety cap
-(``max_train_s``) stops a fit first (the report's ``out_of_time``; ``jobs.train.training_warnings``
+and thread count, on a busy machine as on a quiet one, unless an opt-in wall-clock cap
+(``max_train_s``, off by default) stops a fit first (the report's ``out_of_time``; ``jobs.train.training_warnings``
 then says so).
 
 Reproducibility: the fit runs under ``torch.use_deterministic_algorithms``. Without it, two fits
@@ -211,7 +211,7 @@ def fit(run: Run, config: RecallConfig, seed: int, t0: float, progress: bool, ep
             steps += 1
             logits += int(positions[rows].sum()) * scored
             out_of_budget = logits >= budget
-            out_of_time = time.perf_counter() - t0 > config.max_train_s
+            out_of_time = config.max_train_s is not None and time.perf_counter() - t0 > config.max_train_s
             if out_of_budget or out_of_time:
                 cut_short = b + 1 < len(batches) or epoch < last
                 break  # within the epoch: one epoch over millions of windows can outlast the budget many times

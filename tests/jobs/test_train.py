@@ -181,7 +181,7 @@ def test_split_fingerprint_follows_content_not_mtime_or_path(tmp_path):
 
 
 def test_a_two_tower_stopped_by_the_clock_or_by_the_budget_before_early_stopping_is_a_warning() -> None:
-    settings = Settings.build({})
+    settings = Settings.build({"recall": {"max_train_s": 1800}})
     clocked = {"epochs": 14, "best_epoch": 10, "out_of_time": True, "out_of_budget": False}
     warnings = training_warnings(settings, {"recall": clocked, "coarse": {"seconds": 1.0}})
     # the clock, not the budget: machine-dependent even past the best epoch (patience might have run on)
