@@ -10,9 +10,11 @@ carries it. The count of answers that disagree is the figure (expected: 0).
 
 ``publish_then_kill`` runs ``recsys serve --workers 2`` (its embedded, supervised Redis) on a
 copy, and per trial publishes a new rule set, kills the ``redis-server`` child with SIGKILL at
-once, waits for the supervisor to restart it (empty: nothing relies on persistence), and then
+once, waits for the supervisor to restart it, and then
 samples ``/readyz`` on fresh connections until both workers answered: a trial *reverted* when a
-worker still serves another version once the allowance is over (expected: 0 of ``trials``).
+worker still serves another version once the allowance is over (expected: 0 of ``trials``). It
+runs with ``serving.redis_persist`` off by default, so the restarted Redis is empty and what keeps
+the version is the workers' activation sequences (``serving.hot_reload``), not the append-only file.
 
 Deliberately left out: writing the report (``serving.reliability.report``).
 """
@@ -185,10 +187,11 @@ def sample_workers(url: str, want: str, timeout_s: float) -> dict[int, list[str]
     return seen
 
 
-def _start_workers(copy: Path, work_dir: Path, key: str) -> tuple[subprocess.Popen, str, Any]:
+def _start_workers(copy: Path, work_dir: Path, key: str, persist: bool) -> tuple[subprocess.Popen, str, Any]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "RECSYS_REDIS_URL")}
     env["RECSYS_SERVING__ADMIN_API_KEY"] = key
+    env["RECSYS_SERVING__REDIS_PERSIST"] = "true" if persist else "false"
     log_file = open(Path(work_dir) / "serve.log", "wb")  # noqa: SIM115 - closed by publish_then_kill
     proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--artifacts", str(copy), "--workers", "2",
                              "--port", str(port)], cwd=REPO_ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT)
@@ -227,13 +230,14 @@ def _trial(proc: subprocess.Popen, url: str, key: str, doc: dict[str, Any]) -> d
             "reverted": put.status_code == 200 and (len(serving) < 2 or set(serving.values()) != {doc["version"]})}
 
 
-def publish_then_kill(artifact_dir: Path, work_dir: Path, trials: int = 20) -> dict[str, Any]:
-    """``trials`` publishes, each followed at once by a SIGKILL of the embedded Redis; count reverts."""
+def publish_then_kill(artifact_dir: Path, work_dir: Path, trials: int = 20, persist: bool = False) -> dict[str, Any]:
+    """``trials`` publishes, each followed at once by a SIGKILL of the embedded Redis; count reverts.
+    ``persist``: keep Redis's append-only file on (the served default); off, the restarted Redis is empty."""
     copy = _copy(artifact_dir, work_dir)
     key = secrets.token_hex(16)
     base = _served_rules(Settings.build({}))
     items = [str(i) for i in Split.load(copy / "split").items["item_id"].head(trials)]
-    proc, url, log_file = _start_workers(copy, work_dir, key)
+    proc, url, log_file = _start_workers(copy, work_dir, key, persist)
     rows = []
     try:
         tag = f"{int(time.time())}"
@@ -250,5 +254,5 @@ def publish_then_kill(artifact_dir: Path, work_dir: Path, trials: int = 20) -> d
             proc.wait()
         log_file.close()
     return {"trials": len(rows), "reverts": sum(r["reverted"] for r in rows),
-            "publishes_ok": sum(r["put"] == 200 for r in rows), "workers": 2,
+            "publishes_ok": sum(r["put"] == 200 for r in rows), "workers": 2, "redis_persist": persist,
             "max_settle_s": max((r["settle_s"] for r in rows), default=0.0), "runs": rows}
