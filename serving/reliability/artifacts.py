@@ -37,6 +37,7 @@ from pydantic import SecretStr
 
 from cascade.settings import Settings
 from offline.split import Split
+from recsys.manifest import MANIFEST_FILE, MARKER_FILE, write_manifest
 from serving.bench import REPO_ROOT, free_port, start_server_subprocess
 from serving.run import APP_FACTORY, server_env
 
@@ -69,6 +70,13 @@ DAMAGES: dict[str, tuple[str, Callable[[Path], None]]] = {
     "corrupt_faiss_index": ("recall/index/index.faiss", _corrupt),
     "missing_item_vectors": ("recall/item_vectors.npy", _remove),
 }
+
+
+def _copy(artifact_dir: Path, to: Path) -> Path:
+    """A fresh copy of the trained artifacts at ``to`` (not ``state/``: a server's Redis data, not an artifact)."""
+    shutil.rmtree(to, ignore_errors=True)
+    shutil.copytree(artifact_dir, to, ignore=shutil.ignore_patterns("state"))
+    return to
 
 
 def damage(artifact_dir: Path, case: str) -> Path:
@@ -145,31 +153,52 @@ def _poll_readyz(proc: subprocess.Popen, base_url: str, done: Callable[[dict[str
     return {"timed_out_s": timeout_s}
 
 
+def with_manifests(artifact_dir: Path, work_dir: Path) -> tuple[Path, list[str]]:
+    """``artifact_dir``, or a copy under ``work_dir`` whose trained stages trained before digests were
+    recorded (a ``stage.json``, no ``manifest.json``) get theirs, as the next ``recsys train`` would
+    record them; the folders so recorded."""
+    stages = sorted(p.parent for p in Path(artifact_dir).glob("**/" + MARKER_FILE)
+                    if not (p.parent / MANIFEST_FILE).exists())
+    if not stages:
+        return Path(artifact_dir), []
+    copy = Path(work_dir) / "source"
+    shutil.rmtree(copy, ignore_errors=True)
+    _copy(artifact_dir, copy)
+    recorded = [str(stage.relative_to(artifact_dir)) for stage in stages]
+    for stage in recorded:
+        write_manifest(copy / stage)
+    return copy, recorded
+
+
 def damaged_artifacts(artifact_dir: Path, work_dir: Path, *, config: Path | None = None,
                       cases: tuple[str, ...] = tuple(DAMAGES)) -> dict[str, Any]:
     """Each damage ``case`` on copies of ``artifact_dir`` made under ``work_dir``: the CLI's and a live
     server's outcome (see the module docstring). ``config`` is the pipeline YAML the artifacts were
-    trained with (default ``configs/pipeline.yaml``)."""
+    trained with (default ``configs/pipeline.yaml``). Artifacts trained before digests were recorded
+    are measured as the next ``recsys train`` leaves them (``with_manifests``; listed in the report)."""
     artifact_dir, work_dir = Path(artifact_dir), Path(work_dir)
     user = str(Split.load(artifact_dir / "split").vocab.user_ids[0])
     report: dict[str, Any] = {"artifact_dir": str(artifact_dir), "user": user, "cases": {}}
+    artifact_dir, report["manifests_recorded_first"] = with_manifests(artifact_dir, work_dir)
     for case in cases:
-        copy = work_dir / f"cli-{case}"
-        shutil.rmtree(copy, ignore_errors=True)
-        shutil.copytree(artifact_dir, copy)
+        copy = _copy(artifact_dir, work_dir / f"cli-{case}")
         damage(copy, case)
         report["cases"][case] = {"file": DAMAGES[case][0], "recommend": cli_outcome(copy, user, config)}
         shutil.rmtree(copy, ignore_errors=True)
     settings = Settings.from_yaml(config)
     settings = settings.model_copy(update={"serving": settings.serving.model_copy(
         update={"admin_api_key": SecretStr(ADMIN_KEY)})})
-    live = work_dir / "live"
-    shutil.rmtree(live, ignore_errors=True)
-    shutil.copytree(artifact_dir, live)
+    live = _copy(artifact_dir, work_dir / "live")
     with start_server_subprocess(settings, live) as base_url:
         for case in cases:
-            report["cases"][case]["live"] = _live_case(base_url, live, case, artifact_dir, user)
-        report["server_alive_after_all_cases"] = httpx.get(f"{base_url}/healthz", timeout=10).status_code == 200
+            try:
+                report["cases"][case]["live"] = _live_case(base_url, live, case, artifact_dir, user)
+            except httpx.HTTPError as exc:  # the server did not answer (it died): what the operator sees
+                report["cases"][case]["live"] = {"error": f"{type(exc).__name__}: {exc}"}
+        try:
+            report["server_alive_after_all_cases"] = httpx.get(f"{base_url}/healthz", timeout=10).status_code == 200
+        except httpx.HTTPError:
+            report["server_alive_after_all_cases"] = False
     report["first_load_failed"] = _first_load(settings, live, artifact_dir, cases[0])
     shutil.rmtree(live, ignore_errors=True)
     return report
