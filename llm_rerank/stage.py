@@ -31,6 +31,7 @@ Deliberately left out: fusing the LLM score with the coarse score (``fusion.stag
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,7 @@ from offline.split import Split
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request, StageError
 from recsys.manifest import verify_directory
+from recsys.pipeline import STAGE_SWAP
 from recsys.redis_state import DEFAULT_SOCKET_TIMEOUT_S
 
 
@@ -151,9 +153,16 @@ class LLMRerankStage:
         """Serve ``template`` from the next request on (called by ``serving.hot_reload.PromptApplier``,
         on its watcher thread or an admin request's, with a document it validated)."""
         template = parse_prompt_document(template, f"stage {self.name!r} prompt")
-        if self.prompts is not None:
-            self.prompts = self.prompts.with_template(template)  # built first, then one assignment
-        self.template = template
+        prompts = self.prompts.with_template(template) if self.prompts is not None else None  # built first
+        with STAGE_SWAP:  # a request pins the stage under it: the old template and builder, or the new ones
+            self.prompts = prompts
+            self.template = template
+
+    def pinned(self) -> LLMRerankStage:
+        """A copy fixed on the template (and its prompt builder) served now, for one request
+        (``recsys.pipeline.Pipeline.snapshot``): the answer's prompt version is the one that scored it,
+        even when ``PUT /admin/prompts`` lands mid-request. Shallow: the model and caches are shared."""
+        return copy.copy(self)
 
     # -- serving -----------------------------------------------------------------------
     def build_prompt(self, request: Request, item_idx: np.ndarray,

@@ -155,3 +155,15 @@ def test_a_builder_swap_keeps_tokenizer_and_bounds() -> None:
     b = swapped.listwise(ANIMATION[:2], {}, ANIMATION[2:4])
     assert a.prefix != b.prefix and a.suffixes != b.suffixes
     assert [b.suffixes[0][s:e] for s, e in b.slots[0]] == [a.suffixes[0][s:e] for s, e in a.slots[0]]
+
+
+def test_a_request_pinned_before_a_prompt_publish_keeps_its_prompt_and_version(artifacts: Path) -> None:
+    stage = make_stage(artifacts, scoring="listwise")
+    request = Request(user_id="u0", history=np.array([1, 2]), user_attrs={"age": 30})
+    items = np.array([0, 3, 6])
+    pinned = stage.pinned()
+    before = (pinned.version(), pinned.score(request, items))
+    stage.set_prompt_template(CRITICS)  # lands while the pinned request is running
+    assert pinned.version() == before[0] != stage.version()
+    np.testing.assert_allclose(pinned.score(request, items), before[1], rtol=0, atol=1e-6)
+    assert not np.allclose(stage.score(request, items), before[1])
