@@ -3,7 +3,7 @@
 ML-100K (GroupLens README): ``u.data`` tab-separated ``user item rating timestamp``;
 ``u.item`` '|'-separated ``id|title|release date|video release date|IMDb URL|`` + one 0/1 flag
 per genre of ``u.genre`` (``name|index``), latin-1; ``u.user`` ``id|age|gender|occupation|zip``.
-ML-1M: '::'-separated latin-1 ``ratings.dat`` (UserID::MovieID::Rating::Timestamp),
+ML-1M: '::'-separated ``ratings.dat`` (latin-1 as GroupLens ships it, UTF-8 where the bytes are: MovieTweetings) (UserID::MovieID::Rating::Timestamp),
 ``movies.dat`` (MovieID::Title::Genres, genres '|'-joined), optional ``users.dat``
 (UserID::Gender::Age::Occupation::Zip, age and occupation as codes). A ``users.dat`` of another
 layout (MovieTweetings': ``UserID::TwitterID``) gives the user ids only, from its first field, with
@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from offline.loaders import checks, common
-from offline.loaders.reading import first_row_width, read_delimited
+from offline.loaders.reading import UTF8_ELSE_LATIN1, first_row_width, read_delimited
 from offline.schema import Dataset
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,8 @@ def load_ml1m(directory: Path) -> Dataset:
     directory = Path(directory)
     items = _ml1m_movies(directory / "movies.dat")
     users = _ml1m_users(directory / "users.dat") if (directory / "users.dat").exists() else None
-    table = read_delimited(directory / "ratings.dat", "::", ("user_id", "item_id", "rating", "timestamp"), LATIN1)
+    table = read_delimited(directory / "ratings.dat", "::", ("user_id", "item_id", "rating", "timestamp"),
+                           UTF8_ELSE_LATIN1)
     events = common.interactions(
         table, items=items["item_id"], items_file="movies.dat",
         users=None if users is None else users["user_id"], users_file="users.dat",
@@ -144,7 +145,7 @@ def movie_items(item_id: pd.Series, titles: pd.Series, genres: pd.Series,
 
 
 def _ml1m_movies(path: Path) -> pd.DataFrame:
-    table = read_delimited(path, "::", ("item_id", "title", "genres"), encoding=LATIN1)
+    table = read_delimited(path, "::", ("item_id", "title", "genres"), encoding=UTF8_ELSE_LATIN1)
     checks.require_file_rows(table)
     item_id = checks.ids(table, "item_id", "movie id")
     checks.unique(table, item_id, "movie id")
@@ -152,10 +153,10 @@ def _ml1m_movies(path: Path) -> pd.DataFrame:
 
 
 def _ml1m_users(path: Path) -> pd.DataFrame:
-    width = first_row_width(path, "::", LATIN1)
+    width = first_row_width(path, "::", UTF8_ELSE_LATIN1)
     if width not in (0, len(ML1M_USER_FIELDS)):
         return _user_ids_only(path, width)
-    table = read_delimited(path, "::", ML1M_USER_FIELDS, encoding=LATIN1)
+    table = read_delimited(path, "::", ML1M_USER_FIELDS, encoding=UTF8_ELSE_LATIN1)
     checks.require_file_rows(table)
     user_id = checks.ids(table, "user_id", "user id")
     checks.unique(table, user_id, "user id")
@@ -175,7 +176,8 @@ def _ml1m_users(path: Path) -> pd.DataFrame:
 def _user_ids_only(path: Path, width: int) -> pd.DataFrame:
     """The user ids of a ``users.dat`` whose lines hold ``width`` fields, not ML-1M's five: the first field
     of each line (every line must have ``width``), the others not read, and a warning that says so."""
-    table = read_delimited(path, "::", ("user_id", *(f"field_{i}" for i in range(2, width + 1))), encoding=LATIN1)
+    table = read_delimited(path, "::", ("user_id", *(f"field_{i}" for i in range(2, width + 1))),
+                           encoding=UTF8_ELSE_LATIN1)
     checks.require_file_rows(table)
     user_id = checks.ids(table, "user_id", "user id")
     checks.unique(table, user_id, "user id")

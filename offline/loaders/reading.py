@@ -71,11 +71,24 @@ class Table:
             raise DataError(f"{self.where(pos)}: {message(pos)}")
 
 
+UTF8_ELSE_LATIN1 = "utf-8, else latin-1"  # a `decode` encoding: see there
+
+
 def decode(path: Path, encoding: str) -> str:
-    """The whole file as text; DataError naming the file (and the line of a bad byte)."""
+    """The whole file as text; DataError naming the file (and the line of a bad byte).
+
+    ``UTF8_ELSE_LATIN1`` reads a file as UTF-8 when its bytes are valid UTF-8, else as latin-1: the
+    '::' layout is ML-1M's (latin-1) and MovieTweetings' (UTF-8); ASCII reads alike either way, and
+    latin-1 text with accents is almost never valid UTF-8.
+    """
     if not path.is_file():
         raise DataError(f"{path}: file not found")
     raw = path.read_bytes()
+    if encoding == UTF8_ELSE_LATIN1:
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return raw.decode("latin-1")
     try:
         return raw.decode(encoding)
     except UnicodeDecodeError as exc:

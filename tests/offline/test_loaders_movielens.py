@@ -217,6 +217,7 @@ def test_a_users_file_of_another_layout_gives_the_user_ids_and_a_warning(tmp_pat
     assert ds.users["age"].isna().all() and ds.users["gender"].isna().all()
     assert ds.interactions["rating"].tolist() == [10.0, 6.0, 7.0, 0.0]
     assert ds.items["categories"].tolist() == [["Documentary", "Short"], ["Documentary", "Short"], []]
+    assert ds.items["title"].iloc[1] == "La sortie des usines Lumière (1895)"  # UTF-8, as MovieTweetings writes it
     [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warning == ("users.dat: 2 '::'-separated field(s) per line, not ML-1M's 5 (user_id::gender::age::"
                        "occupation::zip): the first was read as the user id, the rest not; the users have no "
@@ -235,3 +236,10 @@ def test_a_users_file_of_another_layout_is_still_checked_line_by_line(tmp_path: 
     with pytest.raises(DataError) as err:
         load_dataset(root)
     assert message in str(err.value)
+
+
+def test_a_dat_file_in_latin_1_still_reads_as_grouplens_writes_it(tmp_path: Path) -> None:
+    root = write_movietweetings(tmp_path / "ml1m-latin1")
+    (root / "movies.dat").write_bytes("0000008::Amélie (2001)::Comedy\n0000010::Zoë (1995)::Drama\n"
+                                      "0000012::Heat (1995)::\n".encode("latin-1"))
+    assert load_dataset(root).items["title"].tolist() == ["Amélie (2001)", "Zoë (1995)", "Heat (1995)"]
