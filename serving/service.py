@@ -322,6 +322,7 @@ class ServiceSlot:
         self.recommender = recommender
         self.error: str | None = None
         self.damaged_file: str | None = None  # the artifact file a failed load refused, if that was the cause
+        self.reload_refused: dict[str, str | None] | None = None  # the last POST /admin/reload, when refused
 
     def failed(self, exc: BaseException, damaged: Path | None = None) -> None:
         """Record why loading failed (readiness says it; ``POST /admin/reload`` can still succeed)."""
@@ -332,6 +333,11 @@ class ServiceSlot:
         """Serve ``recommender`` from the next request on (one assignment); a past load error is over."""
         self.recommender = recommender
         self.error = self.damaged_file = None
+        self.reload_refused = None
+
+    def refused(self, detail: str, damaged: Path | None) -> None:
+        """Record a refused reload (readiness names it while the previous artifacts keep serving)."""
+        self.reload_refused = {"detail": detail, "damaged_file": None if damaged is None else str(damaged)}
 
     @property
     def status(self) -> str:

@@ -33,6 +33,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 
 from recsys.documents import InvalidVersion, parse_document
+from recsys.manifest import damaged_file
 from recsys.redis_state import RedisUnavailable
 from serving.backend import OnlineBackend
 from serving.deps import AdminDep, BackendDep, MetricsDep, RecommenderDep, SettingsDep, SlotDep
@@ -195,6 +196,7 @@ async def reload_artifacts(request: Request, backend: BackendDep, metrics: Metri
         except ReloadRefused as exc:
             metrics.errors.labels("reload_refused").inc()
             still = "still serving the previous artifacts" if current is not None else "nothing is served yet"
+            slot.refused(str(exc), damaged_file(exc))
             raise HTTPException(status_code=422, detail=f"reload refused, {still}: {exc}") from None
         await run_in_threadpool(swap, slot, backend, new)
     metrics.reloads.labels("artifacts").inc()

@@ -4,7 +4,8 @@
 ``/readyz`` answers 200 only once artifacts are loaded (readiness: route traffic to me),
 503 while loading or after a failed load, with the reason (and ``damaged_file``, the artifact
 whose digest was refused, when that was it; ``POST /admin/reload`` makes the worker ready once the
-files are fixed). ``/metrics`` is the Prometheus
+files are fixed; while serving, ``reload_refused`` says why the last ``POST /admin/reload`` was refused,
+``damaged_file`` included, until one succeeds). ``/metrics`` is the Prometheus
 exposition (all workers aggregated in multi-process mode, see ``serving.metrics``); readiness
 also says whether Redis answers (a down Redis degrades, it does not make the worker unready)
 and, when this process supervises the embedded Redis, how often it was restarted,
@@ -44,7 +45,7 @@ async def readyz(request: Request, slot: SlotDep, settings: SettingsDep) -> JSON
     supervisor = getattr(backend, "supervisor", None)  # the embedded Redis of this process, if any
     return JSONResponse({"status": "ready", "versions": slot.recommender.versions(), "redis": redis_ok,
                          "redis_restarts": supervisor.restarts if supervisor is not None else None,
-                         "degraded_stages": degraded, "pid": os.getpid()})
+                         "degraded_stages": degraded, "reload_refused": slot.reload_refused, "pid": os.getpid()})
 
 
 @router.get("/metrics")

@@ -108,9 +108,11 @@ def test_reload_refuses_a_damaged_file_and_the_previous_artifacts_keep_serving(
     after = live.post("/v1/recommend", json=body)
     assert after.status_code == 200 and after.json()["versions"] == before["versions"]
     assert [i["id"] for i in after.json()["items"]] == [i["id"] for i in before["items"]]
-    assert live.get("/readyz").status_code == 200
+    ready = live.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["reload_refused"]["damaged_file"] == str(path)
     shutil.copy2(trained[0] / DAMAGES[case][0], path)
     assert live.post("/admin/reload", headers={"X-API-Key": KEY}).status_code == 200
+    assert live.get("/readyz").json()["reload_refused"] is None
 
 
 def test_a_worker_whose_first_load_failed_names_the_file_and_recovers_by_reload(
