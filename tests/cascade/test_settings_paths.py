@@ -9,6 +9,7 @@ import pytest
 from cascade.registry import build_stage
 from cascade.settings import DEFAULT_CONFIG, PROJECT_ROOT, Settings
 from cli.common import artifact_dir
+from llm_rerank.stage import LLMRerankStage
 
 LLM_CONFIG = DEFAULT_CONFIG.parent / "pipeline_llm.yaml"
 
@@ -20,6 +21,7 @@ def test_the_llm_config_run_from_another_folder_finds_the_project_artifacts_and_
     assert settings.artifacts_dir == PROJECT_ROOT / "artifacts"
     assert artifact_dir(settings, None, None) == PROJECT_ROOT / "artifacts" / "synthetic"
     llm = build_stage(settings.pipeline.stage("llm"), settings)
+    assert isinstance(llm, LLMRerankStage)
     assert llm.artifacts_root == PROJECT_ROOT / "artifacts"  # where the converted backbone is looked up
     assert not (tmp_path / "artifacts").exists()
 
