@@ -297,10 +297,11 @@ def training_warnings(settings: Settings, report: dict[str, Any]) -> list[str]:
     """
     out = []
     recall = settings.recall
+    cap = "unset" if recall.max_train_s is None else f"{recall.max_train_s:g} s"
     for stage in ("recall", "recall_holdout"):
         rep = report.get(stage) or {}
         if rep.get("out_of_time"):
-            out.append(f"{stage}: the wall-clock cap recall.max_train_s ({recall.max_train_s:g} s) stopped the "
+            out.append(f"{stage}: the wall-clock cap recall.max_train_s ({cap}) stopped the "
                        f"two-tower at epoch {rep.get('epochs')}, before its logit budget; the result depends on this "
                        "machine's speed and load (raise recall.max_train_s for a reproducible model)")
         elif rep.get("out_of_budget"):
@@ -310,7 +311,7 @@ def training_warnings(settings: Settings, report: dict[str, Any]) -> list[str]:
                        f"two-tower at epoch {rep.get('epochs')} {how}: not converged (raise it for a converged "
                        "model)")
         if (rep.get("refit") or {}).get("out_of_time"):  # the refit has its own clock (recall.train._refit)
-            out.append(f"{stage}: the wall-clock cap recall.max_train_s ({recall.max_train_s:g} s) stopped the refit "
+            out.append(f"{stage}: the wall-clock cap recall.max_train_s ({cap}) stopped the refit "
                        f"at epoch {rep['refit'].get('epochs')} of {rep.get('best_epoch')}; the served model depends on "
                        "this machine's speed and load (raise recall.max_train_s for a reproducible model)")
     return out

@@ -41,7 +41,7 @@ import numpy as np
 from scipy import sparse
 
 from offline.protocol import GATE_MIN_USERS, SALT_CHANNEL_GATE, gate_halves, gate_verdict
-from recall.channels import clean_channel
+from recall.channels import clean_channel, priority_items
 from recall.config import RecallConfig
 from recall.item_models import NeighbourChannel, covisitation, item_counts, item_model
 from recall.stage import RecallStage
@@ -178,24 +178,6 @@ def tune_shares(stage: Any, lists: list[list[Any]], excludes: list[np.ndarray], 
             served, gate["served"] = grid[best], "challenger"
     valid_recall = float(per_user[grid.index(served)].mean()) if len(targets) else 0.0
     return {"shares": served, "valid_recall": round(valid_recall, 5), "gate": gate, "grid": results}
-
-
-def priority_items(cleaned: list[np.ndarray], caps: list[int], depth: int) -> np.ndarray:
-    """The items ``merge_channels(..., order="priority")`` returns for already cleaned channel
-    lists (``recall.channels.clean_channel``) and per-channel caps, as a set in merge order, without
-    the per-slot loop: each channel in turn takes its next ``cap`` items not yet taken, then
-    the first channel fills what is left (the quota search runs this thousands of times).
-
-    >>> priority_items([np.array([1, 2, 3, 4]), np.array([2, 5, 6])], [2, 2], 5).tolist()
-    [1, 2, 5, 6, 3]
-    """
-    taken = np.zeros(0, dtype=np.int64)
-    for ids, cap in zip(cleaned, caps, strict=True):
-        free = ids[~np.isin(ids, taken)][: max(min(cap, depth - len(taken)), 0)]
-        taken = np.concatenate([taken, free])
-    if cleaned and len(taken) < depth:
-        taken = np.concatenate([taken, cleaned[0][~np.isin(cleaned[0], taken)][: depth - len(taken)]])
-    return taken
 
 
 def channel_candidate_recall(stage: Any, split: Any, phase: str) -> dict[str, float]:

@@ -33,7 +33,8 @@ def user_vectors(
     """
     if len(attrs) != len(histories):
         raise ValueError(f"{len(histories)} histories but {len(attrs)} attribute rows")
-    tower.eval()
+    if tower.training:  # eval() walks every submodule: a served tower is in eval mode already
+        tower.eval()
     table = torch.as_tensor(item_vectors, dtype=torch.float32)
     out = np.zeros((len(histories), tower.dim), dtype=np.float32)
     for s in range(0, len(histories), batch_size):

@@ -9,14 +9,13 @@ import numpy as np
 import pytest
 
 from offline.protocol import SALT_CHANNEL_GATE, gate_halves
-from recall.channels import clean_channel, merge_channels
+from recall.channels import clean_channel, merge_channels, priority_items
 from recall.config import EARLY_STOPPED_DIR, RecallConfig
 from recall.extra_channels import (
     CHANNELS_FILE,
     MIN_TWO_TOWER_SHARE,
     SHARE_GRID,
     channel_candidate_recall,
-    priority_items,
     tune_shares,
 )
 from recall.stage import RecallStage
@@ -46,6 +45,28 @@ def _stage(root: Path, **params) -> RecallStage:
     return stage
 
 
+def _priority_by_slot(cleaned: list[np.ndarray], caps: list[int], depth: int) -> list[int]:
+    """The priority merge one slot at a time, as its definition reads: the lowest-numbered channel that
+    is under its cap and has an item not yet taken gives the next slot; then the first channel fills."""
+    taken: list[int] = []
+    pos, filled = [0] * len(cleaned), [0] * len(cleaned)
+
+    def next_free(c: int) -> int | None:
+        while pos[c] < len(cleaned[c]) and int(cleaned[c][pos[c]]) in taken:
+            pos[c] += 1
+        return int(cleaned[c][pos[c]]) if pos[c] < len(cleaned[c]) else None
+
+    while len(taken) < depth:
+        open_ = [c for c in range(len(cleaned)) if filled[c] < caps[c] and next_free(c) is not None]
+        if not open_:
+            break
+        taken.append(next_free(open_[0]))  # type: ignore[arg-type]
+        filled[open_[0]] += 1
+    while cleaned and len(taken) < depth and (extra := next_free(0)) is not None:
+        taken.append(extra)
+    return taken
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_priority_items_is_the_priority_merge(seed: int) -> None:
     rng = np.random.default_rng(seed)
@@ -56,7 +77,7 @@ def test_priority_items_is_the_priority_merge(seed: int) -> None:
     merged = merge_channels(lists, 15, exclude, quotas={n: c for (n, _, _), c in zip(lists, caps, strict=True)},
                             order="priority")
     cleaned = [clean_channel(ids, s, np.asarray(exclude), n)[0] for n, ids, s in lists]
-    assert priority_items(cleaned, caps, 15).tolist() == merged.items.tolist()
+    assert priority_items(cleaned, caps, 15).tolist() == merged.items.tolist() == _priority_by_slot(cleaned, caps, 15)
 
 
 def test_channels_are_on_by_default_and_shares_validated() -> None:
