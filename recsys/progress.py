@@ -124,7 +124,7 @@ def progress_bar(iterable: Iterable[T] | None = None, *, desc: str, total: int |
     the bar or the line goes (default: ``sys.stderr``, looked up at call time).
     """
     if enabled and interactive(stream):
-        from tqdm import tqdm  # here, not at import: quiet_library_bars must run before tqdm's first import
+        from tqdm import tqdm  # lazy: quiet_library_bars must run before tqdm's first import
 
         return tqdm(iterable, desc=desc, total=total, unit=unit, initial=initial, file=stream)
     return StageLine(iterable, desc, total, unit, initial, enabled, stream)
