@@ -114,7 +114,7 @@ def test_tiny_cascade_trains_evaluates_and_is_reused(tmp_path: Path, monkeypatch
 
     # fusion weights belong to the rule set they were tuned under: a new rule set retunes them
     mine = tmp_path / "mine.yaml"
-    mine.write_text("version: mine-1\nrules:\n  - {id: one, kind: blocklist, items: {item_ids: ['i0001']}}\n")
+    mine.write_text("version: mine-1\nrules:\n  - {id: one, kind: blocklist, items: {item_ids: ['i001']}}\n")
     retuned = train_stages(Settings.build({**TINY, "recall": {**TINY["recall"], "popularity_share": 0.2},
                                            "rules": {"ruleset": str(mine)}}), art, split)
     assert retuned["recall"]["reused"] and retuned["coarse"]["reused"] and not retuned["fusion"].get("reused")
