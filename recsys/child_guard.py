@@ -13,6 +13,9 @@ set; a child whose parent died before the signal was armed terminates itself at 
 Elsewhere than Linux there is no such signal: the child is started normally (``atexit``
 still stops it on an ordinary exit).
 
+``die_with_parent`` arms the same signal from inside a child another library started (uvicorn's
+workers, spawned by its supervisor's main thread, which lives as long as the supervisor).
+
 Deliberately left out: process groups and cgroups (a supervisor such as systemd already
 stops a whole unit).
 """
@@ -79,6 +82,19 @@ class _SpawnThread:
 
 
 spawn_thread = _SpawnThread()
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ask for SIGTERM when this process's parent dies; terminate at once if it already has.
+
+    For a child that another library starts (uvicorn's worker processes): it arms the signal
+    itself, first thing. ``parent_pid`` is the parent it expects, so a worker that starts after
+    its parent was killed does not keep running under init.
+    """
+    if _LIBC is not None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def popen(cmd: list[str], **kwargs: Any) -> subprocess.Popen:

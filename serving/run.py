@@ -43,6 +43,7 @@ from uvicorn.supervisors.multiprocess import Multiprocess
 
 from cascade.registry import build_stage
 from cascade.settings import Settings
+from recsys.child_guard import die_with_parent
 from recsys.config import POLICY_KINDS
 from serving.app import create_app
 from serving.backend import embedded_redis
@@ -195,11 +196,14 @@ class StoppingSupervisor(Multiprocess):
 def leave_signals_to_supervisor(environ: dict[str, str] | None = None) -> None:
     """In a worker of ``serve``'s supervisor, ignore SIGHUP and SIGINT: a closed terminal or Ctrl+C sends
     them to the whole process group, and the supervisor then drains and stops each worker with SIGTERM
-    (workers stopping on their own would be restarted by it as crashed)."""
+    (workers stopping on their own would be restarted by it as crashed). The worker also asks for
+    SIGTERM when the supervisor dies (``recsys.child_guard.die_with_parent``): a supervisor killed with
+    SIGKILL leaves no worker serving, orphaned, on its port."""
     env = os.environ if environ is None else environ
     if env.get(ENV_SUPERVISOR_PID) == str(os.getppid()) and threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGHUP, signal.SIGINT):
             signal.signal(sig, signal.SIG_IGN)
+        die_with_parent(int(env[ENV_SUPERVISOR_PID]))
 
 
 @contextmanager

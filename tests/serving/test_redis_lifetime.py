@@ -1,4 +1,4 @@
-"""The embedded redis-server never outlives the server that started it, even one killed with SIGKILL.
+"""Neither the embedded redis-server nor uvicorn's workers outlive the server, even one killed with SIGKILL.
 
 Real processes: the server (``serving.run.serve``, what ``recsys serve`` runs, on the toy
 catalog) in a subprocess, with one worker and with two; its redis-server found among its
@@ -88,6 +88,9 @@ def test_sigkill_of_the_server_takes_its_embedded_redis_along(toy_dir: Path, wor
         server.send_signal(signal.SIGKILL)
         server.wait()
         assert _wait_for(lambda: not _running(redis_pid), timeout_s=20), f"redis-server {redis_pid} outlived its server"
+        # nor do uvicorn's workers: orphaned, they would keep serving (without Redis) and hold the port
+        assert _wait_for(lambda: not any(_running(pid) for pid in others), timeout_s=30), \
+            f"workers {[p for p in others if _running(p)]} outlived their supervisor"
         assert (toy_dir / "state" / "redis" / "appendonly.aof").exists()  # it kept its file for the next start
     finally:
         for pid in others:
