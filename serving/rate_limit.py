@@ -6,8 +6,8 @@ token bucket per client (``rate_per_s`` tokens a second, at most ``burst`` saved
 that finds the bucket empty gets 429 with ``Retry-After`` (whole seconds until a token is
 back) and a detail naming the setting, before its body is read.
 
-The client is the peer address uvicorn reports (``X-Forwarded-For`` only from the proxies
-uvicorn trusts, ``--forwarded-allow-ips``), or, when ``client_header`` is configured
+The client is the connection's peer address (``serving.run`` turns uvicorn's ``X-Forwarded-For``
+handling off: it trusts the header from loopback), or, when ``client_header`` is configured
 (``serving.rate_limit_client_header``), that header's value: set it only behind a gateway that
 writes the header itself, since a client could otherwise name itself anew on every call.
 

@@ -18,6 +18,11 @@ Signals: SIGINT, SIGTERM and SIGHUP (``STOP_SIGNALS``) each stop the server clea
 in flight are answered, the workers' lifespans close their Redis links, the embedded Redis is stopped,
 and the process exits with ``128 + signum`` (130, 143, 129), as ``docs/operations.md`` documents.
 
+The client address is the connection's peer: uvicorn's ``X-Forwarded-For`` handling is off
+(``proxy_headers=False``; uvicorn trusts the header from loopback by default, so any local
+client could name itself anew per request and slip the events rate limit). Behind a gateway,
+``serving.rate_limit_client_header`` names the header the gateway writes.
+
 Deliberately left out: the command-line interface itself (``cli``).
 """
 
@@ -104,7 +109,7 @@ def serve(
     with exit_on_signals(), shared_state(settings, workers, Path(artifact_dir)) as settings:
         if workers == 1:
             server = DrainingServer(uvicorn.Config(create_app(settings, Path(artifact_dir)), host=host, port=port,
-                                                   log_config=log_config()))
+                                                   log_config=log_config(), proxy_headers=False))
             server.run()
             if server.received is None and not server.started:
                 raise SystemExit(STARTUP_FAILURE)
@@ -112,7 +117,7 @@ def serve(
         else:
             os.environ.update({**server_env(settings, Path(artifact_dir)), ENV_SUPERVISOR_PID: str(os.getpid())})
             config = uvicorn.Config(APP_FACTORY, factory=True, host=host, port=port, workers=workers,
-                                    log_config=log_config())
+                                    log_config=log_config(), proxy_headers=False)
             supervisor = StoppingSupervisor(config, sockets=[config.bind_socket()])
             supervisor.run()
             received = supervisor.received

@@ -70,3 +70,47 @@ def test_a_configured_client_header_names_the_client(toy_dir: Path) -> None:
 def test_a_zero_rate_turns_the_limit_off(toy_dir: Path) -> None:
     with client_for(toy_dir, PAIRS, events_rate_per_s=0, events_rate_burst=1) as client:
         assert {client.post("/v1/events", json=_event(n)).status_code for n in range(20)} == {200}
+
+
+_SERVE = """
+import sys
+from pathlib import Path
+import serving.run as run
+from tests.serving.toy import toy_settings, use_toy_stage_kinds
+use_toy_stage_kinds()
+s = toy_settings()
+s = s.model_copy(update={"serving": s.serving.model_copy(update={"events_rate_per_s": 0.01, "events_rate_burst": 2})})
+run.serve(s, Path(sys.argv[1]), port=int(sys.argv[2]), workers=1)
+"""
+
+
+def test_a_made_up_forwarded_for_does_not_name_a_new_client(toy_dir: Path) -> None:
+    """A real server: uvicorn trusts X-Forwarded-For from loopback by default, so a local client naming a new
+    address on every call was never limited."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from serving.bench import free_port
+
+    port, repo = free_port(), Path(__file__).resolve().parents[2]
+    env = {**{k: v for k, v in os.environ.items() if k != "REDIS_URL"}, "PYTHONPATH": str(repo)}
+    server = subprocess.Popen([sys.executable, "-c", _SERVE, str(toy_dir), str(port)], cwd=repo, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            try:
+                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        codes = [httpx.post(f"{url}/v1/events", json=_event(n), timeout=10,
+                            headers={"X-Forwarded-For": f"10.0.{n}.1"}).status_code for n in range(6)]
+        assert codes[:2] == [200, 200] and set(codes[2:]) == {429}, codes
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
