@@ -18,8 +18,8 @@ def bench_explain(
     users: Annotated[int, typer.Option(min=1, help="Sampled users (requests per explain_k setting).")] = 40,
     explain_k: Annotated[str, typer.Option(help="explain_k settings, comma-separated.")] = "1,3",
     k: Annotated[int, typer.Option(min=1, help="Items per answer.")] = 10,
-    budget_ms: Annotated[float, typer.Option(min=1.0, help="Generation budget of the benchmark (lifted so every "
-                                                           "reason is written and checked).")] = 120_000.0,
+    budget_ms: Annotated[float, typer.Option(min=1.0, max=60_000.0, help="Generation budget of the benchmark (lifted so every "
+                                                           "reason is written and checked).")] = 60_000.0,
     out: c.OutOpt = None,
 ) -> None:
     """Schema-valid and grounded shares, template share, extra ms per request, cache hit rate, sampled reasons."""

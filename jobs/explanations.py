@@ -63,7 +63,7 @@ def _percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def bench_explanations(settings: Settings, artifact_dir: Path, *, users: int = 40, explain_ks: Sequence[int] = (1, 3),
-                       k: int = 10, budget_ms: float = 120_000.0, seed: int = 0) -> dict[str, Any]:
+                       k: int = 10, budget_ms: float = 60_000.0, seed: int = 0) -> dict[str, Any]:
     """The explanation benchmark on ``artifact_dir`` (module docstring); the report."""
     served_budget_ms = settings.llm.explain.budget_ms
     bench = _settings_for_bench(settings, budget_ms)

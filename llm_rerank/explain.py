@@ -126,6 +126,8 @@ class ReasonGenerator:
         vocab = int(getattr(self.model.config, "vocab_size", len(tok)))
         self.compiled, stop = compile_json_schema(tok, vocab, reason_schema(self.max_chars))
         self.stop_ids = set(stop)
+        # a row still open when the token budget ends is closed with these (the string, the object, a stop)
+        self.close_ids = [*stage.prompts.ids('"}'), stop[0]] if stop else stage.prompts.ids('"}')
 
     def version(self) -> str:
         """The prompt version of what this writes: model, re-ranker prompt and explanation texts."""
@@ -182,11 +184,14 @@ class ReasonGenerator:
             logits, state = continue_batch(self.model, state, suffixes, self.pad_id, logits=True, room=steps)
             out: list[list[int]] = [[] for _ in suffixes]
             chosen = torch.full((len(suffixes), 1), self.pad_id, dtype=torch.long)
+            closing = steps - len(self.close_ids)
             for step in range(steps):
                 masked = grammar(chosen, logits)
                 chosen = masked.argmax(dim=-1, keepdim=True)
                 for row in range(len(suffixes)):
-                    if not grammar.terminated(row):
+                    if not grammar.terminated(row) and not (out[row] and out[row][-1] in self.stop_ids):
+                        if step >= closing:  # out of budget: close the JSON so the row stays a valid document
+                            chosen[row, 0] = self.close_ids[step - closing]
                         out[row].append(int(chosen[row, 0]))
                 if all(grammar.terminated(r) or (out[r] and out[r][-1] in self.stop_ids)
                        for r in range(len(suffixes))) or step == steps - 1:

@@ -14,7 +14,8 @@ names by matching it against the whole catalog:
 - categories: every catalog category, singular or plural ("comedies" names Comedy); one that is
   neither the item's nor a history item's fails the reason;
 - years: a 19xx/20xx year the item's data and the history titles do not carry fails the reason;
-- length: more than ``max_words`` words fails it.
+- form: fewer than ``MIN_WORDS`` words, more than ``max_words``, or no sentence end (a reason the
+  token budget cut off) fails it.
 
 ``template_reason`` writes the reason from the same evidence when the model's fails, overruns or
 errors ("Because you watched X and Y", "Popular with new visitors"), worded with the catalog's
@@ -40,6 +41,7 @@ _HEAD_CUT = re.compile(r"\s[(\[]|[:,;]\s| - ")
 _WATCHED = ("movie", "film", "show", "video", "series", "episode", "anime")
 _LISTENED = ("song", "album", "track", "podcast", "music")
 _ARTICLES = frozenset({"the", "a", "an"})
+MIN_WORDS = 4
 
 
 def verb_for(domain: str) -> str:
@@ -187,10 +189,12 @@ class ItemFacts:
         """What is wrong with ``reason`` for ``ev`` (empty: grounded)."""
         problems = []
         n_words = len(reason.split())
-        if n_words == 0:
-            return ["is empty"]
+        if n_words < MIN_WORDS:
+            return [f"has {n_words} words, fewer than {MIN_WORDS}: says no why"]
         if n_words > max_words:
             problems.append(f"has {n_words} words, more than {max_words}")
+        if not reason.rstrip("\"')»").endswith((".", "!", "?")):
+            problems.append("is cut off (no sentence end)")
         allowed = {*ev.history, ev.item}
         for item in sorted(self.title_index.find(reason, proper=True) - allowed):
             problems.append(f"names {display_title(self.titles[item])!r}, which is not in the user's history")

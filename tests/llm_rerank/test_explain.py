@@ -62,6 +62,19 @@ def test_every_generated_row_is_schema_valid_json(artifacts: Path, facts: ItemFa
         assert 1 <= len(reason) <= gen.max_chars
 
 
+def test_a_row_the_token_budget_cuts_is_still_closed_as_valid_json(artifacts: Path, facts: ItemFacts) -> None:
+    gen = ReasonGenerator(make_stage(artifacts), ExplainConfig(max_new_tokens=12), "movie")
+    evidence = EvidenceBuilder(facts).build(request(), [TOY_STORY, 5], [["two_tower"], ["popularity"]])
+    texts = gen.generate(request(), evidence, deadline=float("inf"))
+    assert all(parse_reason(t) is not None for t in texts), texts  # the random model never closes by itself
+
+
+def test_a_reason_without_a_why_or_cut_off_is_refused(facts: ItemFacts) -> None:
+    ev = EvidenceBuilder(facts).build(request(), [TOY_STORY], [["two_tower"]])[0]
+    assert facts.check("1995", ev, 25) == ["has 1 words, fewer than 4: says no why"]
+    assert facts.check("A favourite among fans of the", ev, 25) == ["is cut off (no sentence end)"]
+
+
 def test_the_explanation_prompt_continues_the_rerankers_prefix(artifacts: Path, facts: ItemFacts) -> None:
     stage = make_stage(artifacts)
     gen = ReasonGenerator(stage, ExplainConfig(), "movie")
