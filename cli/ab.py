@@ -180,6 +180,8 @@ def analyze(
     try:
         report = c.strict_json(analyze_events(log, shares, control))
     except ValueError as exc:
+        for warning in read_warnings:  # a lost or reset stream is said even when nothing is left to analyse
+            typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)
         c.fail(str(exc))
     report["warnings"] = [*read_warnings, *report["warnings"]]
     if stream is not None:

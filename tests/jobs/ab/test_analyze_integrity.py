@@ -83,3 +83,28 @@ def test_analyze_with_the_ledger_counts_events_no_server_has_recorded_as_lost(tm
         assert json.loads((tmp_path / "whole.json").read_text())["event_stream"]["missing"] == 0
     finally:
         server.close()
+
+
+def test_a_lost_stream_is_reported_even_when_what_is_left_cannot_be_analysed(tmp_path: Path) -> None:
+    """The loss went unsaid exactly when a reset left too little to analyse: only the analysis error was printed."""
+    server = EmbeddedRedis(tmp_path / "sock")
+    try:
+        url = server.start()
+        state = OnlineState(redis.Redis.from_url(url), RedisGuard(min_s=0.01, max_s=0.02), "shop",
+                            SplitHistories([]), history_max_len=10, stream_maxlen=10_000, dedup_ttl_s=600)
+        _experiment_traffic(state, 40)
+        server.stop()
+        server.start()
+        state.client.connection_pool.disconnect()
+        assert state.reconcile() == 80
+        for n in range(5):  # clicks with no impression: nothing an arm can be measured on
+            state.ingest(f"late-{n}", f"u{n}", None, None,
+                         {"user_id": f"u{n}", "item_id": "i1", "experiment": "exp", "variant": "control",
+                          "type": "click"})
+        res = _analyze(url, tmp_path / "an.json")
+        lines = [" ".join(ln.split()) for ln in res.stderr.split("\nerror")]
+        assert res.exit_code == 2, res.output
+        assert lines[0].startswith("warning: shop:events holds 5 of the 85 events serving accepted; 80 are missing")
+        assert "error" in res.stderr
+    finally:
+        server.close()
