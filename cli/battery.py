@@ -19,7 +19,7 @@ DEFAULT_DATASETS = Path("../shared/datasets")
 
 
 def battery(
-    shapes: Annotated[str, typer.Option(help="Comma-separated shapes (default: every shape).")] = "",
+    shapes: Annotated[str | None, typer.Option(help="Comma-separated shapes (default: every shape).")] = None,
     seeds: Annotated[int, typer.Option(min=1, max=10, help="Seeds per shape (the cold-item protocol runs "
                                                            "with 1 only).")] = 3,
     datasets: Annotated[Path, typer.Option(help="Folder holding ml-100k/ and amazon-scientific/.")]
@@ -32,15 +32,17 @@ def battery(
     """Run the defaults over dataset shapes unlike each other and print one table."""
     from jobs.battery import SHAPES, battery_table, run_battery  # lazy: keeps `recsys --help` fast
 
-    chosen = [s.strip() for s in shapes.split(",") if s.strip()] or list(SHAPES)
+    chosen = list(SHAPES) if shapes is None else [s.strip() for s in shapes.split(",") if s.strip()]
+    if not chosen:
+        c.fail(f"--shapes names no shape; known: {', '.join(SHAPES)}")
     unknown = [s for s in chosen if s not in SHAPES]
     if unknown:
         c.fail(f"unknown shape(s) {', '.join(map(repr, unknown))}; known: {', '.join(SHAPES)}")
     if not datasets.is_dir():
         c.fail(f"--datasets {datasets}: no such folder")
+    settings = c.load_settings(config)  # a bad --config is refused before any shape runs
     rows = run_battery(chosen, datasets.resolve(), work.resolve(), seeds=seeds, config=config,
                        echo=lambda line: typer.echo(line, err=True))
     typer.echo(battery_table(rows))
-    settings = c.load_settings(config)
     c.write_report({"seeds": seeds, "shapes": rows}, out, settings=settings, data=datasets,
                    seeds=[settings.seed + i for i in range(seeds)], show=False)

@@ -100,7 +100,8 @@ def bench_reliability(
     requests: Annotated[int, typer.Option(min=1, help="Answers checked under concurrent publishes.")] = 10_000,
     trials: Annotated[int, typer.Option(min=1, help="Publish-then-kill trials.")] = 20,
     events: Annotated[int, typer.Option(min=1, help="Events posted before Redis is killed.")] = 1_600,
-    flood_seconds: Annotated[float, typer.Option(min=0.5, help="Length of each anonymous flood.")] = 20.0,
+    flood_seconds: Annotated[float, typer.Option(min=0.5, max=3600.0, help="Length of each anonymous flood.")]
+        = 20.0,
     flood_users: Annotated[int, typer.Option(min=1, help="Made-up user ids of the flood.")] = 10_000,
     work_dir: Annotated[Path | None, typer.Option(
         "--work-dir", help="Keep the runs' copies, logs and Redis state here (default: a temporary folder, "
@@ -117,6 +118,13 @@ def bench_reliability(
     if not (artifacts / "split").exists():
         c.fail(f"{artifacts}: no split here; give a trained artifact directory (`recsys train` makes one)")
     settings = c.load_settings(config)
+    c.servable(settings, artifacts)  # stages trained on another split, or damaged: one line now
+    from cascade.registry import build_pipeline  # lazy: imports the stage modules
+
+    try:  # an untrained stage: one line now, not a failed server in every run
+        build_pipeline(settings, artifacts)
+    except Exception as exc:  # any load failure is the artifacts' fault here, and said as such
+        c.fail(f"{artifacts}: the pipeline does not load: {type(exc).__name__}: {exc}")
     sizes = Sizes(requests=requests, trials=trials, events=events, flood_seconds=flood_seconds,
                   flood_users=flood_users)
     report = run_report(artifacts, only=groups, sizes=sizes, settings=settings, config=config, work_dir=work_dir,
