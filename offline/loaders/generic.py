@@ -120,13 +120,16 @@ def _categories(table: Table) -> list[list[str]]:
     """'A|B' strings or lists of names (Parquet) -> lists of non-empty stripped names; an empty
     value (None, NaN) has none. A cell written as a JSON list (``["Drama", "Horror"]``, as some
     exports write lists into CSV) is read as that list, never as one category named with brackets
-    and quotes. Anything else (a struct, a number, a nested list, a name holding a control or
+    and quotes; one written as a JSON string (``"Drama|Horror"``, quotes included) as that string; a
+    name given twice counts once. Anything else (a struct, a number, a nested list, a name holding a control or
     invisible character) is a DataError naming the row, not a silent ``[]`` or a category spelled
     like a Python dict."""
     out: list[list[str]] = []
     for pos, v in enumerate(table.rows["categories"]):
         if isinstance(v, str) and v.strip().startswith("["):
             v = _json_list(table, pos, v)
+        elif isinstance(v, str) and len(v.strip()) > 1 and v.strip()[0] == v.strip()[-1] == '"':
+            v = _json_string(table, pos, v.strip())
         if isinstance(v, str):
             parts: Sequence[object] = v.split("|")
         elif isinstance(v, (list, tuple, np.ndarray)):
@@ -140,11 +143,24 @@ def _categories(table: Table) -> list[list[str]]:
         else:
             raise DataError(f"{table.where(pos)}: categories must be a '|'-joined string or a list of names, "
                             f"got {type(v).__name__} {checks.short(v)}")
-        names = [str(p).strip() for p in parts if str(p).strip()]
+        names = list(dict.fromkeys(str(p).strip() for p in parts if str(p).strip()))  # a repeat counts once
         if bad := next((n for n in names if forbidden_character(n)), None):
             raise DataError(f"{table.where(pos)}: category {bad!r} contains {forbidden_character(bad)}")
         out.append(names)
     return out
+
+
+def _json_string(table: Table, pos: int, cell: str) -> str:
+    """A categories cell written as a JSON string (``"Drama|Horror"``, quotes kept by an exporter that
+    quoted twice): its text, so no category name carries a quote character a rule would never match."""
+    try:
+        value = json.loads(cell)
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, str):
+        raise DataError(f"{table.where(pos)}: categories {checks.short(cell)} is quoted but is no JSON string; "
+                        "write names joined by '|' (Drama|Horror) or a JSON list of strings")
+    return value
 
 
 def _json_list(table: Table, pos: int, cell: str) -> list[object]:

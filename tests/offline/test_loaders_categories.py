@@ -24,6 +24,13 @@ def test_categories_are_pipe_separated_and_a_json_list_cell_is_read_as_a_list(tm
     assert categories_of(tmp_path, rows) == [["Drama", "Horror"], ["Drama", "Horror"]]
 
 
+def test_a_cell_quoted_twice_and_a_repeated_name_read_as_plain_names(tmp_path: Path) -> None:
+    # an exporter that quotes twice leaves "Drama|Horror" with its quotes: no category may carry one,
+    # or a rule on Horror would never match the item
+    rows = 'a,Alpha,"""Drama|Horror"""\nb,Beta,"[""Drama"", ""Drama""]"\n'
+    assert categories_of(tmp_path, rows) == [["Drama", "Horror"], ["Drama"]]
+
+
 @pytest.mark.parametrize(("cell", "says"), [
     ('"[""Drama"", ""Horror"""', "categories '[\"Drama\", \"Horror\"' starts like a JSON list but is not one"),
     ('"[1, [2]]"', "categories must be names (strings), got list [2] in the list"),
