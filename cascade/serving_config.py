@@ -92,6 +92,10 @@ class ServingConfig(BaseModel):
         None, description=f"X-API-Key of the /admin routes, at least {MIN_ADMIN_KEY_CHARS} characters without "
         "surrounding spaces; None disables them (503)."
     )
+    explain_needs_key: bool = Field(
+        True, description="explain: true answers name items of the user's history in their reasons, so like debug "
+        "they need X-API-Key (the admin key or debug_api_key; 403 otherwise). Set false where a gateway "
+        "authenticates the end user before a request reaches this API.")
     debug_api_key: SecretStr | None = Field(
         None, description="An X-API-Key that opens debug answers (POST /v1/recommend with debug: true) but not "
         "/admin; the admin key opens them too. With neither, debug answers are refused (403).")

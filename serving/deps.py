@@ -113,19 +113,23 @@ async def debug_checked_body(body: RecommendBody, settings: SettingsDep,
                              x_api_key: Annotated[str | None, Header(description=(
                                  "Needed only with debug: true: the admin key or serving.debug_api_key."))] = None,
                              ) -> RecommendRequest:
-    """``body``, once a debug request has shown the admin or the debug key (403 otherwise).
+    """``body``, once a debug request (or an explain request, unless ``serving.explain_needs_key`` is off) has
+    shown the admin or the debug key (403 otherwise).
 
     A plain header, not a security scheme: the route stays public in OpenAPI, the key opens only debug.
     """
-    if not body.debug:
-        return body
     cfg = settings.serving
+    what = "debug" if body.debug else "explain" if body.explain and cfg.explain_needs_key else None
+    if what is None:
+        return body
+    why = "" if what == "debug" else " (reasons name items of the user's history; serving.explain_needs_key)"
     if cfg.admin_api_key is None and cfg.debug_api_key is None:
-        raise HTTPException(status_code=403, detail="debug answers are turned off: configure serving.debug_api_key "
-                                                    "(or serving.admin_api_key) and send it as X-API-Key")
+        raise HTTPException(status_code=403, detail=f"{what} answers are turned off{why}: configure "
+                                                    "serving.debug_api_key (or serving.admin_api_key) and send it as "
+                                                    "X-API-Key")
     if not (_matches(x_api_key, cfg.admin_api_key) or _matches(x_api_key, cfg.debug_api_key)):
-        raise HTTPException(status_code=403, detail="debug answers need X-API-Key: the admin key or "
-                                                    "serving.debug_api_key; send debug: false without one")
+        raise HTTPException(status_code=403, detail=f"{what} answers need X-API-Key{why}: the admin key or "
+                                                    f"serving.debug_api_key; send {what}: false without one")
     return body
 
 

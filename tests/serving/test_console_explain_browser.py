@@ -50,7 +50,7 @@ def explain_base(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathF
     settings = Settings.build({
         "redis_url": redis_server.start(),
         "pipeline": {"max_k": 10, "stages": [s.model_dump() for s, _ in PAIRS]},
-        "serving": {"admin_api_key": ADMIN_KEY},
+        "serving": {"admin_api_key": ADMIN_KEY, "explain_needs_key": False},  # end users authenticated upstream
         "llm": {"model": str(llm), "precision": "fp32", "candidates": 5,
                 "explain": {"model": "pipeline", "budget_ms": 60_000}}})
     app = create_app(settings, artifact_dir, pipeline=toy_pipeline(artifact_dir, settings, PAIRS))

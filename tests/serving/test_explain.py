@@ -38,7 +38,7 @@ def explain_client(artifact_dir: Path, llm_dir: Path | None, **explain: Any) -> 
         pairs.insert(1, (LLM, LLMRerankStage))
     settings = Settings.build({
         "pipeline": {"max_k": 5, "stages": [s.model_dump() for s, _ in pairs]},
-        "serving": {"admin_api_key": ADMIN_KEY, "versions_poll_s": 0.1},
+        "serving": {"admin_api_key": ADMIN_KEY, "versions_poll_s": 0.1, "explain_needs_key": False},
         "llm": {"model": str(llm_dir or "unused"), "precision": "fp32", "candidates": 5,
                 "explain": {"model": "pipeline", **explain}}})
     return TestClient(create_app(settings, artifact_dir, pipeline=toy_pipeline(artifact_dir, settings, pairs)))
@@ -127,7 +127,7 @@ def test_the_backbone_loaded_for_reasons_alone_serves_the_published_prompt(toy_d
     request (templates meanwhile), and a prompt published afterwards reaches it."""
     settings = Settings.build({
         "pipeline": {"max_k": 5, "stages": [RECALL.model_dump(), RULES.model_dump()]},
-        "serving": {"admin_api_key": ADMIN_KEY, "versions_poll_s": 0.1},
+        "serving": {"admin_api_key": ADMIN_KEY, "versions_poll_s": 0.1, "explain_needs_key": False},
         "llm": {"model": str(tiny_llm_dir), "precision": "fp32", "explain": {"budget_ms": 60_000}}})
     pairs: list[tuple[StageSpec, type]] = [(RECALL, PopularityRecall), (RULES, AudienceRules)]
     with TestClient(create_app(settings, toy_dir, pipeline=toy_pipeline(toy_dir, settings, pairs))) as c:
@@ -152,3 +152,16 @@ def test_an_explain_request_is_never_answered_from_the_result_cache(templates_on
     assert all(i["reason"] for i in explained["items"])
     later = templates_only.post("/v1/recommend", json={"user_id": "u1", "k": 2}).json()
     assert all("reason" not in i for i in later["items"])  # nor is a plain one answered with reasons
+
+
+def test_explanations_need_a_key_by_default_since_reasons_name_the_users_history(toy_dir: Path) -> None:
+    """Anyone could read any known user's history from the reasons of an unauthenticated explain request."""
+    settings = Settings.build({"pipeline": {"max_k": 5, "stages": [RECALL.model_dump(), RULES.model_dump()]},
+                               "serving": {"admin_api_key": ADMIN_KEY}})
+    pairs = [(RECALL, PopularityRecall), (RULES, AudienceRules)]
+    with TestClient(create_app(settings, toy_dir, pipeline=toy_pipeline(toy_dir, settings, pairs))) as client:
+        ask = {"user_id": "u1", "k": 2, "explain": True}
+        refused = client.post("/v1/recommend", json=ask)
+        assert refused.status_code == 403 and "reasons name items of the user's history" in refused.json()["detail"]
+        assert client.post("/v1/recommend", json=ask, headers=ADMIN).status_code == 200
+        assert client.post("/v1/recommend", json={**ask, "explain": False}).status_code == 200

@@ -191,7 +191,7 @@
     }
     pane.dataset.state = "loading";
     const answer = await api("POST", "/v1/recommend",
-      { json: request, admin: request.debug, headers: { "X-Recsys-Origin": "console" } });
+      { json: request, admin: request.debug || request.explain, headers: { "X-Recsys-Origin": "console" } });
     if (answer.ok) {
       render(pane, answer.data);
       remember(userId);
