@@ -62,7 +62,8 @@ class CoarseStage:
         directory = Path(artifact_dir) / self.subdir
         if not (directory / "meta.json").exists():
             raise FileNotFoundError(f"{directory / 'meta.json'}: no trained coarse ranker (run training first)")
-        verify_directory(directory)  # before numpy's zip reader or LightGBM parses a byte (a torn model aborts)
+        # before numpy's zip reader or LightGBM parses a byte (a torn model aborts the process)
+        verify_directory(directory, loads=("model.txt",))
         builder = FeatureBuilder.load(directory)
         model_text = (directory / "model.txt").read_text()
         booster = lgb.Booster(model_str=model_text)

@@ -94,14 +94,33 @@ def recorded_files(directory: Path) -> dict[str, str] | None:
     return {str(k): v for k, v in files.items()}
 
 
-def verify_directory(directory: Path | str) -> bool:
+def _marker_records_manifests(directory: Path) -> bool:
+    """Whether ``directory``'s ``stage.json`` was written by a training run that records manifests (it
+    then also records ``serving_config_id``): such a stage without its manifest has lost it."""
+    try:
+        marker = json.loads((directory / MARKER_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and "serving_config_id" in marker
+
+
+def verify_directory(directory: Path | str, loads: tuple[str, ...] = ()) -> bool:
     """Check every file ``directory``'s manifest lists; True when verified, False when there is none.
 
-    Raises ``ArtifactIntegrityError`` naming the first missing or damaged file. Without a manifest
-    but with a ``stage.json`` (trained before manifests), warns once that it is unverified.
+    Raises ``ArtifactIntegrityError`` naming the first missing or damaged file, a manifest that lists
+    none of ``loads`` (the files the caller parses: a manifest that does not cover them verifies
+    nothing), or a missing manifest where ``stage.json`` says training recorded one. Without a
+    manifest and with a ``stage.json`` from before manifests existed, warns once that it is unverified.
     """
     directory = Path(directory)
     files = recorded_files(directory)
+    if files is None and _marker_records_manifests(directory):
+        raise ArtifactIntegrityError(directory / MANIFEST_FILE, "missing: training recorded the digests of this "
+                                     "stage's files there, so they cannot be verified; restore it or retrain "
+                                     "(`recsys train --force`)")
+    if files is not None and (unlisted := [f for f in loads if f not in files]):
+        raise ArtifactIntegrityError(directory / MANIFEST_FILE, f"does not list {', '.join(unlisted)}, which this "
+                                     "stage loads; restore it or retrain (`recsys train --force`)")
     if files is None:
         if (directory / MARKER_FILE).is_file() and directory.resolve() not in _WARNED:
             _WARNED.add(directory.resolve())

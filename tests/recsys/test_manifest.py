@@ -101,3 +101,16 @@ def test_a_folder_being_trained_is_neither_checked_nor_warned_about(tmp_path: Pa
     with caplog.at_level(logging.WARNING, logger="recsys.manifest"):
         assert verify_directory(root) is False
     assert not caplog.records
+
+
+def test_a_lost_manifest_or_one_that_does_not_cover_the_loaded_file_is_refused(tmp_path: Path) -> None:
+    """Deleting manifest.json (or emptying it) turned verification off, and a torn LightGBM model aborted again."""
+    root = trained_dir(tmp_path / "coarse")
+    write_manifest(root)
+    (root / "stage.json").write_text(json.dumps({"serving_config_id": "abc"}))  # as training writes it now
+    (root / MANIFEST_FILE).write_text(json.dumps({"algorithm": "sha256", "files": {}}))
+    with pytest.raises(ArtifactIntegrityError, match="does not list model.txt, which this stage loads"):
+        verify_directory(root, loads=("model.txt",))
+    (root / MANIFEST_FILE).unlink()
+    with pytest.raises(ArtifactIntegrityError, match="missing: training recorded the digests"):
+        verify_directory(root, loads=("model.txt",))

@@ -10,6 +10,7 @@ through ``POST /admin/reload`` once the file is restored.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -133,8 +134,11 @@ def test_a_worker_whose_first_load_failed_names_the_file_and_recovers_by_reload(
 
 def test_artifacts_trained_before_digests_load_with_a_warning_and_train_records_them(
         copy: Path, trained: tuple[Path, Settings], caplog: pytest.LogCaptureFixture) -> None:
-    for stage in ("recall", "coarse"):
+    for stage in ("recall", "coarse"):  # as training wrote them before manifests: no manifest, an older marker
         (copy / stage / MANIFEST_FILE).unlink()
+        marker = json.loads((copy / stage / "stage.json").read_text())
+        marker.pop("serving_config_id", None)
+        (copy / stage / "stage.json").write_text(json.dumps(marker))
     with caplog.at_level(logging.WARNING, logger="recsys.manifest"):
         answer = recommend_once(trained[1], copy, first_user(copy), k=5)
     assert len(answer["items"]) == 5
