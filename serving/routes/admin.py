@@ -90,6 +90,7 @@ def _applier(backend: OnlineBackend, kind: Kind) -> Any:
 def _publish(backend: OnlineBackend, kind: Kind, text: bytes) -> dict[str, Any]:
     applier = _applier(backend, kind)
     source = f"PUT /admin/{kind}"
+    backend.watcher.sync_once()  # type: ignore[union-attr]  # gates are compared with the stored active version
     try:
         data = parse_document(text, source)
         version, parsed = applier.validate(data, source)
@@ -116,6 +117,7 @@ def _install(backend: OnlineBackend, kind: Kind, version: str, parsed: Any, data
 
 def _rollback(backend: OnlineBackend, kind: Kind, version: str, acknowledged: list[str]) -> dict[str, Any]:
     applier = _applier(backend, kind)
+    backend.watcher.sync_once()  # type: ignore[union-attr]  # gates are compared with the stored active version
     document = backend.versions.document(kind, version)
     if document is None:
         raise HTTPException(status_code=404, detail=f"{kind} version {version!r} was never published")

@@ -83,3 +83,22 @@ def test_ids_with_a_stray_tag_or_a_line_separator_are_refused_naming_it(online: 
         resp = online.post(path, json=body)
         assert resp.status_code == 422, (path, resp.text)
         assert [e["msg"] for e in resp.json()["detail"] if e["loc"][-1] == "user_id"] == [says]
+
+
+def test_a_worker_that_has_not_polled_compares_gates_with_the_stored_active_rule_set(toy_dir: Path) -> None:
+    """With two workers, a publish reaching the one that had not yet installed the previous publish dropped that
+    publish's new gate unacknowledged: the check ran against the worker's own, older rule set."""
+    with client_for(toy_dir, REAL_RULES, admin_api_key=ADMIN_KEY, versions_poll_s=60) as a, \
+            client_for(toy_dir, REAL_RULES, admin_api_key=ADMIN_KEY, versions_poll_s=60) as b:
+        base = {"rules": [
+            {"id": "withdrawn_items", "kind": "blocklist",
+             "items": {"item_ids": ["withdrawn-0001"], "unknown_ids": "allow"}},
+            {"id": "adult_gate", "kind": "audience_gate", "audience": "adult", "min_age": 18},
+            {"id": "teen_gate", "kind": "audience_gate", "audience": "teen", "min_age": 13},
+            {"id": "risk_tolerance", "kind": "risk_tolerance", "default_tolerance": 1}]}
+        extra = {"id": "extra_block", "kind": "blocklist", "items": {"item_ids": ["m1"]}}
+        with_extra = {"version": "race-x-1", "rules": [*base["rules"], extra]}
+        assert a.put("/admin/rules", content=json.dumps(with_extra), headers=AUTH).status_code == 200
+        without = {"version": "race-y-1", **base}
+        resp = b.put("/admin/rules", content=json.dumps(without), headers=AUTH)
+        assert resp.status_code == 422 and "blocklist:extra_block" in resp.json()["detail"], resp.text
