@@ -57,6 +57,7 @@ def tag_explanations(
     requests read), so a deployment serves them without waiting for the model. Run it while the
     server is stopped when the server uses the embedded Redis."""
     from jobs.explanations import precompute_reasons  # lazy: loads torch and the serving stack
+    from recsys.redis_state import StateDirInUse  # lazy: as above
 
     settings, art = c.trained(config, data, artifacts)
     chosen = None if users is None else [u.strip() for u in users.split(",") if u.strip()]
@@ -65,6 +66,6 @@ def tag_explanations(
     try:
         report = precompute_reasons(settings, art, users=chosen, k=min(k, settings.pipeline.max_k),
                                     explain_k=explain_k)
-    except ValueError as exc:
+    except (ValueError, StateDirInUse) as exc:  # a running server holds the embedded Redis: one line, exit 2
         c.fail(str(exc))
     c.write_report(report, out, settings=settings, data=data)
