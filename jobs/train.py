@@ -35,7 +35,7 @@ from cascade.registry import (
 from cascade.settings import Settings
 from jobs.fusion_gate import tune_fusion
 from jobs.llm_adapt import train_llm
-from offline.loaders import detect_format, load_dataset
+from offline.loaders import LOADER_REVISION, detect_format, load_dataset
 from offline.protocol import CATALOGS, make_split, outside_users
 from offline.schema import Dataset
 from offline.split import Split, split_id
@@ -73,7 +73,8 @@ def _fingerprint(data: Path | None, fmt: str | None, k_core: int, synthetic: dic
     return {"data": dataset_name(data), "format": fmt, "k_core": k_core,
             "synthetic": synthetic if data is None else {}, "files": files,
             # only when not the default: a split prepared before the option keeps its fingerprint
-            **({"catalog": catalog} if catalog != DEFAULT_CATALOG else {})}
+            **({"catalog": catalog} if catalog != DEFAULT_CATALOG else {}),
+            **({"loader_revision": LOADER_REVISION} if data is not None else {})}
 
 
 def recorded_source(artifact_dir: Path) -> dict[str, Any]:
@@ -215,6 +216,8 @@ def _changes(before: dict[str, Any], after: dict[str, Any], same: bool, inherite
     out += [f"{key} {before.get(key)} -> {after[key]}" for key in ("k_core", "format") if before.get(key) != after[key]]
     if (old := before.get("catalog", DEFAULT_CATALOG)) != (new := after.get("catalog", DEFAULT_CATALOG)):
         out.append(f"catalog {old} -> {new}")
+    if (old_rev := before.get("loader_revision", 1)) != after.get("loader_revision", old_rev):
+        out.append(f"the loaders read these files differently now (revision {old_rev} -> {after['loader_revision']})")
     old_synth = before.get("synthetic", {})
     out += [f"synthetic {key} {old_synth.get(key)} -> {v}" for key, v in after["synthetic"].items()
             if old_synth.get(key) != v]

@@ -59,6 +59,12 @@ def detect_format(path: Path) -> str:
     raise DataError(f"{path}: unknown dataset layout; looked for {looked_for}; found {present or 'nothing'}")
 
 
+# Raised whenever a loader reads the same files differently (a parsing fix): a split prepared by an
+# older revision is then prepared again (``jobs.train.prepare``), never reused with the old reading.
+# 2: items.csv categories quoted twice or given as a JSON list, '::' files read as UTF-8 where valid.
+LOADER_REVISION = 2
+
+
 def load_dataset(path: Path | None, fmt: str | None = None, **synthetic_kwargs: Any) -> Dataset:
     """Load ``path`` in format ``fmt`` (detected when None); ``path=None`` generates the synthetic set.
 
@@ -86,4 +92,4 @@ def _loader(fmt: str) -> Callable[[Path], Dataset]:
     return loader
 
 
-__all__ = ["FORMATS", "SYNTHETIC", "DataError", "detect_format", "load_dataset"]
+__all__ = ["FORMATS", "LOADER_REVISION", "SYNTHETIC", "DataError", "detect_format", "load_dataset"]

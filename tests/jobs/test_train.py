@@ -1,6 +1,7 @@
 """The whole cascade at toy size: prepare -> train every stage -> evaluate, and reuse on rerun."""
 
 import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -309,3 +310,25 @@ def test_a_listed_catalog_is_kept_until_given_otherwise_and_its_new_items_are_re
     recall.load(art)
     out = recall.run(Request(user_id="u0", user_idx=0, history=split.history(0, "test"), k=9), None)
     assert 8 in out.items.tolist()  # the new item is in the index, reachable by its content
+
+
+def test_a_split_prepared_by_older_loaders_is_prepared_again(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A loader fix (how a categories cell is read) left the old reading in a reused split until it was deleted."""
+    from offline.loaders import LOADER_REVISION
+    from tests.offline.test_loaders_csv import write_generic
+
+    rows = "".join(f"u{u},i{(u + n) % 9},{n}\n" for u in range(12) for n in range(6))
+    items = "item_id,title,categories\n" + "".join(f"i{i},Item {i},A|B\n" for i in range(9))
+    data = write_generic(tmp_path / "shop", **{"interactions.csv": "user_id,item_id,timestamp\n" + rows,
+                                               "items.csv": items})
+    art = tmp_path / "art"
+    prepare(data, art, k_core=1)
+    source = art / "split" / "source.json"
+    assert json.loads(source.read_text())["loader_revision"] == LOADER_REVISION
+    old = {k: v for k, v in json.loads(source.read_text()).items() if k != "loader_revision"}  # as written before
+    source.write_text(json.dumps(old))
+    with caplog.at_level("WARNING"):
+        prepare(data, art, k_core=1)
+    assert json.loads(source.read_text())["loader_revision"] == LOADER_REVISION
+    assert any(f"the loaders read these files differently now (revision 1 -> {LOADER_REVISION})" in r.getMessage()
+               for r in caplog.records)
