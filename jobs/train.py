@@ -216,7 +216,7 @@ def _changes(before: dict[str, Any], after: dict[str, Any], same: bool, inherite
     out += [f"{key} {before.get(key)} -> {after[key]}" for key in ("k_core", "format") if before.get(key) != after[key]]
     if (old := before.get("catalog", DEFAULT_CATALOG)) != (new := after.get("catalog", DEFAULT_CATALOG)):
         out.append(f"catalog {old} -> {new}")
-    if (old_rev := before.get("loader_revision", 1)) != after.get("loader_revision", old_rev):
+    if same and (old_rev := before.get("loader_revision", 1)) != after.get("loader_revision", old_rev):
         out.append(f"the loaders read these files differently now (revision {old_rev} -> {after['loader_revision']})")
     old_synth = before.get("synthetic", {})
     out += [f"synthetic {key} {old_synth.get(key)} -> {v}" for key, v in after["synthetic"].items()
