@@ -14,7 +14,8 @@ Gate names, as an acknowledgement spells them:
   that still does;
 - ``risk_tolerance``: kept when the new set has a risk rule whose ``default_tolerance`` is no
   higher;
-- ``blocklist:<rule id>``: kept when the new set has a blocklist with that id.
+- ``blocklist:<rule id>``: kept when the new set has a blocklist with that id that blocks at least
+  the same items from at least the same users (a narrower ``when_user`` or a shorter list drops it).
 
 Compared are the rules *in force on the catalog* (``rules.catalog.resolve``): a gate skipped
 here (no item carries an audience) protects nothing, so dropping it is no change, and a gate
@@ -68,8 +69,20 @@ def _covers(new: Rule, old: Rule) -> bool:
     if isinstance(old, RiskToleranceRule) and isinstance(new, RiskToleranceRule):
         return new.default_tolerance <= old.default_tolerance
     if isinstance(old, BlocklistRule) and isinstance(new, BlocklistRule):
-        return new.id == old.id
+        return new.id == old.id and _blocks_at_least(new, old)
     return False
+
+
+def _blocks_at_least(new: BlocklistRule, old: BlocklistRule) -> bool:
+    """Whether blocklist ``new`` keeps away every item ``old`` does, from every user ``old`` does: each of
+    its selector lists holds at least ``old``'s, its risk floor is no higher, and it asks no more of the
+    user (no condition, or ``old``'s own, and unknown users still restricted when ``old`` restricted them)."""
+    a, b = new.items, old.items
+    lists = all(set(getattr(b, f)) <= set(getattr(a, f)) for f in ("item_ids", "categories", "audiences", "tags"))
+    risk = b.min_risk_level is None or (a.min_risk_level is not None and a.min_risk_level <= b.min_risk_level)
+    users = new.when_user is None or new.when_user == old.when_user
+    unknown = old.when_user_unknown == "allow" or new.when_user_unknown == "restrict" or new.when_user is None
+    return lists and risk and users and unknown
 
 
 def dropped_gates(before: RuleSet, after: RuleSet) -> list[Gate]:

@@ -242,7 +242,10 @@ def publish_then_kill(artifact_dir: Path, work_dir: Path, trials: int = 20, pers
     try:
         tag = f"{int(time.time())}"
         for i in range(trials):
-            doc = {**base, "version": f"kill-{tag}-{i}", "rules": [
+            # each trial blocks another item: the last trial's block is dropped knowingly
+            doc = {**base, "version": f"kill-{tag}-{i}",
+                   "acknowledge_dropped_gates": [*base.get("acknowledge_dropped_gates", []), "blocklist:trial_block"],
+                   "rules": [
                 *base.get("rules", []), {"id": "trial_block", "kind": "blocklist", "items": {"item_ids": [items[i]]}}]}
             rows.append(_trial(proc, url, key, doc))
     finally:

@@ -54,7 +54,14 @@ def test_an_audience_gate_is_kept_only_by_one_at_least_as_strict(after: dict, dr
 def test_risk_and_blocklist_gates() -> None:
     assert names(rs("a", RISK_1), rs("b", {**RISK_1, "default_tolerance": 2})) == ["risk_tolerance"]
     assert names(rs("a", RISK_1), rs("b", {**RISK_1, "default_tolerance": 0})) == []
-    assert names(rs("a", WITHDRAWN), rs("b", {**WITHDRAWN, "items": {"item_ids": ["b"]}})) == []  # same blocklist
+    assert names(rs("a", WITHDRAWN), rs("b", {**WITHDRAWN, "items": {"item_ids": ["a", "b"]}})) == []  # more blocked
+    # a blocklist kept by id but blocking less, or from fewer users, switches part of the gate off
+    assert names(rs("a", WITHDRAWN), rs("b", {**WITHDRAWN, "items": {"item_ids": ["b"]}})) == ["blocklist:withdrawn"]
+    assert names(rs("a", WITHDRAWN), rs("b", {**WITHDRAWN, "when_user": {"age_at_least": 500}})) == [
+        "blocklist:withdrawn"]
+    minors = {**WITHDRAWN, "when_user": {"age_below": 18}}
+    assert names(rs("a", minors), rs("b", WITHDRAWN)) == []  # from everyone now: broader
+    assert names(rs("a", minors), rs("b", {**minors, "when_user_unknown": "allow"})) == ["blocklist:withdrawn"]
     cap = {"id": "cap", "kind": "category_cap", "max_items": 1}
     assert names(rs("a", cap, ADULT_18), rs("b", ADULT_18)) == []  # a cap gates nothing
 

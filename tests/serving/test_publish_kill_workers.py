@@ -33,7 +33,7 @@ def test_a_publish_survives_a_redis_killed_right_after_it(toy_dir: Path, tmp_pat
                                      workers=2, extra_env={"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}) as base:
             assert len(sample_workers(base, "default-3", 60)) == 2, "the second worker never became ready"
             for trial in range(TRIALS):
-                doc = {"version": f"kill-{trial}", "acknowledge_dropped_gates": DEFAULT_GATES,
+                doc = {"version": f"kill-{trial}", "acknowledge_dropped_gates": [*DEFAULT_GATES, "blocklist:trial_block"],
                        "rules": [{"id": "trial_block", "kind": "blocklist", "items": {"item_ids": [f"m{trial % 6 + 1}"]}}]}
                 put = httpx.put(base + "/admin/rules", content=json.dumps(doc), headers={"X-API-Key": ADMIN_KEY})
                 assert put.status_code == 200, put.text
