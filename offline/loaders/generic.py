@@ -23,6 +23,7 @@ import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -127,9 +128,9 @@ def _categories(table: Table) -> list[list[str]]:
     out: list[list[str]] = []
     for pos, v in enumerate(table.rows["categories"]):
         if isinstance(v, str) and v.strip().startswith("["):
-            v = _json_list(table, pos, v)
+            v = _json_cell(table, pos, v, list)
         elif isinstance(v, str) and len(v.strip()) > 1 and v.strip()[0] == v.strip()[-1] == '"':
-            v = _json_string(table, pos, v.strip())
+            v = _json_cell(table, pos, v.strip(), str)
         if isinstance(v, str):
             parts: Sequence[object] = v.split("|")
         elif isinstance(v, (list, tuple, np.ndarray)):
@@ -150,28 +151,18 @@ def _categories(table: Table) -> list[list[str]]:
     return out
 
 
-def _json_string(table: Table, pos: int, cell: str) -> str:
-    """A categories cell written as a JSON string (``"Drama|Horror"``, quotes kept by an exporter that
-    quoted twice): its text, so no category name carries a quote character a rule would never match."""
+def _json_cell(table: Table, pos: int, cell: str, kind: type) -> Any:
+    """A categories cell written as JSON: a list of names (it opens with '[') or a string (quoted twice by
+    an exporter: ``"Drama|Horror"`` with its quotes, whose names must not keep a quote a rule would never
+    match); a DataError saying how to write it when it is not that JSON."""
     try:
         value = json.loads(cell)
     except json.JSONDecodeError:
         value = None
-    if not isinstance(value, str):
-        raise DataError(f"{table.where(pos)}: categories {checks.short(cell)} is quoted but is no JSON string; "
-                        "write names joined by '|' (Drama|Horror) or a JSON list of strings")
-    return value
-
-
-def _json_list(table: Table, pos: int, cell: str) -> list[object]:
-    """A categories cell that opens with '[': a JSON list of names, or a DataError saying how to write it."""
-    try:
-        value = json.loads(cell)
-    except json.JSONDecodeError:
-        value = None
-    if not isinstance(value, list):
-        raise DataError(f"{table.where(pos)}: categories {checks.short(cell)} starts like a JSON list but is not "
-                        "one; write names joined by '|' (Drama|Horror) or a JSON list of strings")
+    if not isinstance(value, kind):
+        looks = "starts like a JSON list but is not one" if kind is list else "is quoted but is no JSON string"
+        raise DataError(f"{table.where(pos)}: categories {checks.short(cell)} {looks}; write names joined by '|' "
+                        "(Drama|Horror) or a JSON list of strings")
     return value
 
 
