@@ -85,16 +85,18 @@ spawn_thread = _SpawnThread()
 
 
 def die_with_parent(parent_pid: int) -> None:
-    """Ask for SIGTERM when this process's parent dies; terminate at once if it already has.
+    """Ask for SIGKILL when this process's parent dies; die at once if it already has.
 
     For a child that another library starts (uvicorn's worker processes): it arms the signal
     itself, first thing. ``parent_pid`` is the parent it expects, so a worker that starts after
-    its parent was killed does not keep running under init.
+    its parent was killed does not keep running under init. SIGKILL, not SIGTERM: a worker still
+    in its start-up handles SIGTERM only once start-up ends, which can wait on a Redis that died
+    with the parent; and a parent killed without a drain leaves nothing for its workers to drain to.
     """
     if _LIBC is not None:
-        _LIBC.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        _LIBC.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
     if os.getppid() != parent_pid:
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def popen(cmd: list[str], **kwargs: Any) -> subprocess.Popen:

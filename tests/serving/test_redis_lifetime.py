@@ -82,6 +82,16 @@ def test_sigkill_of_the_server_takes_its_embedded_redis_along(toy_dir: Path, wor
                 return False
 
         assert _wait_for(up), "the server did not start"
+        ready: set[int] = set()
+
+        def every_worker_ready() -> bool:  # a worker arms its death signal as it builds its app
+            with contextlib.suppress(httpx.TransportError, ValueError, KeyError):
+                answer = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2)
+                if answer.status_code == 200:
+                    ready.add(int(answer.json()["pid"]))
+            return len(ready) >= workers
+
+        assert _wait_for(every_worker_ready, timeout_s=120), f"only workers {sorted(ready)} became ready"
         children = _children(server.pid)
         [redis_pid] = [pid for pid, name in children.items() if name == "redis-server"]
         others = [pid for pid, name in children.items() if name != "redis-server"]  # uvicorn's workers, if any
@@ -89,7 +99,7 @@ def test_sigkill_of_the_server_takes_its_embedded_redis_along(toy_dir: Path, wor
         server.wait()
         assert _wait_for(lambda: not _running(redis_pid), timeout_s=20), f"redis-server {redis_pid} outlived its server"
         # nor do uvicorn's workers: orphaned, they would keep serving (without Redis) and hold the port
-        assert _wait_for(lambda: not any(_running(pid) for pid in others), timeout_s=30), \
+        assert _wait_for(lambda: not any(_running(pid) for pid in others), timeout_s=90), \
             f"workers {[p for p in others if _running(p)]} outlived their supervisor"
         assert (toy_dir / "state" / "redis" / "appendonly.aof").exists()  # it kept its file for the next start
     finally:
