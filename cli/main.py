@@ -83,12 +83,8 @@ def train(
     out: c.OutOpt = None,
 ) -> None:
     """Train the cascade's stages in order (artifacts reused unless --force)."""
-    from jobs.train import (  # lazy: keeps `recsys --help` fast
-        DEFAULT_STAGES,
-        STAGE_ORDER,
-        train_stages,
-        training_warnings,
-    )
+    from jobs.fit_report import training_warnings  # lazy: keeps `recsys --help` fast
+    from jobs.train import DEFAULT_STAGES, STAGE_ORDER, train_stages  # lazy: keeps `recsys --help` fast
 
     settings = c.load_settings(config)
     names = DEFAULT_STAGES if stages == "all" else tuple(s.strip() for s in stages.split(","))
@@ -131,12 +127,8 @@ def evaluate(
     from jobs.baselines import baseline_warnings  # lazy: keeps `recsys --help` fast
     from jobs.eval_summary import summary  # lazy: keeps `recsys --help` fast
     from jobs.evaluate import evaluate_pipeline, require_bootstrap_users  # lazy: keeps `recsys --help` fast
-    from jobs.train import (  # lazy: keeps `recsys --help` fast
-        DEFAULT_STAGES,
-        fit_summary,
-        train_stages,
-        training_warnings,
-    )
+    from jobs.fit_report import fit_summary, training_warnings  # lazy: keeps `recsys --help` fast
+    from jobs.train import DEFAULT_STAGES, train_stages  # lazy: keeps `recsys --help` fast
 
     settings = c.load_settings(config)
     art = c.artifact_dir(settings, data, artifacts)

@@ -36,7 +36,8 @@ from cascade.registry import build_pipeline
 from cascade.settings import Settings
 from jobs.cascade_run import SCORED, memoised, requests_for_user, run_cascade, slice_table
 from jobs.evaluate import stage_candidate_recall
-from jobs.train import DEFAULT_STAGES, split_id, train_stages, training_warnings
+from jobs.fit_report import training_warnings
+from jobs.train import DEFAULT_STAGES, split_id, train_stages
 from offline.metrics import candidates_found, per_user_metrics
 from offline.split import Split
 from recsys.atomic import atomic_write_json

@@ -26,7 +26,8 @@ import numpy as np
 from cascade.settings import MAX_SEED, Settings
 from jobs.baselines import baseline_warnings
 from jobs.evaluate import evaluate_pipeline
-from jobs.train import fit_summary, train_stages, training_warnings
+from jobs.fit_report import fit_summary, training_warnings
+from jobs.train import train_stages
 from offline.split import Split
 from recsys.atomic import atomic_write_json
 

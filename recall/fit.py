@@ -11,7 +11,7 @@ evaluations: ML-100K's valid curve plateaus for 4-5 of them before climbing agai
 and a budget of softmax logits (``max_train_logits``, the dominant cost of a step) that bounds
 a fit at scale; the best evaluated weights are kept. Bit-for-bit deterministic for a given seed
 and thread count, on a busy machine as on a quiet one, unless an opt-in wall-clock cap
-(``max_train_s``, off by default) stops a fit first (the report's ``out_of_time``; ``jobs.train.training_warnings``
+(``max_train_s``, off by default) stops a fit first (the report's ``out_of_time``; ``jobs.fit_report.training_warnings``
 then says so).
 
 Reproducibility: the fit runs under ``torch.use_deterministic_algorithms``. Without it, two fits

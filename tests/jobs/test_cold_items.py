@@ -19,7 +19,8 @@ from jobs.cold_items import (
     prepare_cold,
     train_cold,
 )
-from jobs.train import prepare, training_warnings
+from jobs.fit_report import training_warnings
+from jobs.train import prepare
 from tests.jobs.test_train import TINY
 
 

@@ -18,7 +18,6 @@ from jobs.train import (
     holdout_sequences,
     prepare,
     train_stages,
-    training_warnings,
 )
 from recall.config import EARLY_STOPPED_DIR
 from recsys.pipeline import SHORT_EXHAUSTED, SHORT_RULES, Pipeline
@@ -179,29 +178,6 @@ def test_split_fingerprint_follows_content_not_mtime_or_path(tmp_path):
     assert _fingerprint(data, None, 5, {}) == first == _fingerprint(copy, None, 5, {})
     (data / "u.data").write_text("1\t1\t4\t881250949\n")  # one changed byte, same size
     assert _fingerprint(data, None, 5, {}) != first
-
-
-def test_a_two_tower_stopped_by_the_clock_or_by_the_budget_before_early_stopping_is_a_warning() -> None:
-    settings = Settings.build({"recall": {"max_train_s": 1800}})
-    clocked = {"epochs": 14, "best_epoch": 10, "out_of_time": True, "out_of_budget": False}
-    warnings = training_warnings(settings, {"recall": clocked, "coarse": {"seconds": 1.0}})
-    # the clock, not the budget: machine-dependent even past the best epoch (patience might have run on)
-    assert len(warnings) == 1 and warnings[0].startswith("recall: the wall-clock cap recall.max_train_s (1800 s) "
-                                                         "stopped the two-tower at epoch 14")
-    budget = {"epochs": 6, "best_epoch": 6, "out_of_time": False, "out_of_budget": True}
-    warnings = training_warnings(settings, {"recall_holdout": budget})
-    assert len(warnings) == 1 and "recall.max_train_logits (1e+10) stopped the two-tower at epoch 6 while" in warnings[0]
-    # the budget after the best epoch had passed but before patience ran out: still not converged
-    (warning,) = training_warnings(settings, {"recall": {**budget, "best_epoch": 4}})
-    assert "at epoch 6 before early stopping (best epoch 4): not converged" in warning
-    # early stopping: nothing to say
-    assert training_warnings(settings, {"recall": {**budget, "out_of_budget": False}}) == []
-    # the refit (recall.refit) has no budget, only the clock
-    refit = {"epochs": 20, "best_epoch": 12, "out_of_time": False, "out_of_budget": False,
-             "refit": {"epochs": 7, "out_of_time": True}}
-    warnings = training_warnings(settings, {"recall": refit})
-    assert len(warnings) == 1 and "stopped the refit at epoch 7 of 12" in warnings[0]
-    assert training_warnings(settings, {"recall": {**refit, "refit": {"epochs": 12, "out_of_time": False}}}) == []
 
 
 def test_an_interrupted_prepare_leaves_no_split_rather_than_a_mixed_one(tmp_path: Path,
