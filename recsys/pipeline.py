@@ -20,7 +20,7 @@ the pipeline cut; a stage that cut itself would hide its tail.
 
 Each stage sees the request with ``deadline`` set to the tighter of the request deadline
 and its own budget, so a stage that can stop early (the LLM) knows when to. A passthrough
-stage with a budget also runs under a watchdog (``StageWatchdog``): a backend that hangs
+stage with a budget also runs under a watchdog (``recsys.watchdog``): a backend that hangs
 inside one call (a stuck forward pass, a dead socket) cannot check its deadline, so the
 pipeline stops waiting ``WATCHDOG_GRACE_S`` after that deadline and falls back; the call is
 abandoned on its thread, and while ``MAX_ABANDONED`` calls of a stage are still stuck, the
@@ -37,7 +37,6 @@ Deliberately left out: building stages from config (``cascade.registry``) and HT
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
 import logging
 import threading
@@ -50,11 +49,10 @@ import numpy as np
 
 from recsys.config import POLICY_KINDS, StageSpec
 from recsys.contract import Candidates, Request, Stage, StageTrace
+from recsys.watchdog import StageAbandoned, StageWatchdog
 
 log = logging.getLogger(__name__)
 
-WATCHDOG_GRACE_S = 0.05  # lets a stage that checks its deadline stop itself and say why
-MAX_ABANDONED = 4  # stuck calls per stage before it falls back without trying
 # Held while stages are pinned for a request and while several stages are swapped together
 # (serving.hot_reload), so a request sees all of a swap or none of it.
 STAGE_SWAP = threading.RLock()
@@ -274,58 +272,6 @@ class Pipeline:
         out = cands.head(spec.depth) if spec.depth is not None else cands
         traces.append(StageTrace(spec.name, "fallback", ms, len(cands), len(out), reason))
         return out
-
-
-class StageAbandoned(RuntimeError):
-    """A stage call did not return by its deadline (plus grace) and was left running."""
-
-
-class StageWatchdog:
-    """Runs a stage call on a daemon thread and stops waiting for it at the request's deadline.
-
-    Python cannot kill a thread, so a hung call keeps its thread until it returns; ``stuck``
-    counts those per stage and refuses new calls while ``max_abandoned`` are stuck, so a dead
-    backend costs a bounded number of threads, and each request only its deadline.
-    """
-
-    def __init__(self, grace_s: float = WATCHDOG_GRACE_S, max_abandoned: int = MAX_ABANDONED):
-        self.grace_s, self.max_abandoned = grace_s, max_abandoned
-        self.stuck: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    def run(self, name: str, stage: Stage, request: Request, cands: Candidates) -> Candidates:
-        if request.deadline is None:
-            return stage.run(request, cands)
-        with self._lock:
-            if self.stuck.get(name, 0) >= self.max_abandoned:
-                raise StageAbandoned(f"budget overrun: {self.stuck[name]} earlier calls still running (backend hung)")
-        box: dict[str, object] = {}
-        done = threading.Event()
-        ctx = contextvars.copy_context()  # log lines of the call keep the request id
-
-        def call() -> None:
-            try:
-                box["out"] = ctx.run(stage.run, request, cands)
-            except BaseException as exc:  # handed to the waiting request thread below
-                box["exc"] = exc
-            finally:
-                done.set()
-                with self._lock:
-                    if box.get("abandoned"):
-                        self.stuck[name] -= 1
-
-        threading.Thread(target=call, name=f"stage-{name}", daemon=True).start()
-        wait_s = max(0.0, request.deadline - time.monotonic()) + self.grace_s
-        if not done.wait(wait_s):
-            with self._lock:
-                if not done.is_set():  # still running: abandon it
-                    box["abandoned"] = True
-                    self.stuck[name] = self.stuck.get(name, 0) + 1
-                    raise StageAbandoned(f"budget overrun: no answer {wait_s * 1000:.0f} ms after the call "
-                                         "started (deadline + grace); call abandoned")
-        if "exc" in box:
-            raise box["exc"]  # type: ignore[misc]
-        return box["out"]  # type: ignore[return-value]
 
 
 class PipelineStage:

@@ -13,7 +13,8 @@ from jobs.llm_bench import bench_llm_stage, score_requests
 from llm_rerank.stage import LLMRerankStage
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request, Stage, StageError
-from recsys.pipeline import Pipeline, StageWatchdog
+from recsys.pipeline import Pipeline
+from recsys.watchdog import StageWatchdog
 from tests.llm_rerank.factories import PopularityStage, save_tiny_llm, tiny_split
 
 

@@ -23,7 +23,8 @@ from cascade.settings import Settings
 from llm_rerank.stage import LLMRerankStage
 from recsys.config import StageSpec
 from recsys.contract import Request
-from recsys.pipeline import MAX_ABANDONED, Pipeline
+from recsys.pipeline import Pipeline
+from recsys.watchdog import MAX_ABANDONED
 from serving.app import create_app
 from tests.llm_rerank.factories import PopularityStage, save_tiny_llm, tiny_split
 
