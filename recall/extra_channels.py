@@ -9,15 +9,17 @@
 2. load the freshly written stage, build every channel's own list once per early-stopping
    user (history = training sequence, target = the held-out next item: the *valid* item for
    ``recall/``, never a test item), and gate the channel shares as fusion gates its weights:
-   the users are split in two seeded halves (``offline.protocol.gate_halves``); on the first,
-   the shares that maximise candidate recall at the stage depth over a small grid
-   (``SHARE_GRID`` per channel, the two-tower keeping at least ``MIN_TWO_TOWER_SHARE``; ties
-   to the smaller total extra share) are the challenger; they are served only if they beat
-   the incumbent, no extra share (two-tower and popularity), on the second half with a paired
-   bootstrap 95% CI above zero. Choosing and testing on the same users served shares that had
-   won by noise: on ML-100K with a softmax temperature of 0.1 or 0.2 the tuned shares gained
-   +0.003 on valid and lost 0.01-0.03 of test candidate recall on every seed
-   (``docs/decisions/0010-recall-depth-200.md``);
+   the users are dealt into ``GATE_FOLDS`` seeded folds; for each fold, the shares that maximise
+   candidate recall at the stage depth over a small grid (``SHARE_GRID`` per channel, the two-tower
+   keeping at least ``MIN_TWO_TOWER_SHARE``; ties to the smaller total extra share) are chosen on
+   the other folds and scored on that fold's users, so every user judges a choice it took no part
+   in. The shares chosen on every user are served only if this procedure beats the incumbent, no
+   extra share (two-tower and popularity), over all users pooled with a paired bootstrap 95% CI
+   above zero. Choosing and testing on the same users served shares that had won by noise: on
+   ML-100K with a softmax temperature of 0.1 or 0.2 the tuned shares gained +0.003 on valid and
+   lost 0.01-0.03 of test candidate recall on every seed (``docs/decisions/0010-recall-depth-200.md``);
+   testing on one held-out half only had no power on a few hundred users
+   (``docs/decisions/0013-channel-gate-pooled-folds.md``);
 3. write ``channels.json``: the shares, the whole grid's recall, each channel's own
    candidate recall at the depth, and the matrix sizes;
 4. with ``RecallConfig.refit`` all of that happens in ``recall/early_stopped/``, and
@@ -40,7 +42,7 @@ from typing import Any
 import numpy as np
 from scipy import sparse
 
-from offline.protocol import GATE_MIN_USERS, SALT_CHANNEL_GATE, gate_halves, gate_verdict
+from offline.protocol import GATE_MIN_USERS, SALT_CHANNEL_GATE, gate_verdict
 from recall.channels import clean_channel, priority_items
 from recall.config import RecallConfig
 from recall.item_models import NeighbourChannel, covisitation, item_counts, item_model
@@ -51,6 +53,7 @@ from recsys.config import StageSpec
 CHANNELS_DIR, CHANNELS_FILE = "channels", "channels.json"
 SHARE_GRID = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
 MIN_TWO_TOWER_SHARE = 0.3
+GATE_FOLDS = 5
 
 
 def fit_channels(sequences: list[np.ndarray], n_items: int, config: RecallConfig) -> dict[str, Any]:
@@ -143,7 +146,8 @@ def own_recall(lists: list[list[Any]], excludes: list[np.ndarray], targets: np.n
 def tune_shares(stage: Any, lists: list[list[Any]], excludes: list[np.ndarray], targets: np.ndarray, seed: int = 42
                 ) -> dict[str, Any]:
     """The gated grid search of the module doc: ``{"shares", "valid_recall", "gate", "grid"}``
-    (``grid``: every grid point's recall on the choosing half; ``valid_recall``: the served
+    (``grid``: every grid point's recall on every user; ``gate``: the shares chosen on every user
+    (``challenger``), each fold's choice and the pooled paired CI; ``valid_recall``: the served
     shares' recall on every user)."""
     names = list(stage.config.extra_channels)
     room = 1.0 - stage.config.popularity_share - MIN_TWO_TOWER_SHARE
@@ -161,23 +165,40 @@ def tune_shares(stage: Any, lists: list[list[Any]], excludes: list[np.ndarray], 
                      for ls, ex, t in zip(lists, excludes, targets, strict=True)]
         return np.asarray(found, dtype=np.float64)
 
-    per_user = [hits(shares) for shares in grid]
+    per_user = np.array([hits(shares) for shares in grid]).reshape(len(grid), len(targets))
     incumbent = {name: 0.0 for name in names}
-    choose, test = gate_halves(len(targets), seed, salt=SALT_CHANNEL_GATE)
-    results = [{"shares": shares, "recall": round(float(h[choose].mean()) if len(choose) else 0.0, 5)}
+    base = per_user[grid.index(incumbent)]
+    folds = gate_folds(len(targets), seed)
+
+    def best_on(users: np.ndarray) -> int:
+        recall = per_user[:, users].mean(axis=1) if len(users) else np.zeros(len(grid))
+        return max(range(len(grid)), key=lambda i: (recall[i], -sum(grid[i].values())))
+
+    results = [{"shares": shares, "recall": round(float(h.mean()) if len(h) else 0.0, 5)}
                for shares, h in zip(grid, per_user, strict=True)]
-    best = max(range(len(grid)), key=lambda i: (results[i]["recall"], -sum(grid[i].values())))
+    best = best_on(np.arange(len(targets)))
     served, gate = incumbent, {"challenger": grid[best], "served": "incumbent"}
-    if len(choose) < GATE_MIN_USERS:
+    if len(targets) < 2 * GATE_MIN_USERS:
         gate["why"] = f"{len(targets)} users: the gate needs {2 * GATE_MIN_USERS}"
     elif grid[best] != incumbent:
-        base = per_user[grid.index(incumbent)]
-        check = gate_verdict(base[test], per_user[best][test], seed)
+        chosen = [best_on(np.flatnonzero(folds != f)) for f in range(GATE_FOLDS)]
+        procedure = per_user[np.asarray(chosen)[folds], np.arange(len(targets))]
+        check = gate_verdict(base, procedure, seed)
         gate.update({k: check[k] for k in ("mean", "ci95", "p_value", "n_users")})
+        gate["fold_choices"] = [grid[i] for i in chosen]
         if check["wins"]:
             served, gate["served"] = grid[best], "challenger"
     valid_recall = float(per_user[grid.index(served)].mean()) if len(targets) else 0.0
     return {"shares": served, "valid_recall": round(valid_recall, 5), "gate": gate, "grid": results}
+
+
+def gate_folds(n: int, seed: int) -> np.ndarray:
+    """The fold (0 .. ``GATE_FOLDS`` - 1) of each of ``n`` users, as even as ``n`` allows, seeded.
+
+    >>> np.bincount(gate_folds(12, 0)).tolist()
+    [3, 3, 2, 2, 2]
+    """
+    return np.random.default_rng([seed, SALT_CHANNEL_GATE]).permutation(n) % GATE_FOLDS
 
 
 def channel_candidate_recall(stage: Any, split: Any, phase: str) -> dict[str, float]:
