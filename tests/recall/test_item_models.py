@@ -113,3 +113,16 @@ def test_neighbour_channel_rejects_bad_shapes() -> None:
         NeighbourChannel("x", np.zeros((2, 3)), None)
     with pytest.raises(ValueError, match="last_n must be >= 1"):
         NeighbourChannel("x", np.zeros((2, 2)), 0)
+
+
+@pytest.mark.parametrize("last_n", [None, 1, 10, 50])
+def test_neighbour_scores_are_bit_for_bit_the_sparse_product(last_n: int | None) -> None:
+    rng = np.random.default_rng(7)
+    n = 300
+    w = top_k_rows(rng.random((n, n)).astype(np.float32) * (rng.random((n, n)) < 0.2), 40)
+    channel = NeighbourChannel("c", w, last_n)
+    for length in (0, 1, 7, 60, 400):
+        history = rng.integers(-2, n + 2, length)  # out-of-catalog ids are ignored by both
+        reference = (channel.query(history) @ channel.weights).toarray().ravel().astype(np.float32)
+        got = channel.scores(history)
+        assert got.dtype == np.float32 and got.tobytes() == reference.tobytes()
