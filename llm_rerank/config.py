@@ -64,7 +64,10 @@ class ExplainConfig(BaseModel):
 
     explain_k: int = Field(3, ge=1, le=20, description="Top items given a reason when a request does not say.")
     max_words: int = Field(25, ge=5, le=60, description="A reason is one sentence of at most this many words.")
-    max_new_tokens: int = Field(64, ge=8, le=256, description="Generated tokens per reason (JSON included).")
+    max_new_tokens: int = Field(40, ge=8, le=256, description="Generated tokens per reason (JSON included).")
+    anchors: int = Field(
+        3, ge=1, le=9, description="History items offered to the model to rest a reason on (nearest by "
+        "co-visitation first, then the most recent); the reason names the one it picks.")
     budget_ms: float = Field(
         2000.0, ge=0, le=60_000, description="Generation time per request, within what is left of the request "
         "budget; past it (or 0) every reason not cached is the template one.")

@@ -8,12 +8,18 @@ For each of a request's top items ``ReasonWriter.write`` returns one ``Reason``:
 2. **cache**: a reason already written for (history digest, item, prompt version) is served as is
    (``llm_rerank.reason_cache``);
 3. **generation** (``ReasonGenerator``): one batched, schema-constrained greedy decode for all the
-   items not cached, one row per item, each row ``{"reason": "..."}`` (``REASON_SCHEMA``, through
-   xgrammar, ``llm_rerank.grammar``). Every row continues the re-ranker's own prefix (instruction,
+   items not cached, one row per item. Each row offers the model a few numbered *anchors* (the
+   history items nearest the item by co-visitation, then the most recent ones: ``anchors_of``) and
+   writes ``{"because": <anchor number>, "why": "<lowercase clause>"}`` (``reason_schema``, through
+   xgrammar, ``llm_rerank.grammar``); the served reason is "Because you <verb> <anchor>, <why>."
+   (``render_reason``). The clause admits no capital letter and no digit, so the model cannot name
+   a title or a year: every name in a reason is an anchor's, taken from the evidence, and the model
+   chooses which one and says why. Every row continues the re-ranker's own prefix (instruction,
    profile, history window: ``PromptBuilder.prefix``), so the prefix's keys/values come from the
    re-ranker's prefix cache and are computed once per user for both;
-4. **check** (``llm_rerank.grounding.ItemFacts.check``): a reason naming a title outside the
-   history, a category or year the data does not carry, or too long, is replaced by the template
+4. **check** (``llm_rerank.grounding.ItemFacts.check``): a reason resting on an anchor the row did
+   not offer, naming a title outside the history, a category or year the data does not carry, or
+   too long, is replaced by the template
    reason from the same evidence, as is every reason when generation errors or runs past its
    budget (``ExplainConfig.budget_ms``, within the request's deadline). ``source`` says which.
 
@@ -42,7 +48,7 @@ import numpy as np
 
 from llm_rerank.config import ExplainConfig
 from llm_rerank.grammar import GrammarLogits, compile_json_schema
-from llm_rerank.grounding import Evidence, ItemFacts, template_reason, verb_for
+from llm_rerank.grounding import Evidence, ItemFacts, display_title, template_reason, verb_for
 from llm_rerank.prompt import PromptBuilder
 from llm_rerank.reason_cache import ReasonCache
 from llm_rerank.template import CLOSE, OPEN
@@ -56,10 +62,43 @@ CHANNEL_WORDS = {"covisit": "often {verb} together with your history", "two_towe
                  "text": "its text resembles your history", "llm_embedding": "its description resembles your history"}
 
 
-def reason_schema(max_chars: int) -> dict[str, Any]:
-    """The JSON schema of one row's output: one reason, at most ``max_chars`` characters."""
-    return {"type": "object", "properties": {"reason": {"type": "string", "minLength": 1, "maxLength": max_chars}},
-            "required": ["reason"], "additionalProperties": False}
+TITLE_CHARS = 40  # an anchor's title as a reason names it, cut at a word (``display_title``)
+MIN_CLAUSE = 10  # characters of the shortest "why" clause: fewer says no why
+
+
+def reason_schema(anchors: int, max_chars: int) -> dict[str, Any]:
+    """The JSON schema of one row's output: the number of the anchor the reason rests on (1 to
+    ``anchors``) and a lowercase clause of ``MIN_CLAUSE`` to ``max_chars`` characters saying why.
+
+    The clause holds letters, spaces, commas, apostrophes and hyphens only: no capital letter, so no
+    title written as a name, no digit, so no year, no full stop, so one sentence.
+    """
+    clause = f"^[a-z][a-z ,'-]{{{MIN_CLAUSE - 1},{max_chars - 1}}}$"
+    return {"type": "object",
+            "properties": {"because": {"type": "integer", "minimum": 1, "maximum": anchors},
+                           "why": {"type": "string", "pattern": clause}},
+            "required": ["because", "why"], "additionalProperties": False}
+
+
+_CLAUSE = re.compile(r"[a-z][a-z ,'-]*")
+_COMPILED: dict[tuple[Any, ...], tuple[Any, list[int]]] = {}  # (tokenizer, vocab, anchors, chars) -> grammar
+_COMPILED_LOCK = threading.Lock()
+
+
+def anchors_of(ev: Evidence, n: int) -> tuple[int, ...]:
+    """The history items a reason may rest on, best first: the item's nearest by co-visitation, then
+    the most recent ones of the prompt's window; at most ``n``."""
+    return tuple(dict.fromkeys([*ev.neighbours, *reversed(ev.recent)]))[:n]
+
+
+def render_reason(anchor_title: str, why: str, verb: str) -> str:
+    """The served sentence of a row's output.
+
+    >>> render_reason("Lion King, The (1994)", "another musical adventure with talking animals ,", "watched")
+    'Because you watched The Lion King (1994), another musical adventure with talking animals.'
+    """
+    clause = " ".join(why.replace(" ,", ",").split()).strip(" ,'-")
+    return f"Because you {verb} {display_title(anchor_title, TITLE_CHARS)}, {clause}."
 
 
 @dataclass(frozen=True)
@@ -122,12 +161,25 @@ class ReasonGenerator:
         self.stage, self.cfg, self.domain, self.verb = stage, cfg, domain, cfg.verb or verb_for(domain)
         self.model, self.pad_id, self.scorer = backend.model, backend.pad_id, backend.scorer
         tok = stage.prompts.tok
-        self.max_chars = cfg.max_words * 8
-        vocab = int(getattr(self.model.config, "vocab_size", len(tok)))
-        self.compiled, stop = compile_json_schema(tok, vocab, reason_schema(self.max_chars))
+        self.max_chars = cfg.max_words * 3  # the clause; with "Because you <verb> <anchor>," about max_words words
+        self.vocab = int(getattr(self.model.config, "vocab_size", len(tok)))
+        self.grammars: dict[int, Any] = {}  # compiled reason_schema by number of anchors
+        _, stop = self.grammar(cfg.anchors)
         self.stop_ids = set(stop)
         # a row still open when the token budget ends is closed with these (the string, the object, a stop)
         self.close_ids = [*stage.prompts.ids('"}'), stop[0]] if stop else stage.prompts.ids('"}')
+
+    def grammar(self, anchors: int) -> tuple[Any, list[int]]:
+        """(the compiled schema of a row offering ``anchors`` anchors, the stop ids); compiled once each
+        per tokenizer and process (a compile takes seconds)."""
+        if anchors not in self.grammars:
+            tok = self.stage.prompts.tok
+            key = (str(getattr(tok, "name_or_path", "")), len(tok), self.vocab, anchors, self.max_chars)
+            with _COMPILED_LOCK:
+                if key not in _COMPILED:
+                    _COMPILED[key] = compile_json_schema(tok, self.vocab, reason_schema(anchors, self.max_chars))
+                self.grammars[anchors] = _COMPILED[key]
+        return self.grammars[anchors]
 
     def version(self) -> str:
         """The prompt version of what this writes: model, re-ranker prompt and explanation texts."""
@@ -145,7 +197,7 @@ class ReasonGenerator:
             return b.ids(OPEN) + b.data_ids(text, chars) + b.ids(CLOSE)
 
         ask = b.template.render("explain_request", self.domain)
-        out = b.ids(f"{ask}\nThe {self.domain}: ") + quoted(ev.title, b.title_chars) + b.ids("\n")
+        out = b.ids(f"The recommended {self.domain}: ") + quoted(ev.title, b.title_chars) + b.ids("\n")
         facts = [c for c in ev.categories if c][:4]
         if facts:
             out += b.ids("Its categories: ") + quoted(", ".join(facts), 120) + b.ids("\n")
@@ -156,12 +208,10 @@ class ReasonGenerator:
         why = [CHANNEL_WORDS[c].format(verb=self.verb) for c in ev.channels if c in CHANNEL_WORDS]
         if why:
             out += b.ids(f"Why it was picked: {'; '.join(why)}.\n")
-        if ev.neighbours:
-            out += b.ids("Closest in their history: ")
-            for n, i in enumerate(ev.neighbours):
-                out += (b.ids(", ") if n else []) + quoted(self.stage.titles[i], b.title_chars)
-            out += b.ids("\n")
-        return out + b.ids(b.tail.removesuffix("Answer:"))
+        out += b.ids(f"Their {self.domain}s to choose from:\n")
+        for n, i in enumerate(anchors_of(ev, self.cfg.anchors), start=1):
+            out += b.ids(f"{n}. ") + quoted(self.stage.titles[i], b.title_chars) + b.ids("\n")
+        return out + b.ids(ask + b.tail.removesuffix("Answer:"))
 
     def generate(self, request: Request, evidence: Sequence[Evidence], deadline: float) -> list[str]:
         """One JSON text per item, decoded greedily in one batch; ``StageError`` past ``deadline``
@@ -175,23 +225,32 @@ class ReasonGenerator:
                 raise StageError("explanation budget reached before the reasons were written")
 
         check()
+        counts = [len(anchors_of(ev, self.cfg.anchors)) for ev in evidence]
+        if not all(counts):
+            raise StageError("no history item to rest a reason on")
         prefix, suffixes = self.rows(request, evidence)
         steps = self.cfg.max_new_tokens
         with torch.inference_mode():
             state = BatchState.of_prefix(self.scorer.prefix_state(prefix), len(suffixes))
             check()
-            grammar = GrammarLogits(self.compiled, [""] * len(suffixes))
+            grammar = GrammarLogits([self.grammar(n)[0] for n in counts], [""] * len(suffixes))
             logits, state = continue_batch(self.model, state, suffixes, self.pad_id, logits=True, room=steps)
             out: list[list[int]] = [[] for _ in suffixes]
             chosen = torch.full((len(suffixes), 1), self.pad_id, dtype=torch.long)
             closing = steps - len(self.close_ids)
+            forced = [-1] * len(suffixes)  # per row: close ids written so far once closing began
             for step in range(steps):
                 masked = grammar(chosen, logits)
                 chosen = masked.argmax(dim=-1, keepdim=True)
                 for row in range(len(suffixes)):
                     if not grammar.terminated(row) and not (out[row] and out[row][-1] in self.stop_ids):
-                        if step >= closing:  # out of budget: close the JSON so the row stays a valid document
-                            chosen[row, 0] = self.close_ids[step - closing]
+                        # out of budget: close the JSON as soon as the schema allows (the clause long enough),
+                        # so the row stays a valid document; one that cannot close in time is not served
+                        if forced[row] < 0 and step >= closing and bool(masked[row, self.close_ids[0]] > -1e30):
+                            forced[row] = 0
+                        if 0 <= forced[row] < len(self.close_ids):
+                            chosen[row, 0] = self.close_ids[forced[row]]
+                            forced[row] += 1
                         out[row].append(int(chosen[row, 0]))
                 if all(grammar.terminated(r) or (out[r] and out[r][-1] in self.stop_ids)
                        for r in range(len(suffixes))) or step == steps - 1:
@@ -202,26 +261,26 @@ class ReasonGenerator:
         return [tok.decode([t for t in ids if t not in self.stop_ids], skip_special_tokens=True) for ids in out]
 
 
-def parse_reason(text: str) -> str | None:
-    """The reason of one row's JSON output; None when it is not a schema-valid document."""
+def parse_reason(text: str) -> tuple[int, str] | None:
+    """(anchor number, why clause) of one row's JSON output; None when it is not a schema-valid document.
+
+    >>> parse_reason('{"because": 2, "why": "another tale of the sea"}')
+    (2, 'another tale of the sea')
+    >>> parse_reason('{"because": 2, "why": "Titanic, again"}') is None
+    True
+    """
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
         return None
-    if not isinstance(data, dict) or set(data) != {"reason"} or not isinstance(data["reason"], str):
+    if not isinstance(data, dict) or set(data) != {"because", "why"}:
         return None
-    reason = " ".join(data["reason"].split())
-    return reason or None
-
-
-def first_sentence(text: str) -> str:
-    """The text up to its first sentence end.
-
-    >>> first_sentence("A tense thriller. You liked Alien (1979).")
-    'A tense thriller.'
-    """
-    match = re.search(r"[.!?](?=\s+[A-Z])", text)
-    return text[: match.end()] if match else text
+    because, why = data["because"], data["why"]
+    if not isinstance(because, int) or isinstance(because, bool) or because < 1 or not isinstance(why, str):
+        return None
+    if len(why) < MIN_CLAUSE or not _CLAUSE.fullmatch(why):
+        return None
+    return because, why
 
 
 @dataclass
@@ -289,11 +348,16 @@ class ReasonWriter:
         template = template_reason(ev, self.evidence.facts, self.cfg.verb or verb_for(self.domain), self.domain)
         if raw is None:
             return Reason(template, "template")
-        reason = parse_reason(raw)
-        if reason is None:
+        parsed = parse_reason(raw)
+        if parsed is None:
             return Reason(template, "template", schema_valid=False, problems=("not schema-valid JSON",))
-        if len(reason.split()) > self.cfg.max_words:  # a second sentence is not served
-            reason = first_sentence(reason)
+        because, why = parsed
+        anchors = anchors_of(ev, self.cfg.anchors)
+        if because > len(anchors):
+            return Reason(template, "template", schema_valid=True,
+                          problems=(f"rests on item {because} of the {len(anchors)} offered",))
+        reason = render_reason(str(self.evidence.facts.titles[anchors[because - 1]]), why,
+                               self.cfg.verb or verb_for(self.domain))
         problems = self.evidence.facts.check(reason, ev, self.cfg.max_words)
         if problems:
             return Reason(template, "template", schema_valid=True, problems=tuple(problems))

@@ -30,15 +30,20 @@ class GrammarLogits:
     """A transformers logits processor applying one xgrammar matcher per batch row."""
 
     def __init__(self, compiled: Any, prefills: Sequence[str]) -> None:
-        """One matcher per row, each having accepted its row's prefill (the JSON written so far)."""
+        """One matcher per row, each having accepted its row's prefill (the JSON written so far);
+        ``compiled`` is one grammar for every row, or a list of one per row."""
         import xgrammar as xgr  # lazy: heavy (xgrammar)
 
-        self.xgr, self.compiled, self.prefills = xgr, compiled, list(prefills)
-        self.matchers = [xgr.GrammarMatcher(compiled) for _ in prefills]
+        per_row = list(compiled) if isinstance(compiled, list) else [compiled] * len(prefills)
+        if len(per_row) != len(prefills):
+            raise ValueError(f"{len(per_row)} grammars for {len(prefills)} rows")
+        self.xgr, self.prefills = xgr, list(prefills)
+        self.compiled = compiled if not isinstance(compiled, list) else per_row[0]  # the tokenizer's vocab size
+        self.matchers = [xgr.GrammarMatcher(c) for c in per_row]
         for m, prefill in zip(self.matchers, prefills, strict=True):
             if not m.accept_string(prefill):
                 raise ValueError(f"grammar rejects the prefill {prefill!r}")
-        self.bitmask = xgr.allocate_token_bitmask(len(prefills), compiled.tokenizer_info.vocab_size)
+        self.bitmask = xgr.allocate_token_bitmask(len(prefills), self.compiled.tokenizer_info.vocab_size)
         self.started = False
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:

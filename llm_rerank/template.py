@@ -73,8 +73,8 @@ class PromptTemplate(BaseModel):
         "Give its genres, audience, risk flags, themes and a summary of at most 12 words.", 300,
         "Tagger request after the item's title and description.")
     explain_request: str = _text(
-        "In one sentence of at most 25 words, tell the user why this {domain} suits them. Name only titles "
-        "from their history and facts listed here.", 400,
+        "Pick the numbered {domain} from their history that best explains why this recommended {domain} "
+        "suits them, then say why in a few plain lowercase words.", 400,
         "Explanation request after one recommended item's facts (llm_rerank.explain); the re-ranker's "
         "instruction and the user's history come before it.")
 

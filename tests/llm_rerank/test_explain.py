@@ -10,7 +10,15 @@ import pytest
 
 from cascade.settings import Settings
 from llm_rerank.config import ExplainConfig
-from llm_rerank.explain import EvidenceBuilder, ReasonGenerator, ReasonWriter, parse_reason
+from llm_rerank.explain import (
+    EvidenceBuilder,
+    Reason,
+    ReasonGenerator,
+    ReasonWriter,
+    anchors_of,
+    parse_reason,
+    render_reason,
+)
 from llm_rerank.grounding import ItemFacts, template_reason
 from llm_rerank.reason_cache import MemoryReasonCache
 from llm_rerank.stage import LLMRerankStage
@@ -56,14 +64,35 @@ def test_every_generated_row_is_schema_valid_json(artifacts: Path, facts: ItemFa
     evidence = EvidenceBuilder(facts).build(request(), [TOY_STORY, 5, SCREAM], [["two_tower"], ["popularity"], []])
     texts = gen.generate(request(), evidence, deadline=float("inf"))
     assert len(texts) == 3
-    for text in texts:
-        reason = parse_reason(text)
-        assert reason is not None, text
-        assert 1 <= len(reason) <= gen.max_chars
+    for text, ev in zip(texts, evidence, strict=True):
+        parsed = parse_reason(text)
+        assert parsed is not None, text
+        because, why = parsed
+        assert 1 <= because <= len(anchors_of(ev, gen.cfg.anchors))
+        assert 10 <= len(why) <= gen.max_chars and why == why.lower(), why
+
+
+def test_the_model_can_name_only_the_anchors_it_is_offered(facts: ItemFacts) -> None:
+    ev = EvidenceBuilder(facts).build(request(), [TOY_STORY], [["two_tower"]])[0]
+    assert anchors_of(ev, 3) == (4, 3, 2)  # the most recent first without co-visitation neighbours
+    assert parse_reason('{"because": 1, "why": "as in Scream, a slasher"}') is None  # a capital: a name
+    assert parse_reason('{"because": 1, "why": "a classic from nineteen"}') == (1, "a classic from nineteen")
+    assert parse_reason('{"because": 1, "why": "made in 1996"}') is None  # a digit: a year
+    assert parse_reason('{"because": 0, "why": "another animated tale"}') is None
+    w = writer(facts, None)
+    assert w._judge(ev, '{"because": 2, "why": "another hand drawn fairy tale"}') == Reason(
+        "Because you watched Pinocchio (1940), another hand drawn fairy tale.", "llm", schema_valid=True)
+    beyond = w._judge(ev, '{"because": 4, "why": "another hand drawn fairy tale"}')
+    assert (beyond.source, beyond.problems) == ("template", ("rests on item 4 of the 3 offered",))
+    wrong = w._judge(ev, '{"because": 1, "why": "a horror film for a late night"}')
+    assert (wrong.source, wrong.problems) == (
+        "template", ("claims the category 'Horror', which neither the item nor the history has",))
+    assert render_reason("Lion King, The (1994)", "more singing animals ,", "watched") == (
+        "Because you watched The Lion King (1994), more singing animals.")
 
 
 def test_a_row_the_token_budget_cuts_is_still_closed_as_valid_json(artifacts: Path, facts: ItemFacts) -> None:
-    gen = ReasonGenerator(make_stage(artifacts), ExplainConfig(max_new_tokens=12), "movie")
+    gen = ReasonGenerator(make_stage(artifacts), ExplainConfig(max_new_tokens=20), "movie")
     evidence = EvidenceBuilder(facts).build(request(), [TOY_STORY, 5], [["two_tower"], ["popularity"]])
     texts = gen.generate(request(), evidence, deadline=float("inf"))
     assert all(parse_reason(t) is not None for t in texts), texts  # the random model never closes by itself
