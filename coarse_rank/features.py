@@ -35,6 +35,7 @@ from coarse_rank.item_tags import ItemTags
 from offline.schema import AUDIENCES
 from offline.split import Split
 from recall.channels import TWO_TOWER
+from recall.item_models import row_entries
 from recsys.contract import Candidates, Request
 
 FEATURES: dict[str, str] = {
@@ -243,9 +244,9 @@ class FeatureBuilder:
             return [np.full(n, np.nan, np.float32)] * 5
         last = hist[-self.config.last_n:][::-1]  # most recent first
         t = self._tables
-        sub = t.follow[last][:, items].toarray()  # [len(last), n]
+        sub = _dense_block(t.follow, last, items)  # [len(last), n]
         out_deg = max(float(t.follow_out[last[0]]), 1.0)
-        precede = t.follow_t[last[:1]][:, items].toarray()[0]  # follow[item, last]
+        precede = _dense_block(t.follow_t, last[:1], items)[0]  # follow[item, last]
         return [sub[0], sub[0] / out_deg, sub.sum(axis=0), sub.max(axis=0), precede]
 
     def _tag_columns(self, hist: np.ndarray, items: np.ndarray) -> list[np.ndarray]:
@@ -361,6 +362,27 @@ def _recall_columns(recall: np.ndarray) -> list[np.ndarray]:
     rank[np.argsort(-key, kind="stable")] = np.arange(n, dtype=np.float32)
     best = float(np.max(recall[~np.isnan(recall)])) if (~np.isnan(recall)).any() else np.nan
     return [recall, rank, recall - np.float32(best)]
+
+
+def _dense_block(mat: sparse.csr_matrix, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """``mat[rows][:, cols].toarray()`` (same values, same dtype) by binary search over the rows' entries.
+
+    >>> m = sparse.csr_matrix(np.array([[0, 5, 0], [0, 0, 0], [7, 0, 8]], np.float32))
+    >>> _dense_block(m, np.array([2, 0]), np.array([2, 1, 2])).tolist()
+    [[8.0, 0.0, 8.0], [0.0, 5.0, 0.0]]
+    """
+    n_cols = mat.shape[1]
+    which, found, vals = row_entries(mat, rows)
+    keys = which * n_cols + found  # ascending within a row when mat's indices are sorted; sort anyway
+    order = np.argsort(keys, kind="stable")
+    keys, vals = keys[order], vals[order]
+    want = (np.arange(len(rows), dtype=np.int64)[:, None] * n_cols + np.asarray(cols, np.int64)[None, :]).ravel()
+    out = np.zeros(len(want), dtype=mat.dtype)
+    if len(keys):
+        pos = np.minimum(np.searchsorted(keys, want), len(keys) - 1)
+        hit = keys[pos] == want
+        out[hit] = vals[pos[hit]]
+    return out.reshape(len(rows), len(cols))
 
 
 def _category_affinity(item_cat: np.ndarray, hist: np.ndarray, items: np.ndarray) -> list[np.ndarray]:

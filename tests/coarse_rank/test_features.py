@@ -7,7 +7,9 @@ import doctest
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import sparse
 
+from coarse_rank import features as feature_module
 from coarse_rank import statistics
 from coarse_rank.config import CoarseConfig
 from coarse_rank.dataset import prefix_popularity, training_prefix
@@ -183,3 +185,14 @@ def test_prefix_popularity_counts_every_train_event_but_the_train_labels(split):
         np.testing.assert_array_equal(prefix_popularity(split, positions), split.item_popularity("valid")
                                       - np.bincount(labels, minlength=split.n_items))
     assert training_prefix(split, 5)["item_idx"].tolist() == [s[0] for s in split.train_sequences]
+
+
+def test_follow_block_lookup_is_scipys_slice_exactly():
+    rng = np.random.default_rng(3)
+    dense = (rng.random((60, 60)) < 0.1) * rng.integers(1, 9, (60, 60)).astype(np.float32)
+    mat = sparse.csr_matrix(dense)
+    for rows, cols in [(rng.integers(0, 60, 10), rng.integers(0, 60, 200)), (np.array([5]), np.arange(60)),
+                       (np.array([7, 7]), np.array([], np.int64)), (np.array([], np.int64), np.array([1, 2]))]:
+        got = feature_module._dense_block(mat, rows, cols)
+        assert got.dtype == np.float32 and np.array_equal(got, mat[rows][:, cols].toarray())
+    assert doctest.testmod(feature_module).failed == 0
