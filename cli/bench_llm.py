@@ -1,11 +1,12 @@
 """``recsys bench llm``: LLM stage precision (fp32/bf16/int8), prefix KV cache, dynamic batching;
-``recsys bench llm-probe``: does the backbone carry ranking signal at all (``jobs.llm_probe``)."""
+``recsys bench llm-probe``: does the backbone carry ranking signal at all (``jobs.llm_probe``);
+``recsys bench llm-rerank``: the re-ranker's order against coarse's, paired per user (``jobs.llm_rerank_eval``)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -115,7 +116,65 @@ def bench_llm_probe(
         c.write_report({"table": compare(reports), "backbones": reports}, out, settings=settings, data=data)
 
 
+def bench_llm_rerank(
+    data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
+    variant: Annotated[list[str] | None, typer.Option(help="Re-ranker to measure, repeatable: "
+                                                           "model[/listwise|pointwise[/title|title_details[/adapted]]] "
+                                                           "(default: llm.model/listwise/title_details); model is a "
+                                                           "catalogue name (llm_rerank.catalogue) or an HF directory.")]
+    = None,
+    users: Annotated[int, typer.Option(min=2, help="Users sampled (seeded); only those whose held item is among "
+                                                   "the candidates reach the LLM.")] = 2000,
+    phase: Annotated[Literal["test", "valid"], typer.Option(help="Held item: test or valid.")] = "test",
+    candidates: Annotated[int | None, typer.Option(min=2, max=26, help="Coarse candidates re-ordered "
+                                                                       "(default llm.candidates).")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of the user sample and the bootstrap (default: the "
+                                                  "settings' seed).")] = None,
+    threads: Annotated[int | None, typer.Option(min=1, help="torch intra-op threads.")] = None,
+    include: Annotated[list[Path] | None, typer.Option(help="Earlier llm-rerank reports whose variants join this "
+                                                           "report (each keeps its own sample); with no --variant, "
+                                                           "only merges them.")] = None,
+    out: c.OutOpt = None,
+) -> None:
+    """Each re-ranker's order of coarse's top candidates against coarse's own, paired per user (see
+    jobs.llm_rerank_eval): NDCG@10, Recall@10, CIs, history slices, ms per request."""
+    from jobs.llm_rerank_eval import (  # lazy: keeps `recsys --help` fast
+        merge_reports,
+        parse_variant,
+        rerank_eval,
+    )
+
+    earlier = []
+    for path in include or []:
+        try:
+            earlier.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError) as exc:
+            c.fail(f"--include {path}: not a readable llm-rerank report ({exc})")
+    settings, art = c.trained(config, data, artifacts)
+    if threads is not None:
+        settings = settings.model_copy(update={"llm": settings.llm.with_overrides({"threads": threads})})
+    try:
+        chosen = [parse_variant(v) for v in variant or ([] if earlier else [settings.llm.model])]
+    except ValueError as exc:
+        c.fail(str(exc))
+    used_seed = settings.seed if seed is None else seed
+
+    def partial(report: dict) -> None:  # a long run killed later keeps the variants it finished
+        if out is not None:
+            c.write_report(report, out.with_name(f"{out.stem}.partial.json"), settings=settings, data=data,
+                           seeds=[used_seed], show=False)
+
+    try:
+        runs = [rerank_eval(settings, art, chosen, users=users, candidates=candidates, seed=used_seed,
+                            phase=phase, partial=partial)] if chosen else []
+        report = merge_reports([*earlier, *runs]) if earlier else runs[0]
+    except ValueError as exc:
+        c.fail(str(exc))
+    c.write_report(report, out, settings=settings, data=data, seeds=[used_seed])
+
+
 from cli.bench import bench_app  # noqa: E402  (bench.py imports this module at its end)
 
 bench_app.command("llm")(bench_llm)
 bench_app.command("llm-probe")(bench_llm_probe)
+bench_app.command("llm-rerank")(bench_llm_rerank)

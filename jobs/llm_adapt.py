@@ -50,6 +50,7 @@ import numpy as np
 from cascade.settings import Settings
 from llm_rerank.backbone import load_model, native_bf16, resolve_model
 from llm_rerank.config import AdaptConfig
+from llm_rerank.item_text import item_labels
 from llm_rerank.meta import TRAIN_META
 from llm_rerank.prompt import PromptBuilder, RequestPrompts, pad_token_id
 from llm_rerank.scores import zscore
@@ -194,7 +195,7 @@ def train_llm(split: Split, candidate_stage: Stage, settings: Settings, artifact
     base = resolve_model(llm_cfg, Path(settings.artifacts_dir))
     model, tokenizer = load_model(base, "fp32", llm_cfg.threads)
     prompts = RequestPrompts.for_config(PromptBuilder.for_config(tokenizer, llm_cfg),
-                                        split.items["title"].to_numpy(dtype=object), llm_cfg)
+                                        item_labels(split.items, llm_cfg), llm_cfg)
     n_cands = min(cfg.candidates, llm_cfg.candidates) if listwise else cfg.negatives + 1
     examples = build_examples(split, candidate_stage, n_users=cfg.users, n_candidates=n_cands,
                               listwise=listwise, seed=settings.seed, keep_order=cfg.keep_candidate_order,

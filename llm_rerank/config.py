@@ -161,6 +161,12 @@ class LLMConfig(BaseModel):
     candidates: int = Field(20, ge=1, le=100, description="How many coarse candidates reach the LLM.")
     history_items: int = Field(10, ge=0, le=100, description="Most recent history titles in the prompt.")
     title_chars: int = Field(40, ge=8, le=400, description="Titles are cut to this many characters.")
+    item_text: Literal["title", "title_details"] = Field(
+        "title", description="What the prompt says of an item (llm_rerank.item_text): its title, or its title "
+        "followed by the end of its category path and what the catalog text adds beyond both (a brand), "
+        "in detail_chars.")
+    detail_chars: int = Field(40, ge=8, le=200, description="Characters of category and brand after the title "
+                              "with item_text 'title_details'.")
     domain: str = Field("movie", min_length=1, max_length=40, description="Item noun used in the prompt.")
     batch_size: int = Field(32, ge=1, le=256, description="Pointwise suffixes per forward pass.")
     prefix_cache_size: int = Field(32, ge=0, le=10_000, description="User prefixes kept (LRU); 0 disables.")
@@ -184,6 +190,10 @@ class LLMConfig(BaseModel):
                 f"llm.scoring='listwise' labels candidates A..Z, so llm.candidates must be <= 26, got {self.candidates}"
             )
         return self
+
+    def item_chars(self) -> int:
+        """Characters of one item's text in the prompt: the title, plus the details with ``title_details``."""
+        return self.title_chars + (self.detail_chars + 3 if self.item_text == "title_details" else 0)
 
     def with_overrides(self, params: dict[str, Any]) -> LLMConfig:
         """This config with a stage's ``params`` applied (validated, unknown keys refused)."""

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from llm_rerank.config import LLMConfig
+from llm_rerank.grounding import verb_for
 from llm_rerank.template import CLOSE, DEFAULT, OPEN, SPECIAL_TOKEN_RE, PromptTemplate
 from recsys.contract import Request, StageError
 
@@ -104,7 +105,7 @@ class PromptBuilder:
     def for_config(cls, tokenizer: Any, cfg: LLMConfig, template: PromptTemplate | None = None) -> PromptBuilder:
         """The builder ``cfg`` (``settings.llm``) asks for; ``template`` (default ``cfg.prompt``, else the
         built-in one) is the stage's hot-swapped one when it has one."""
-        return cls(tokenizer, domain=cfg.domain, title_chars=cfg.title_chars,
+        return cls(tokenizer, domain=cfg.domain, title_chars=cfg.item_chars(),
                    template=template or cfg.prompt or DEFAULT)
 
     def with_template(self, template: PromptTemplate) -> PromptBuilder:
@@ -167,12 +168,13 @@ class PromptBuilder:
         profile = ", ".join(f"{k} {sanitise_title(str(user_attrs[k]), self.title_chars, self.special_tokens)}"
                             for k in _PROFILE_KEYS if user_attrs.get(k) not in (None, ""))
         out = self.ids(self.head) + self.ids(f"User profile: {profile or 'unknown'}.\n")
+        verb = verb_for(self.domain)
         if history_titles:
-            out += self.ids(f"Recently watched {self.domain}s, oldest first:\n")
+            out += self.ids(f"Recently {verb} {self.domain}s, oldest first:\n")
             for title in history_titles:
                 out += self.ids(f"- {OPEN}") + self.title_ids(title) + self.ids(f"{CLOSE}\n")
         else:
-            out += self.ids("No watch history yet.\n")
+            out += self.ids("No watch history yet.\n" if verb == "watched" else "No history yet.\n")
         return out
 
     def pointwise(self, history_titles: Sequence[str], user_attrs: Mapping[str, Any],

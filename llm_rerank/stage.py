@@ -40,6 +40,7 @@ import numpy as np
 from llm_rerank.backbone import load_model, resolve_model, resolve_precision, weights_digest
 from llm_rerank.backends import LocalBackend, ScoringBackend, build_backend
 from llm_rerank.config import LLMConfig
+from llm_rerank.item_text import item_labels
 from llm_rerank.meta import read_train_meta
 from llm_rerank.prompt import PROMPT_VERSION, PromptBuilder, PromptParts, RequestPrompts, pad_token_id
 from llm_rerank.scores import zscore
@@ -81,7 +82,8 @@ class LLMRerankStage:
 
     # -- loading -----------------------------------------------------------------------
     def load(self, artifact_dir: Any) -> None:
-        """Load the adapted model (``<artifact_dir>/llm``) or the base one, and item titles."""
+        """Load the adapted model (``<artifact_dir>/llm``) or the base one, and the items' prompt text
+        (``llm_rerank.item_text``: titles, or titles with their details)."""
         artifact_dir = Path(artifact_dir)
         adapted = artifact_dir / "llm"
         if self.cfg.precision == "int8":
@@ -95,7 +97,7 @@ class LLMRerankStage:
             if directory.is_dir():
                 verify_directory(directory)
         split = Split.load(artifact_dir / "split")
-        titles = split.items["title"].to_numpy(dtype=object)
+        titles = item_labels(split.items, self.cfg)
         if self.cfg.use_adapted:
             self.residual_beta = residual_beta(Path(location), adapted)
         self._weights = weights_digest(location)
