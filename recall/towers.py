@@ -54,7 +54,9 @@ def history_batch(histories: Sequence[np.ndarray], max_len: int) -> np.ndarray:
 class ItemTower(nn.Module):
     """Item features -> unit vectors. Features live in non-persistent buffers (not in state_dict)."""
 
-    categories: torch.Tensor
+    category_ptr: torch.Tensor
+    category_ids: torch.Tensor
+    category_weights: torch.Tensor
     audience: torch.Tensor
     year: torch.Tensor
     text: torch.Tensor
@@ -71,7 +73,14 @@ class ItemTower(nn.Module):
             raise ValueError(f"ItemTower: known has {len(known_t)} entries for {n_items} items")
         self.register_buffer("known", known_t, persistent=False)
         self.id_dropout = float(id_dropout)
-        self.register_buffer("categories", torch.from_numpy(features.categories), persistent=False)
+        # the multi-hot categories as sparse rows (CSR): an item has a few of hundreds of categories, and the
+        # dense [items, categories] product was the largest part of a full-softmax step on such a catalog
+        rows, cols = np.nonzero(features.categories)
+        ptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=n_items))])
+        self.register_buffer("category_ptr", torch.from_numpy(ptr.astype(np.int64)), persistent=False)
+        self.register_buffer("category_ids", torch.from_numpy(cols.astype(np.int64)), persistent=False)
+        self.register_buffer("category_weights", torch.from_numpy(features.categories[rows, cols].astype(np.float32)),
+                             persistent=False)
         self.register_buffer("audience", torch.from_numpy(features.audience), persistent=False)
         self.register_buffer("year", torch.from_numpy(features.year), persistent=False)
         self.category_proj = nn.Linear(features.categories.shape[1], dim, bias=False) if features.categories.shape[1] else None
@@ -92,10 +101,20 @@ class ItemTower(nn.Module):
             keep = keep & (torch.rand(keep.shape, device=keep.device) >= self.id_dropout)
         x = self.id_emb(items) * keep.unsqueeze(-1) + self.audience_emb(self.audience[items]) + self.year_emb(self.year[items])
         if self.category_proj is not None:
-            x = x + self.category_proj(self.categories[items])
+            x = x + self._categories(items, self.category_proj)
         if self.text_proj is not None:
             x = x + self.text_proj(self.text[items])
         return F.normalize(self.dropout(x), dim=-1)
+
+    def _categories(self, items: torch.Tensor, proj: nn.Linear) -> torch.Tensor:
+        """``[m, dim]``: ``proj`` of ``items``' multi-hot category rows, as a weighted sum of the
+        projection's columns over each item's categories (equal to ``proj(multi_hot)``)."""
+        start = self.category_ptr[items]
+        count = self.category_ptr[items + 1] - start
+        offsets = torch.cumsum(count, 0) - count
+        flat = torch.repeat_interleave(start - offsets, count) + torch.arange(int(count.sum()), device=items.device)
+        return F.embedding_bag(self.category_ids[flat], proj.weight.t().contiguous(), offsets.reshape(-1),
+                               mode="sum", per_sample_weights=self.category_weights[flat])
 
     def all_items(self, chunk: int = 65_536) -> torch.Tensor:
         """Vectors of the whole catalog, computed in chunks."""

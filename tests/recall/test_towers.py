@@ -145,3 +145,16 @@ def test_id_dropout_hides_known_ids_in_training_only():
     assert 0 < int(same.sum()) < 12  # some ids dropped (content alone), some kept
     with pytest.raises(ValueError, match="known has 3 entries"):
         ItemTower(ItemFeatures.from_items(_items(), emb), DIM, known=np.ones(3, dtype=bool))
+
+
+def test_the_category_part_is_the_projection_of_the_multi_hot_rows_and_trains_alike():
+    features = ItemFeatures.from_items(_items(), None)
+    tower = ItemTower(features, dim=8)
+    assert tower.category_proj is not None and features.categories.sum(axis=1).min() >= 1
+    dense = torch.from_numpy(features.categories)
+    for items in (torch.arange(len(dense)), torch.tensor([3, 0, 3, len(dense) - 1]), torch.zeros(0, dtype=torch.long)):
+        torch.testing.assert_close(tower._categories(items, tower.category_proj), tower.category_proj(dense[items]))
+    weight = tower.category_proj.weight
+    (sparse_grad,) = torch.autograd.grad(tower._categories(torch.arange(len(dense)), tower.category_proj).sum(), weight)
+    (dense_grad,) = torch.autograd.grad(tower.category_proj(dense).sum(), weight)
+    torch.testing.assert_close(sparse_grad, dense_grad)
