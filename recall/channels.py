@@ -73,13 +73,22 @@ class PopularityChannel:
 
 
 def clean_channel(
-    ids: np.ndarray, scores: np.ndarray, excluded: np.ndarray, name: str
+    ids: np.ndarray, scores: np.ndarray, excluded: np.ndarray, name: str, *, blocked: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
+    """A channel list without padding ids (-1), ``excluded`` items and repeats, in channel order.
+
+    ``blocked``: ``excluded`` as a bool mask over item indices, longer than every id (``merge_channels``
+    builds it once for all its channels instead of one set look-up per channel).
+    """
     ids = np.asarray(ids, dtype=np.int64).ravel()
     scores = np.asarray(scores, dtype=np.float32).ravel()
     if len(ids) != len(scores):
         raise ValueError(f"channel {name!r} has {len(ids)} ids but {len(scores)} scores")
-    keep = (ids >= 0) & ~np.isin(ids, excluded)
+    if blocked is None:
+        keep = (ids >= 0) & ~np.isin(ids, excluded)
+    else:
+        keep = ids >= 0
+        keep[keep] = ~blocked[ids[keep]]
     ids, scores = ids[keep], scores[keep]
     _, first = np.unique(ids, return_index=True)
     first.sort()  # keep each id's first (best) occurrence, in channel order
@@ -95,13 +104,17 @@ def priority_items(cleaned: list[np.ndarray], caps: list[int], depth: int) -> np
     >>> priority_items([np.array([1, 2, 3, 4]), np.array([2, 5, 6])], [2, 2], 5).tolist()
     [1, 2, 5, 6, 3]
     """
-    taken = np.zeros(0, dtype=np.int64)
+    is_taken = np.zeros(1 + max((int(ids.max()) for ids in cleaned if len(ids)), default=-1), dtype=bool)
+    taken: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
+    n_taken = 0
     for ids, cap in zip(cleaned, caps, strict=True):
-        free = ids[~np.isin(ids, taken)][: max(min(cap, depth - len(taken)), 0)]
-        taken = np.concatenate([taken, free])
-    if cleaned and len(taken) < depth:
-        taken = np.concatenate([taken, cleaned[0][~np.isin(cleaned[0], taken)][: depth - len(taken)]])
-    return taken
+        free = ids[~is_taken[ids]][: max(min(cap, depth - n_taken), 0)]
+        is_taken[free] = True
+        taken.append(free)
+        n_taken += len(free)
+    if cleaned and n_taken < depth:
+        taken.append(cleaned[0][~is_taken[cleaned[0]]][: depth - n_taken])
+    return np.concatenate(taken)
 
 
 def _deal_slots(lists: list[np.ndarray], weights: list[float], caps: list[int], depth: int) -> list[int]:
@@ -155,7 +168,11 @@ def merge_channels(
     if bad := {k: v for k, v in quotas.items() if v < 0}:
         raise ValueError(f"quotas must be >= 0, got {bad}")
     excluded = np.asarray(exclude, dtype=np.int64).ravel()
-    cleaned = [clean_channel(ids, scores, excluded, name) for name, ids, scores in channels]
+    raw_ids = [np.asarray(ids, dtype=np.int64).ravel() for _, ids, _ in channels]
+    blocked = np.zeros(1 + max([int(ids.max()) for ids in raw_ids if len(ids)], default=-1), dtype=bool)
+    blocked[excluded[(excluded >= 0) & (excluded < len(blocked))]] = True
+    cleaned = [clean_channel(ids, scores, excluded, name, blocked=blocked)
+               for (name, _, scores), ids in zip(channels, raw_ids, strict=True)]
     caps = [quotas.get(name, depth) for name in names]
     weights = [max(cap, 1e-9) for cap in caps]  # a quota of 0 never wins a slot
     lists = [ids for ids, _ in cleaned]

@@ -101,6 +101,7 @@ end
 return seq
 """
 # KEYS: hist, ver. ARGV: max_len, n_seed (-1: do not seed, answer nil when unseeded), seed items...
+# The items come back as one space-separated string: the client parses one reply, not one per item.
 _READ = _PUSH + """
 local v = redis.call('GET', KEYS[2])
 if not v then
@@ -109,7 +110,7 @@ if not v then
   seed(KEYS[1], KEYS[2], tonumber(ARGV[1]), 3, n)
   v = '0'
 end
-return {v, redis.call('LRANGE', KEYS[1], 0, -1)}
+return {v, table.concat(redis.call('LRANGE', KEYS[1], 0, -1), ' ')}
 """
 # KEYS: seen, stream, hist, ver, the stream's added counter, its lost ranges. ARGV: dedup ttl, stream maxlen,
 # max_len, item to append ('' = none), n_seed, history ttl in s (0 = none: a known user), floor, seed items...,
@@ -212,7 +213,7 @@ class OnlineState:
         if out is None:
             return np.zeros(0, dtype=np.int64), 0
         version, items = out
-        return np.asarray([int(i) for i in items], dtype=np.int64), int(version)
+        return np.array(items.split(), dtype=np.int64), int(version)
 
     def ingest(
         self, event_id: str, user_id: str, user_idx: int | None, item_idx: int | None, fields: dict[str, str],

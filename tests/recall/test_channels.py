@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from recall.channels import PopularityChannel, merge_channels
+from recall.channels import PopularityChannel, clean_channel, merge_channels
 
 NAN = np.nan
 
@@ -151,3 +151,17 @@ def test_priority_order_keeps_the_primary_channel_on_top():
     assert prio.flags["src_popularity"].tolist() == [False, True, False, True, True]
     with pytest.raises(ValueError, match="order must be 'interleave' or 'priority'"):
         merge_channels([ann], 2, np.array([], dtype=np.int64), order="best")
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_clean_channel_with_a_blocked_mask_equals_the_set_look_up(seed):
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(-1, 40, 60)  # padding and repeats included
+    scores = rng.random(60).astype(np.float32)
+    exclude = rng.integers(0, 60, 15)  # some beyond every id
+    blocked = np.zeros(40, dtype=bool)
+    blocked[exclude[exclude < 40]] = True
+    by_set = clean_channel(raw, scores, exclude, "c")
+    by_mask = clean_channel(raw, scores, exclude, "c", blocked=blocked)
+    assert by_set[0].tolist() == by_mask[0].tolist() and by_set[1].tolist() == by_mask[1].tolist()
+    assert not np.isin(by_mask[0], exclude).any() and len(set(by_mask[0].tolist())) == len(by_mask[0])
