@@ -18,6 +18,8 @@ Deliberately left out: candidate generation (any ``recsys.contract.Stage``), ser
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +30,14 @@ from coarse_rank.dataset import QueryGroups, build_groups, channel_columns, trai
 from coarse_rank.features import CATEGORICAL_FEATURES, FeatureBuilder, check_tags
 from coarse_rank.item_tags import ItemTags
 from offline.metrics import per_user_metrics
-from offline.protocol import SALT_COARSE_TRAIN, SALT_COARSE_VALID, user_sample
+from offline.protocol import SALT_COARSE_TRAIN, SALT_COARSE_VALID, gate_verdict, user_sample
 from offline.split import Split
 from recsys.atomic import atomic_write_json
 from recsys.contract import Stage
 from recsys.progress import progress_bar
+
+# coarse.cold_item_dropout null: the shares tried, 0 first (the incumbent choose_dropout serves unless beaten)
+COLD_ITEM_DROPOUTS = (0.0, 0.1, 0.2)
 
 
 def lgbm_params(config: CoarseConfig, seed: int) -> dict[str, Any]:
@@ -68,8 +73,6 @@ def train_coarse(
     ``candidate_stage``): ``jobs.train`` gives the same recall model with the counts of
     ``coarse_rank.dataset.prefix_popularity``, so no train label's own event is in its popularity.
     """
-    import lightgbm as lgb  # lazy: imports lightgbm
-
     check_tags(config, tags, split.n_items)  # fail before the slow candidate pass
     started = time.perf_counter()
     train_stage = candidate_stage if train_stage is None else train_stage
@@ -89,18 +92,11 @@ def train_coarse(
                 f"of stage {getattr(stage, 'name', stage)!r}; nothing to learn from"
             )
     x_tr, x_va = _matrix(prefix_fb, tr, progress), _matrix(builder, va, progress)
-    x_tr, y_tr, sizes_tr, cold_rows = cold_items_for_training(x_tr, tr, builder.known_items(), prefix_fb,
-                                                              config.cold_item_dropout, seed)
-    ranker = lgb.LGBMRanker(**lgbm_params(config, seed))
-    ranker.fit(
-        x_tr, y_tr, group=sizes_tr,
-        eval_X=(x_va,), eval_y=(va.relevance().astype(np.int32),), eval_group=[va.sizes], eval_at=[config.eval_at],
-        feature_name=builder.feature_names, categorical_feature=list(CATEGORICAL_FEATURES),
-        callbacks=[lgb.early_stopping(config.early_stopping_rounds, verbose=False)],
-    )
-    booster = ranker.booster_
-    best = int(ranker.best_iteration_ or booster.current_iteration())
-    pred = np.asarray(booster.predict(x_va, num_iteration=best, num_threads=config.num_threads))
+    dropouts = COLD_ITEM_DROPOUTS if config.cold_item_dropout is None else (config.cold_item_dropout,)
+    fits = [_fit_ranker(x_tr, tr, builder, d, config, seed, x_va, va) for d in dropouts]
+    chosen, dropout_choice = choose_dropout(dropouts, [f.pred for f in fits], va, config.eval_at, seed)
+    booster, best, pred, cold_rows, n_train_rows = (fits[chosen].booster, fits[chosen].best, fits[chosen].pred,
+                                                    fits[chosen].cold_rows, fits[chosen].n_rows)
     gain = booster.feature_importance(importance_type="gain", iteration=best)
     top = np.argsort(-gain, kind="stable")[:10]
     report = {
@@ -110,8 +106,9 @@ def train_coarse(
         "n_valid_queries": len(va_all),
         "n_valid_groups": len(va),
         "valid_positive_share": len(va) / max(len(va_all), 1),
-        "n_train_rows": int(len(x_tr)),
+        "n_train_rows": n_train_rows,
         "cold_item_training": cold_rows,
+        "cold_item_dropout": dropout_choice,
         "n_features": len(builder.feature_names),
         "best_iteration": best,
         **_valid_ndcg(va, pred, config.eval_at, n_users=len(va_all)),
@@ -121,6 +118,66 @@ def train_coarse(
     }
     _save(out_dir, booster, best, builder, report, config, seed, split)
     return report
+
+
+@dataclass
+class _Fit:
+    booster: Any
+    best: int
+    pred: np.ndarray  # valid scores at the best iteration
+    cold_rows: dict[str, Any]
+    n_rows: int
+
+
+def _fit_ranker(x_tr: np.ndarray, tr: QueryGroups, builder: FeatureBuilder, dropout: float, config: CoarseConfig,
+                seed: int, x_va: np.ndarray, va: QueryGroups) -> _Fit:
+    """One LambdaRank fit at one ``dropout``, early-stopped on the valid groups."""
+    import lightgbm as lgb  # lazy: imports lightgbm
+
+    x, y, sizes, cold_rows = cold_items_for_training(x_tr, tr, builder.known_items(), builder, dropout, seed)
+    ranker = lgb.LGBMRanker(**lgbm_params(config, seed))
+    ranker.fit(
+        x, y, group=sizes,
+        eval_X=(x_va,), eval_y=(va.relevance().astype(np.int32),), eval_group=[va.sizes], eval_at=[config.eval_at],
+        feature_name=builder.feature_names, categorical_feature=list(CATEGORICAL_FEATURES),
+        callbacks=[lgb.early_stopping(config.early_stopping_rounds, verbose=False)],
+    )
+    booster = ranker.booster_
+    best = int(ranker.best_iteration_ or booster.current_iteration())
+    pred = np.asarray(booster.predict(x_va, num_iteration=best, num_threads=config.num_threads))
+    return _Fit(booster, best, pred, cold_rows, int(len(x)))
+
+
+def choose_dropout(dropouts: Sequence[float], preds: Sequence[np.ndarray], va: QueryGroups, k: int, seed: int
+                   ) -> tuple[int, dict[str, Any]]:
+    """(index of the served fit, report) among fits at ``dropouts`` (the first is 0 when several).
+
+    The fit with the best valid NDCG@k is served over the first only when its paired bootstrap
+    95% CI over the valid groups lies above zero (``offline.protocol.gate_verdict``): hiding warm
+    items' interactions costs the warm items, so it is served only where the valid items hold
+    enough new ones to pay for it.
+    """
+    ndcg = [_per_group_ndcg(va, p, k) for p in preds]
+    means = [float(n.mean()) if len(n) else 0.0 for n in ndcg]
+    out: dict[str, Any] = {"valid_ndcg": {str(d): round(m, 5) for d, m in zip(dropouts, means, strict=True)}}
+    best = max(range(len(dropouts)), key=lambda i: (means[i], -dropouts[i]))
+    chosen = 0
+    if best != 0:
+        check = gate_verdict(ndcg[0], ndcg[best], seed)
+        out["gate"] = {"challenger": dropouts[best], **{key: check[key] for key in ("mean", "ci95", "p_value")}}
+        chosen = best if check["wins"] else 0
+    out["chosen"] = dropouts[chosen]
+    return chosen, out
+
+
+def _per_group_ndcg(va: QueryGroups, pred: np.ndarray, k: int) -> np.ndarray:
+    """NDCG@k of each valid group's label in the order of ``pred``."""
+    offsets = np.concatenate([[0], np.cumsum(va.sizes)])
+    top = np.full((len(va), k), -1, np.int64)
+    for g, cands in enumerate(va.candidates):
+        order = cands.items[np.argsort(-pred[offsets[g]:offsets[g + 1]], kind="stable")][:k]
+        top[g, :len(order)] = order
+    return per_user_metrics(top, va.labels, k)[f"ndcg@{k}"] if len(va) else np.zeros(0)
 
 
 def cold_items_for_training(x: np.ndarray, groups: QueryGroups, known: np.ndarray, builder: FeatureBuilder,
