@@ -1,6 +1,7 @@
 """``recsys tag``: bad input is one ``error:`` line (exit 2) and writes nothing; stale tags are refused."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,9 +14,29 @@ from tests.jobs.tagging.factories import catalog_split, prepared_again, tiny_mod
 runner = CliRunner()
 
 
+TAG_ARGS = ["--chunk-size", "2", "--batch-size", "2", "--max-new-tokens", "80", "--threads", "1"]
+
+
 @pytest.fixture
 def art(tmp_path: Path) -> Path:
     catalog_split(4).save(tmp_path / "art" / "split")
+    return tmp_path / "art"
+
+
+@pytest.fixture(scope="module")
+def tagged_once(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """4 items tagged by ``recsys tag`` with the tiny tagger, once for the module (a real tag job each time
+    costs seconds): the tests that start from a tagged catalog get a copy (``tagged``)."""
+    art = tmp_path_factory.mktemp("tagged") / "art"
+    catalog_split(4).save(art / "split")
+    res = runner.invoke(app, ["tag", "--artifacts", str(art), "--model", str(tiny_model_dir()), *TAG_ARGS])
+    assert res.exit_code == 0, res.output
+    return art
+
+
+@pytest.fixture
+def tagged(tagged_once: Path, tmp_path: Path) -> Path:
+    shutil.copytree(tagged_once, tmp_path / "art")
     return tmp_path / "art"
 
 
@@ -33,10 +54,9 @@ def test_a_model_directory_without_config_is_refused_before_anything_is_written(
     assert not (art / "tags").exists()
 
 
-def test_after_prepare_rebuilds_the_split_old_tags_are_refused_not_moved_onto_other_items(art: Path):
-    tag = ["tag", "--artifacts", str(art), "--model", str(tiny_model_dir()), "--chunk-size", "2", "--batch-size", "2",
-           "--max-new-tokens", "80", "--threads", "1"]
-    assert runner.invoke(app, tag).exit_code == 0
+def test_after_prepare_rebuilds_the_split_old_tags_are_refused_not_moved_onto_other_items(tagged: Path):
+    art = tagged
+    tag = ["tag", "--artifacts", str(art), "--model", str(tiny_model_dir()), *TAG_ARGS]
     prepared_again(catalog_split(4)).save(art / "split")
     _one_line_error(runner.invoke(app, tag), "another catalog", "--fresh")
     stale = str(art / "tags" / "tags.parquet")
@@ -46,12 +66,11 @@ def test_after_prepare_rebuilds_the_split_old_tags_are_refused_not_moved_onto_ot
     assert not (art / "tags" / "items.parquet").exists() and not (art / "tags" / "embed").exists()
 
 
-def test_the_same_ids_prepared_again_with_new_titles_are_not_served_the_old_tags(art: Path):
+def test_the_same_ids_prepared_again_with_new_titles_are_not_served_the_old_tags(tagged: Path):
     """Every title changed under the same ids: `recsys tag` tags again rather than count the old parts as
     done (which would serve "Gadget 0 is a comedy" for an item now titled as a horror film)."""
-    tag = ["tag", "--artifacts", str(art), "--model", str(tiny_model_dir()), "--chunk-size", "2", "--batch-size", "2",
-           "--max-new-tokens", "80", "--threads", "1"]
-    assert runner.invoke(app, tag).exit_code == 0
+    art = tagged
+    tag = ["tag", "--artifacts", str(art), "--model", str(tiny_model_dir()), *TAG_ARGS]
     split = catalog_split(4)
     split.items["title"] = [f"Retitled {i}" for i in range(4)]
     split.save(art / "split")
@@ -107,13 +126,12 @@ def _broken_model(tmp_path: Path, kind: str) -> Path:
     ("bin-not-a-checkpoint", "pytorch_model.bin: not a PyTorch checkpoint (it starts with b'hi\\n'"),
 ])
 @pytest.mark.parametrize("engine", ["local", "ray"])
-def test_fresh_with_a_model_that_cannot_load_is_one_error_line_and_keeps_every_part(art: Path, tmp_path: Path,
+def test_fresh_with_a_model_that_cannot_load_is_one_error_line_and_keeps_every_part(tagged: Path, tmp_path: Path,
                                                                                    kind: str, says: str, engine: str):
     """The model is checked before --fresh deletes any part, on --engine ray too (where it would otherwise
     load only in the actors, after the parts were gone, and fail as a Ray traceback)."""
-    tag = ["tag", "--artifacts", str(art), "--chunk-size", "2", "--batch-size", "2", "--max-new-tokens", "80",
-           "--threads", "1"]
-    assert runner.invoke(app, [*tag, "--model", str(tiny_model_dir())]).exit_code == 0
+    art = tagged
+    tag = ["tag", "--artifacts", str(art), *TAG_ARGS]
     tags = art / "tags"
     before = {p.relative_to(tags): p.read_bytes() for p in sorted(tags.rglob("*")) if p.is_file()}
     broken = _broken_model(tmp_path, kind)
