@@ -70,19 +70,25 @@ def reason_schema(anchors: int, max_chars: int) -> dict[str, Any]:
     """The JSON schema of one row's output: the number of the anchor the reason rests on (1 to
     ``anchors``) and a lowercase clause of ``MIN_CLAUSE`` to ``max_chars`` characters saying why.
 
-    The clause holds letters, spaces, commas, apostrophes and hyphens only: no capital letter, so no
-    title written as a name, no digit, so no year, no full stop, so one sentence.
+    The clause holds letters, spaces, commas, apostrophes and hyphens only, a capital letter at most
+    in its first: no title written as a name, no digit, so no year, no full stop, so one sentence.
     """
-    clause = f"^[a-z][a-z ,'-]{{{MIN_CLAUSE - 1},{max_chars - 1}}}$"
+    clause = f"^[A-Za-z][a-z ,'-]{{{MIN_CLAUSE - 1},{max_chars - 1}}}$"
     return {"type": "object",
             "properties": {"because": {"type": "integer", "minimum": 1, "maximum": anchors},
                            "why": {"type": "string", "pattern": clause}},
             "required": ["because", "why"], "additionalProperties": False}
 
 
-_CLAUSE = re.compile(r"[a-z][a-z ,'-]*")
+_CLAUSE = re.compile(r"[A-Za-z][a-z ,'-]*")
+_STUTTER = re.compile(r"([a-z]{1,3})\1{3,}")  # "wcwcwcwc": a fragment four times over
 _COMPILED: dict[tuple[Any, ...], tuple[Any, list[int]]] = {}  # (tokenizer, vocab, anchors, chars) -> grammar
 _COMPILED_LOCK = threading.Lock()
+
+
+def clause_chars(cfg: ExplainConfig) -> int:
+    """Characters of the longest "why" clause: with "Because you <verb> <anchor>," about ``max_words``."""
+    return cfg.max_words * 3
 
 
 def anchors_of(ev: Evidence, n: int) -> tuple[int, ...]:
@@ -94,11 +100,31 @@ def anchors_of(ev: Evidence, n: int) -> tuple[int, ...]:
 def render_reason(anchor_title: str, why: str, verb: str) -> str:
     """The served sentence of a row's output.
 
-    >>> render_reason("Lion King, The (1994)", "another musical adventure with talking animals ,", "watched")
+    >>> render_reason("Lion King, The (1994)", "Another musical adventure with talking animals ,", "watched")
     'Because you watched The Lion King (1994), another musical adventure with talking animals.'
     """
     clause = " ".join(why.replace(" ,", ",").split()).strip(" ,'-")
+    clause = clause[:1].lower() + clause[1:]
     return f"Because you {verb} {display_title(anchor_title, TITLE_CHARS)}, {clause}."
+
+
+def clause_problems(why: str, max_chars: int) -> list[str]:
+    """What makes a schema-valid clause unfit to serve: cut at its length limit, or degenerate text.
+
+    >>> clause_problems("both keep a workshop organised", 75)
+    []
+    >>> clause_problems("wow, wow, wow, wow", 75)
+    ["repeats 'wow'"]
+    """
+    problems = []
+    if len(why) >= max_chars - 1:
+        problems.append("is cut off (the clause reached its length limit)")
+    words = re.findall(r"[a-z']+", why.lower())
+    repeated = sorted({w for w in words if words.count(w) >= 3 and len(w) > 2})
+    problems += [f"repeats {w!r}" for w in repeated]
+    if _STUTTER.search(why.lower()):
+        problems.append("stutters (a fragment four times over)")
+    return problems
 
 
 @dataclass(frozen=True)
@@ -161,7 +187,7 @@ class ReasonGenerator:
         self.stage, self.cfg, self.domain, self.verb = stage, cfg, domain, cfg.verb or verb_for(domain)
         self.model, self.pad_id, self.scorer = backend.model, backend.pad_id, backend.scorer
         tok = stage.prompts.tok
-        self.max_chars = cfg.max_words * 3  # the clause; with "Because you <verb> <anchor>," about max_words words
+        self.max_chars = clause_chars(cfg)
         self.vocab = int(getattr(self.model.config, "vocab_size", len(tok)))
         self.grammars: dict[int, Any] = {}  # compiled reason_schema by number of anchors
         _, stop = self.grammar(cfg.anchors)
@@ -266,7 +292,7 @@ def parse_reason(text: str) -> tuple[int, str] | None:
 
     >>> parse_reason('{"because": 2, "why": "another tale of the sea"}')
     (2, 'another tale of the sea')
-    >>> parse_reason('{"because": 2, "why": "Titanic, again"}') is None
+    >>> parse_reason('{"because": 2, "why": "again, as in Titanic"}') is None
     True
     """
     try:
@@ -358,7 +384,8 @@ class ReasonWriter:
                           problems=(f"rests on item {because} of the {len(anchors)} offered",))
         reason = render_reason(str(self.evidence.facts.titles[anchors[because - 1]]), why,
                                self.cfg.verb or verb_for(self.domain))
-        problems = self.evidence.facts.check(reason, ev, self.cfg.max_words)
+        problems = clause_problems(why, clause_chars(self.cfg)) + self.evidence.facts.check(reason, ev,
+                                                                                            self.cfg.max_words)
         if problems:
             return Reason(template, "template", schema_valid=True, problems=tuple(problems))
         return Reason(reason, "llm", schema_valid=True)

@@ -69,7 +69,7 @@ def test_every_generated_row_is_schema_valid_json(artifacts: Path, facts: ItemFa
         assert parsed is not None, text
         because, why = parsed
         assert 1 <= because <= len(anchors_of(ev, gen.cfg.anchors))
-        assert 10 <= len(why) <= gen.max_chars and why == why.lower(), why
+        assert 10 <= len(why) <= gen.max_chars and why[1:] == why[1:].lower(), why
 
 
 def test_the_model_can_name_only_the_anchors_it_is_offered(facts: ItemFacts) -> None:
@@ -87,8 +87,12 @@ def test_the_model_can_name_only_the_anchors_it_is_offered(facts: ItemFacts) -> 
     wrong = w._judge(ev, '{"because": 1, "why": "a horror film for a late night"}')
     assert (wrong.source, wrong.problems) == (
         "template", ("claims the category 'Horror', which neither the item nor the history has",))
-    assert render_reason("Lion King, The (1994)", "more singing animals ,", "watched") == (
+    assert render_reason("Lion King, The (1994)", "More singing animals ,", "watched") == (
         "Because you watched The Lion King (1994), more singing animals.")
+    stutter = w._judge(ev, '{"because": 1, "why": "wcwcwcwcwcwcwcwc"}')
+    assert (stutter.source, stutter.problems) == ("template", ("stutters (a fragment four times over)",))
+    cut = w._judge(ev, '{"because": 1, "why": "a story of courage and friendship told with warmth, humour and a little ma"}')
+    assert cut.problems == ("is cut off (the clause reached its length limit)",)
 
 
 def test_a_row_the_token_budget_cuts_is_still_closed_as_valid_json(artifacts: Path, facts: ItemFacts) -> None:
