@@ -1,9 +1,10 @@
 """What a training run says about its two-tower fits: a summary per fit and the warnings a user needs.
 
 ``fit_summary`` keeps, per two-tower stage of a ``jobs.train.train_stages`` report, the epochs, the
-best epoch and what stopped the fit; ``training_warnings`` says when a fit was stopped by the
-wall-clock cap (the model then depends on the machine's load) or by the logit budget before early
-stopping (not converged). ``recsys eval`` and ``eval --seeds`` put both in their reports.
+best epoch, what stopped the fit and the training settings it used (each value with why: scaled to
+the data or set); ``training_warnings`` says when a fit was stopped by the wall-clock cap (the model
+then depends on the machine's load) or by a budget (the epoch bound, the opt-in logit budget) before
+early stopping (not converged). ``recsys eval`` and ``eval --seeds`` put both in their reports.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from typing import Any
 
 from cascade.settings import Settings
 
-FIT_FIELDS = ("train_s", "epochs", "best_epoch", "out_of_budget", "out_of_time", "channels", "refit")
+FIT_FIELDS = ("train_s", "epochs", "best_epoch", "stopped_by", "converged", "out_of_budget", "out_of_time",
+              "settings", "channels", "refit")
 
 
 def fit_summary(report: dict[str, Any]) -> dict[str, Any]:
@@ -27,8 +29,10 @@ def training_warnings(settings: Settings, report: dict[str, Any]) -> list[str]:
       another model on a slower or busier machine (measured under the old 240 s cap: on ML-100K
       without item text, 14 epochs and valid NDCG@10 0.071 on a shared box against 47 epochs and
       0.106 on a quiet one);
-    - the logit budget (``recall.max_train_logits``) stopped a fit before early stopping did:
-      deterministic, but not converged (said more strongly when its last evaluation was its best).
+    - a budget stopped a fit before early stopping did: the epoch bound (``recall.max_epochs``, scaled
+      to the data when unset) or the opt-in logit budget (``recall.max_train_logits``), named by the
+      report's ``stopped_by``: deterministic, but not converged (said more strongly when its last
+      evaluation was its best).
     """
     out = []
     recall = settings.recall
@@ -42,9 +46,14 @@ def training_warnings(settings: Settings, report: dict[str, Any]) -> list[str]:
         elif rep.get("out_of_budget"):
             how = ("while it was still improving" if rep.get("best_epoch") == rep.get("epochs")
                    else f"before early stopping (best epoch {rep.get('best_epoch')})")
-            out.append(f"{stage}: the logit budget recall.max_train_logits ({recall.max_train_logits:g}) stopped the "
-                       f"two-tower at epoch {rep.get('epochs')} {how}: not converged (raise it for a converged "
-                       "model)")
+            if rep.get("stopped_by") == "max_epochs":
+                bound = (rep.get("settings") or {}).get("max_epochs", str(recall.max_epochs))
+                what = f"the epoch bound recall.max_epochs ({bound})"
+            else:
+                logits = "unset" if recall.max_train_logits is None else f"{recall.max_train_logits:g}"
+                what = f"the logit budget recall.max_train_logits ({logits})"
+            out.append(f"{stage}: {what} stopped the two-tower at epoch {rep.get('epochs')} {how}: not converged "
+                       "(raise it for a converged model)")
         if (rep.get("refit") or {}).get("out_of_time"):  # the refit has its own clock (recall.train._refit)
             out.append(f"{stage}: the wall-clock cap recall.max_train_s ({cap}) stopped the refit "
                        f"at epoch {rep['refit'].get('epochs')} of {rep.get('best_epoch')}; the served model depends on "

@@ -19,6 +19,11 @@ EARLY_STOPPED_DIR = "early_stopped"
 
 # params of a ``recall_llm`` stage (recall.llm_channel) that are the LLM channel's, not RecallConfig keys
 LLM_CHANNEL_PARAMS = ("llm_share", "llm_window")
+# ``max_epochs: None`` bounds a fit at this many optimizer steps, in whole epochs and never under
+# SCALED_MIN_EPOCHS: a bound on work that grows with the data, not a fixed epoch count sized to one
+# dataset. Early-stopped fits used ~1.1k steps (ML-100K, 19 an epoch), ~2.8k (a 3,650-item MovieLens,
+# 148 epochs) and ~1k (Amazon Scientific, 65 an epoch): the bound is an order of magnitude above.
+SCALED_MAX_STEPS, SCALED_MIN_EPOCHS = 20_000, 200
 
 
 class RecallConfig(BaseModel):
@@ -44,7 +49,10 @@ class RecallConfig(BaseModel):
     lr: float = Field(2e-3, gt=0.0, le=1.0, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW decoupled weight decay.")
     batch_size: int = Field(128, ge=1, le=65_536, description="Training windows per step.")
-    max_epochs: int = Field(200, ge=1, le=10_000, description="Upper bound on training epochs.")
+    max_epochs: int | None = Field(
+        None, ge=1, le=100_000, description="Upper bound on training epochs. None: scaled to the data, enough "
+        f"epochs for {SCALED_MAX_STEPS:,} optimizer steps and at least {SCALED_MIN_EPOCHS} (``epoch_bound``); early "
+        "stopping on the valid items ends a fit long before (converged fits take ~1-3k steps).")
     # 8, not 3: valid NDCG@10 (and the untruncated NDCG alike) plateaus for 4-5 evaluations
     # around epoch 22-30 on ML-100K and climbs again to epoch ~60; with 3 the seed-42 fit stopped at the
     # plateau (best epoch 22, test two-tower recall@200 0.792 against 0.82-0.83 from epoch 40 on).
@@ -52,10 +60,15 @@ class RecallConfig(BaseModel):
     # -> 0.8303 +- 0.0049, coarse NDCG@10 0.1213 -> 0.1221; two-tower training 196 -> 336 s per model.
     patience: int = Field(8, ge=1, le=1000, description="Evaluations without improvement before stopping.")
     eval_every: int = Field(2, ge=1, le=1000, description="Epochs between early-stopping evaluations.")
-    length_buckets: bool = Field(
-        False, description="Batch training windows of similar length together and drop the columns a whole batch "
+    # Auto: on where padding is most of the user tower's input (Amazon Scientific: median 6 items a user,
+    # 90% of a 50-wide window padding; its steps ran ~2x faster), off where windows are mostly full
+    # (ML-100K: 81% real), since sorting a pool by length makes batches less random; see
+    # docs/decisions/0015-two-tower-converges.md.
+    length_buckets: bool | None = Field(
+        None, description="Batch training windows of similar length together and drop the columns a whole batch "
         "pads (recall.windows.epoch_batches): the user tower then runs over the real positions only, which is most "
-        "of a step's cost on catalogs whose users have a handful of items.")
+        "of a step's cost on catalogs whose users have a handful of items. None: on when under half of the "
+        "windows' positions are real (``uses_length_buckets``).")
     # 0 (every core): recall/__init__ sets OMP_WAIT_POLICY=PASSIVE, without which libgomp's workers
     # spin-wait on cores other jobs need and 2 threads run ~9x slower than 1. ML-100K, seed 42,
     # one run on an otherwise idle machine: 1 thread 155 s, 2 threads (passive) 117 s, same 22
@@ -67,16 +80,14 @@ class RecallConfig(BaseModel):
         10_000, ge=1, description="Users whose held-out item early stopping and the channel-share search read "
         "(a seeded sample above this many, so their cost stops growing with users); None: every user."
     )
-    # The budget, not the clock, bounds training at scale, so a seed gives the same model on a busy machine as
-    # on a quiet one (on a shared box a 240 s wall-clock cap stopped the same fit after 14
-    # epochs, valid NDCG@10 0.071, against 47 epochs and 0.106 on a quiet one). 1e10 logits is ~77 epochs at
-    # ML-100K scale (~1.3e8 per epoch; with patience 8 seed 42 reached it, best epoch 72; seeds 43 and 44
-    # stopped at 60 and 66) and stops where the 240 s cap did at 1M interactions (4,772 items: ~2 epochs).
+    # Opt-in: a fixed logit budget is sized to one dataset. At 1e10 (~77 epochs of ML-100K) it stopped a
+    # 3,650-item MovieLens fit at epoch 31 with valid NDCG@10 still rising (converged: 148 epochs, test
+    # NDCG@10 doubled). Early stopping under the scaled epoch bound ends every fit deterministically.
     max_train_logits: float | None = Field(
-        1e10, gt=0, description="Deterministic training budget: logits the training softmax computes (target "
-        "positions x items scored: the catalog under the full softmax, 1 + n_negatives under the sampled one), "
-        "checked after every step (an epoch is cut short); the model is then evaluated and the best one so far "
-        "kept. None: no budget.")
+        None, gt=0, description="Opt-in deterministic training budget (None: none): logits the training softmax "
+        "computes (target positions x items scored: the catalog under the full softmax, 1 + n_negatives under the "
+        "sampled one), checked after every step (an epoch is cut short); the model is then evaluated and the best "
+        "one so far kept, and the fit is reported as budget-stopped (not converged).")
     max_train_s: float | None = Field(
         None, gt=0, description="Opt-in wall-clock cap on training (None: none), checked after every step like the "
         "budget; when it, not the budget, stops a fit the result depends on the machine's speed and load (train and "
@@ -168,6 +179,30 @@ class RecallConfig(BaseModel):
         stage serves it and training must fit it; a ``recall_llm`` stage's own keys are left out."""
         own = {k: v for k, v in params.items() if not (kind == "recall_llm" and k in LLM_CHANNEL_PARAMS)}
         return RecallConfig.model_validate({**self.model_dump(), **own}) if own else self
+
+    def epoch_bound(self, steps_per_epoch: int) -> tuple[int, str]:
+        """The most epochs a fit may train and why (``max_epochs``, or scaled to ``steps_per_epoch``).
+
+        >>> RecallConfig().epoch_bound(19)
+        (1053, 'scaled: 20,000 steps / 19 steps per epoch, at least 200')
+        """
+        if self.max_epochs is not None:
+            return self.max_epochs, "recall.max_epochs"
+        bound = max(SCALED_MIN_EPOCHS, -(-SCALED_MAX_STEPS // max(steps_per_epoch, 1)))
+        return bound, (f"scaled: {SCALED_MAX_STEPS:,} steps / {steps_per_epoch} steps per epoch, "
+                       f"at least {SCALED_MIN_EPOCHS}")
+
+    def uses_length_buckets(self, real_share: float) -> tuple[bool, str]:
+        """Whether an epoch's batches are length-bucketed and why, given the share of the training
+        windows' positions that are real items rather than padding.
+
+        >>> RecallConfig().uses_length_buckets(0.1)
+        (True, 'auto: 10% of window positions are real, under 50%')
+        """
+        if self.length_buckets is not None:
+            return self.length_buckets, "recall.length_buckets"
+        on = real_share < 0.5
+        return on, f"auto: {real_share:.0%} of window positions are real, {'under' if on else 'at least'} 50%"
 
     def uses_full_softmax(self, n_items: int) -> bool:
         """Whether training scores every catalog item (cheap below ~50k items, and the better loss)."""

@@ -8,11 +8,13 @@ softmax over shared negatives drawn from the item frequency with logQ correction
 al. 2019, "Sampling-bias-corrected neural modeling for large corpus item recommendations").
 AdamW, dropout, early stopping on full-ranking NDCG@10 of held-out targets with patience (8
 evaluations: ML-100K's valid curve plateaus for 4-5 of them before climbing again; see ``RecallConfig``),
-and a budget of softmax logits (``max_train_logits``, the dominant cost of a step) that bounds
-a fit at scale; the best evaluated weights are kept. Bit-for-bit deterministic for a given seed
-and thread count, on a busy machine as on a quiet one, unless an opt-in wall-clock cap
-(``max_train_s``, off by default) stops a fit first (the report's ``out_of_time``; ``jobs.fit_report.training_warnings``
-then says so).
+the best evaluated weights kept. Early stopping ends a fit: the epoch bound scales with the data
+(``RecallConfig.epoch_bound``) and a budget of softmax logits (``max_train_logits``) is opt-in; the
+report's ``stopped_by`` names what ended a fit, ``converged`` whether early stopping did, and
+``settings`` each training setting's value and why (``training_settings``). Bit-for-bit
+deterministic for a given seed and thread count, on a busy machine as on a quiet one, unless an
+opt-in wall-clock cap (``max_train_s``, off by default) stops a fit first (``stopped_by:
+max_train_s``; ``jobs.fit_report.training_warnings`` then says so).
 
 Reproducibility: the fit runs under ``torch.use_deterministic_algorithms``. Without it, two fits
 of the same seed on 2 threads gave the same epochs and metrics but item vectors up to 4.6e-7
@@ -90,9 +92,6 @@ def batch_loss(
     y_local = local[n_x:n_x + int(mask.sum())]
     neg_local = local[n_x + int(mask.sum()):]
     h = user_tower(vecs, x_local, attrs)[mask]
-    # logQ correction: subtract log sampling probability so popular items are not over-penalised.
-    pos = (h * vecs[y_local]).sum(-1) / config.temperature - log_q[needed[y_local]]
-    neg = h @ vecs[neg_local].T / config.temperature - log_q[needed[neg_local]]
     hit = neg_local[None, :] == y_local[:, None]  # accidental hits
     if config.mask_history:  # sampled negatives the user had before the target are no negatives
         ids = needed.numpy()
@@ -102,7 +101,23 @@ def batch_loss(
         seen = torch.zeros(len(y_local), len(needed), dtype=torch.bool)
         seen[seen_pairs(x_local, y_grid, local_prior)] = True
         hit = hit | seen[:, neg_local]
-    neg = neg.masked_fill(hit, float("-inf"))
+    return sampled_softmax(h / config.temperature, vecs[y_local], vecs[neg_local], log_q[needed[y_local]],
+                           log_q[needed[neg_local]], hit)
+
+
+def sampled_softmax(h: torch.Tensor, positives: torch.Tensor, negatives: torch.Tensor, log_q_pos: torch.Tensor,
+                    log_q_neg: torch.Tensor, hit: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of each row's positive against negatives shared by all rows, logQ-corrected.
+
+    ``h`` ``[r, d]`` (temperature applied), ``positives`` ``[r, d]``, ``negatives`` ``[k, d]``; ``log_q_*`` the
+    log probabilities the items were sampled with; ``hit`` ``[r, k]`` marks negatives that are no negative
+    for a row (the positive itself, an item of its history). The correction (Yi et al. 2019) subtracts
+    ``log q`` from every logit, so a popular item, sampled often, is not pushed down in proportion to
+    how often it is drawn. With every item a negative once and a uniform q the correction is a constant,
+    and the loss is the full softmax's.
+    """
+    pos = (h * positives).sum(-1) - log_q_pos
+    neg = (h @ negatives.T - log_q_neg).masked_fill(hit, float("-inf"))
     logits = torch.cat([pos[:, None], neg], dim=1)
     return F.cross_entropy(logits, torch.zeros(len(logits), dtype=torch.long))
 
@@ -129,8 +144,8 @@ class Run:
         items = self.item_vectors()
         keep = np.flatnonzero(np.asarray(targets) >= 0)
         read = [histories[u] for u in keep]
-        return full_ranking_metrics(user_vectors(self.user_tower, items, read, self.attrs[keep]), items,
-                                    read, np.asarray(targets)[keep])
+        return full_ranking_metrics(user_vectors(self.user_tower, items, read, self.attrs[keep], by_length=True),
+                                    items, read, np.asarray(targets)[keep])
 
 
 def only_targets(targets: np.ndarray, users: np.ndarray) -> np.ndarray:
@@ -189,18 +204,20 @@ def fit(run: Run, config: RecallConfig, seed: int, t0: float, progress: bool, ep
     scored = len(run.item_tower.known) if run.log_q is None else 1 + config.n_negatives  # items per target position
     positions = (y_all >= 0).sum(axis=1)  # target positions per window
     lengths = window_lengths(x_all)
+    by_length = config.uses_length_buckets(float(lengths.mean()) / config.max_len)[0]
     budget = max_logits if epochs else config.max_train_logits
     budget = float("inf") if budget is None else budget
-    last = epochs or config.max_epochs
+    steps_per_epoch = -(-len(x_all) // config.batch_size)
+    last = epochs or config.epoch_bound(steps_per_epoch)[0]
     bar = progress_bar(range(1, last + 1), desc="two-tower refit" if epochs else "two-tower", enabled=progress,
                        unit="epoch")
     for epoch in bar:
         run.item_tower.train()
         run.user_tower.train()
         losses = []
-        batches = epoch_batches(lengths, config.batch_size, rng, by_length=config.length_buckets)
+        batches = epoch_batches(lengths, config.batch_size, rng, by_length=by_length)
         for b, rows in enumerate(batches):
-            x, y = (trim_padding(x_all[rows], y_all[rows]) if config.length_buckets else (x_all[rows], y_all[rows]))
+            x, y = trim_padding(x_all[rows], y_all[rows]) if by_length else (x_all[rows], y_all[rows])
             loss = batch_loss(run.item_tower, run.user_tower, torch.from_numpy(x), torch.from_numpy(y),
                               torch.from_numpy(run.attrs[owner[rows]]), config, run.log_q, gen,
                               [run.seqs[owner[r]][:start[r]] for r in rows] if config.mask_history else [])
@@ -220,7 +237,7 @@ def fit(run: Run, config: RecallConfig, seed: int, t0: float, progress: bool, ep
             if out_of_budget or out_of_time:
                 break
             continue
-        if epoch % config.eval_every and epoch != config.max_epochs and not (out_of_budget or out_of_time):
+        if epoch % config.eval_every and epoch != last and not (out_of_budget or out_of_time):
             continue
         metrics = run.evaluate(run.seqs, run.targets)
         history.append({"epoch": epoch, "loss": round(float(np.mean(losses)), 4), **metrics,
@@ -240,19 +257,51 @@ def fit(run: Run, config: RecallConfig, seed: int, t0: float, progress: bool, ep
                 "out_of_budget": out_of_budget and cut_short, "out_of_time": out_of_time and cut_short and not out_of_budget}
     run.item_tower.load_state_dict(best["state"][0])
     run.user_tower.load_state_dict(best["state"][1])
+    stopped_by = ("max_train_logits" if out_of_budget else "max_train_s" if out_of_time
+                  else "early_stopping" if bad_evals >= config.patience else "max_epochs")
     return {"epochs": epoch, "best_epoch": best["best_epoch"], "n_windows": len(x_all), "steps": steps,
             "logits": logits, "best_logits": best["logits"], "positions": int(positions.sum()),
-            "out_of_budget": out_of_budget, "out_of_time": out_of_time and not out_of_budget,
-            "loss": "full" if run.log_q is None else "sampled", "valid": best["valid"], "history": history}
+            "stopped_by": stopped_by, "converged": stopped_by == "early_stopping",
+            "out_of_budget": stopped_by in ("max_train_logits", "max_epochs"), "out_of_time": stopped_by == "max_train_s",
+            "loss": "full" if run.log_q is None else "sampled", "valid": best["valid"],
+            "settings": training_settings(config, len(run.item_tower.known), steps_per_epoch,
+                                          float(lengths.mean()) / config.max_len), "history": history}
+
+
+def training_settings(config: RecallConfig, n_items: int, steps_per_epoch: int, real_share: float) -> dict[str, str]:
+    """Each setting that decides how long and how a fit trains, as ``value (why)``: what the train
+    report lists, so a reader sees which values were scaled to the data and which were set."""
+    bound, why = config.epoch_bound(steps_per_epoch)
+    full = config.uses_full_softmax(n_items)
+    buckets, buckets_why = config.uses_length_buckets(real_share)
+    limit = (f"recall.full_softmax_max_items {config.full_softmax_max_items:,}" if config.loss == "auto"
+             else "recall.loss")
+    return {
+        "max_epochs": f"{bound} ({why})",
+        "stopping": f"patience {config.patience} evaluations, every {config.eval_every} epochs, on valid NDCG@10",
+        "loss": (f"full softmax ({n_items:,} items; {limit})" if full else
+                 f"sampled softmax, {config.n_negatives} negatives with logQ correction ({n_items:,} items; {limit})"),
+        "batches": f"{config.batch_size} windows, {steps_per_epoch} steps per epoch",
+        "length_buckets": f"{'on' if buckets else 'off'} ({buckets_why})",
+        "max_train_logits": "none" if config.max_train_logits is None else f"{config.max_train_logits:g} (set)",
+        "max_train_s": "none" if config.max_train_s is None else f"{config.max_train_s:g} s (set; load-dependent)",
+    }
 
 
 @contextmanager
 def deterministic_kernels() -> Iterator[None]:
-    """Torch's deterministic kernels inside the block, the caller's setting restored after (see
-    module doc: Reproducibility). ``warn_only``: an op without one warns rather than stopping a fit."""
+    """Torch's deterministic kernels inside the block, the caller's settings restored after (see
+    module doc: Reproducibility). ``warn_only``: an op without one warns rather than stopping a fit.
+
+    Deterministic mode also fills every fresh tensor with NaN by default, a guard against reading
+    uninitialised memory that changes no result and cost 2-5% of a training step's CPU (thousands of
+    ``fill_`` calls a step); it is off inside the block."""
     before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory  # type: ignore[attr-defined]
     torch.use_deterministic_algorithms(True, warn_only=before[1] if before[0] else True)  # a caller's strict stays
+    torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]
     try:
         yield
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.utils.deterministic.fill_uninitialized_memory = fill  # type: ignore[attr-defined]

@@ -7,7 +7,7 @@ from jobs.fit_report import training_warnings
 
 
 def test_a_two_tower_stopped_by_the_clock_or_by_the_budget_before_early_stopping_is_a_warning() -> None:
-    settings = Settings.build({"recall": {"max_train_s": 1800}})
+    settings = Settings.build({"recall": {"max_train_s": 1800, "max_train_logits": 1e10}})
     clocked = {"epochs": 14, "best_epoch": 10, "out_of_time": True, "out_of_budget": False}
     warnings = training_warnings(settings, {"recall": clocked, "coarse": {"seconds": 1.0}})
     # the clock, not the budget: machine-dependent even past the best epoch (patience might have run on)
@@ -27,3 +27,15 @@ def test_a_two_tower_stopped_by_the_clock_or_by_the_budget_before_early_stopping
     warnings = training_warnings(settings, {"recall": refit})
     assert len(warnings) == 1 and "stopped the refit at epoch 7 of 12" in warnings[0]
     assert training_warnings(settings, {"recall": {**refit, "refit": {"epochs": 12, "out_of_time": False}}}) == []
+
+
+def test_a_two_tower_stopped_by_its_epoch_bound_is_a_warning_that_names_the_bound() -> None:
+    settings = Settings.build({})
+    bounded = {"epochs": 200, "best_epoch": 196, "stopped_by": "max_epochs", "converged": False, "out_of_time": False,
+               "out_of_budget": True, "settings": {"max_epochs": "200 (scaled: 20,000 steps / 500 steps per epoch, "
+                                                                 "at least 200)"}}
+    (warning,) = training_warnings(settings, {"recall": bounded})
+    assert warning.startswith("recall: the epoch bound recall.max_epochs (200 (scaled: 20,000 steps") and (
+        "at epoch 200 before early stopping (best epoch 196): not converged" in warning)
+    converged = {**bounded, "stopped_by": "early_stopping", "converged": True, "out_of_budget": False}
+    assert training_warnings(settings, {"recall": converged}) == []

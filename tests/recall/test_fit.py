@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from recall.fit import batch_loss, deterministic_kernels, fit, setup_run
+from recall.config import RecallConfig
+from recall.fit import batch_loss, deterministic_kernels, fit, sampled_softmax, setup_run
 from recall.windows import training_windows, trim_padding
 from tests.recall.two_tower_factories import successor_split, tiny_config
 
@@ -77,3 +79,55 @@ def test_length_buckets_train_to_the_same_quality(split, tmp_path: Path):
             results[buckets] = fit(run, cfg, seed=0, t0=time.perf_counter(), progress=False)
     assert results[True]["steps"] == results[False]["steps"]
     assert results[True]["valid"]["ndcg@10"] > 0.5 and results[False]["valid"]["ndcg@10"] > 0.5
+
+
+def test_the_sampled_softmax_with_every_item_once_and_a_uniform_q_is_the_full_softmax():
+    gen = torch.Generator().manual_seed(0)
+    h, items = torch.randn(5, 8, generator=gen), torch.randn(12, 8, generator=gen)
+    y = torch.tensor([0, 3, 3, 7, 11])
+    uniform = torch.full((12,), -torch.log(torch.tensor(12.0)))
+    hit = torch.arange(12)[None, :] == y[:, None]  # the positive is no negative of its own row
+    sampled = sampled_softmax(h, items[y], items, uniform[y], uniform, hit)
+    assert float(sampled) == pytest.approx(float(F.cross_entropy(h @ items.T, y)), rel=1e-6)
+
+
+def test_the_logq_correction_lowers_each_logit_by_its_log_sampling_probability():
+    # every item a negative once, q skewed: the loss is the full softmax over logits - log q, so a
+    # popular item (often drawn as a negative) is pushed down less than its raw logit says
+    gen = torch.Generator().manual_seed(1)
+    h, items = torch.randn(4, 8, generator=gen), torch.randn(6, 8, generator=gen)
+    y = torch.tensor([1, 2, 5, 0])
+    log_q = torch.log_softmax(torch.tensor([3.0, 0.0, -1.0, 2.0, 0.5, -2.0]), dim=0)
+    hit = torch.arange(6)[None, :] == y[:, None]
+    sampled = sampled_softmax(h, items[y], items, log_q[y], log_q, hit)
+    assert float(sampled) == pytest.approx(float(F.cross_entropy(h @ items.T - log_q, y)), rel=1e-6)
+    assert float(sampled) != pytest.approx(float(F.cross_entropy(h @ items.T, y)), rel=1e-3)
+
+
+def test_a_fit_that_reaches_its_epoch_bound_is_reported_budget_stopped_and_an_early_stopped_one_converged(split, tmp_path: Path):
+    reports = {}
+    for name, cfg in {"bounded": tiny_config(max_epochs=2, eval_every=1, patience=5),
+                      "stopped": tiny_config(max_epochs=60, eval_every=1, patience=1)}.items():
+        run = setup_run(split, tmp_path / name, cfg, None, None, progress=False, seed=0)
+        with deterministic_kernels():
+            reports[name] = fit(run, cfg, seed=0, t0=time.perf_counter(), progress=False)
+    bounded, stopped = reports["bounded"], reports["stopped"]
+    assert bounded["epochs"] == 2 and bounded["stopped_by"] == "max_epochs"
+    assert bounded["out_of_budget"] and not bounded["converged"]
+    assert bounded["settings"]["max_epochs"] == "2 (recall.max_epochs)"
+    assert stopped["stopped_by"] == "early_stopping" and stopped["converged"] and not stopped["out_of_budget"]
+    assert stopped["epochs"] < 60 and stopped["epochs"] == stopped["best_epoch"] + 1
+
+
+def test_the_default_epoch_bound_scales_with_the_steps_an_epoch_takes():
+    config = RecallConfig()
+    assert config.max_epochs is None and config.max_train_logits is None and config.max_train_s is None
+    assert config.epoch_bound(19)[0] == 1053 and config.epoch_bound(1000)[0] == 200  # 20k steps, >= 200 epochs
+    assert config.epoch_bound(19)[1] == "scaled: 20,000 steps / 19 steps per epoch, at least 200"
+
+
+def test_length_buckets_are_on_by_default_only_where_padding_is_most_of_a_window():
+    config = RecallConfig()
+    assert config.uses_length_buckets(0.10)[0] and not config.uses_length_buckets(0.81)[0]  # short vs long histories
+    assert config.uses_length_buckets(0.81)[1] == "auto: 81% of window positions are real, at least 50%"
+    assert RecallConfig(length_buckets=False).uses_length_buckets(0.1) == (False, "recall.length_buckets")
