@@ -161,6 +161,7 @@ def merge_reports(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One report holding the variants of several runs (a slow backbone measured on a smaller sample:
     each variant keeps its own ``sample`` and ``coarse`` figures, against which its deltas are paired).
 
+    Each variant keeps its run's ``provenance`` (as ``run_provenance``: the command that measured it).
     Runs of another dataset, phase or candidate count than the first are refused; a variant measured
     twice keeps the later run's figures.
     """
@@ -178,7 +179,8 @@ def merge_reports(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
             raise ValueError(f"llm rerank eval: cannot merge a run of {other} into one of {first}")
         for name, v in r["variants"].items():
             merged["variants"][name] = {"sample": r.get("sample"), "coarse": r.get("coarse"),
-                                        "candidates_from": r.get("candidates_from"), **v}
+                                        "candidates_from": r.get("candidates_from"), **v,
+                                        **({"run_provenance": r["provenance"]} if "provenance" in r else {})}
     return merged
 
 

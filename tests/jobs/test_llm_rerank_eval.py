@@ -78,6 +78,7 @@ def test_cli_writes_the_report_with_provenance_and_refuses_a_bad_variant(tmp_pat
     assert res.exit_code == 0, res.output
     both = json.loads(merged.read_text())["variants"]
     assert [v["sample"]["users"] for v in both.values()] == [4, 2]  # each keeps its own sample
+    assert "--include" not in next(iter(both.values()))["run_provenance"]["command"]  # the run that measured it
     res = CliRunner().invoke(app, [*base, "--variant", "m/title"])
     assert res.exit_code == 2 and "name the scoring" in res.output
 
