@@ -1,10 +1,12 @@
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +26,29 @@ from tests.jobs.tagging.factories import catalog_split, prepared_again, tiny_mod
 
 ROOT = Path(__file__).resolve().parents[3]
 FP32 = TaggerSettings(precision="fp32", max_new_tokens=80, threads=1)
+
+
+@pytest.fixture(scope="module")
+def tag_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, int], Path]:
+    """Finished tag runs of this module, by (items, chunk size): each runs the tiny tagger once."""
+    return {}
+
+
+@pytest.fixture
+def tagged(tag_runs: dict[tuple[int, int], Path], tmp_path_factory: pytest.TempPathFactory
+           ) -> Callable[[Path, int, int], None]:
+    """``tagged(artifact_dir, n, chunk_size=c)`` leaves under ``artifact_dir/tags`` what
+    ``tag_catalog(catalog_split(n), tiny model, artifact_dir, FP32, chunk_size=c, batch_size=2)`` writes:
+    the tests that start from a finished run damage or extend a copy of one run per shape."""
+    def tagged_copy(artifact_dir: Path, n_items: int, chunk_size: int) -> None:
+        if (n_items, chunk_size) not in tag_runs:
+            done = tmp_path_factory.mktemp(f"tagged-{n_items}-{chunk_size}")
+            tag_catalog(catalog_split(n_items), str(tiny_model_dir()), done, FP32, chunk_size=chunk_size,
+                        batch_size=2, progress=False)
+            tag_runs[n_items, chunk_size] = done
+        shutil.copytree(tag_runs[n_items, chunk_size] / "tags", Path(artifact_dir) / "tags")
+
+    return tagged_copy
 
 
 def _digests(tags_dir: Path) -> dict[str, str]:
@@ -63,9 +88,9 @@ def test_a_budget_too_small_for_any_json_yields_fallbacks_not_gaps(tmp_path):
     assert all("retry" in r for r in tags["reason"]) and tags["genres"].map(len).eq(0).all()
 
 
-def test_rerun_after_losing_a_part_reproduces_identical_files(tmp_path):
+def test_rerun_after_losing_a_part_reproduces_identical_files(tagged, tmp_path):
     split = catalog_split(6)
-    tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)
+    tagged(tmp_path, 6, chunk_size=2)
     before = _digests(tmp_path / "tags")
     (tmp_path / "tags" / "parts" / "chunk-00001.parquet").unlink()
     summary = tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)
@@ -75,9 +100,9 @@ def test_rerun_after_losing_a_part_reproduces_identical_files(tmp_path):
         tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=3, batch_size=2, progress=False)
 
 
-def test_a_split_prepared_again_refuses_the_old_parts_and_the_old_tags(tmp_path):
+def test_a_split_prepared_again_refuses_the_old_parts_and_the_old_tags(tagged, tmp_path):
     split = catalog_split(4)
-    tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)
+    tagged(tmp_path, 4, chunk_size=2)
     again = prepared_again(split)  # the same items, reversed: item_idx 0 is now i3
     with pytest.raises(ValueError, match=r"another catalog \(the split was prepared again\).*--fresh"):
         tag_catalog(again, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)
@@ -110,9 +135,9 @@ def test_a_short_part_of_a_limit_run_is_redone_by_a_larger_run(tmp_path):
     assert summary["genre_f1_micro"] == whole["genre_f1_micro"]
 
 
-def test_a_limit_run_after_a_complete_run_keeps_every_part_and_the_whole_table(tmp_path):
+def test_a_limit_run_after_a_complete_run_keeps_every_part_and_the_whole_table(tagged, tmp_path):
     split = catalog_split(6)
-    tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=4, batch_size=2, progress=False)
+    tagged(tmp_path, 6, chunk_size=4)
     before = _digests(tmp_path / "tags")
     summary = tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=4, batch_size=2, limit=5,
                           progress=False)
@@ -122,9 +147,9 @@ def test_a_limit_run_after_a_complete_run_keeps_every_part_and_the_whole_table(t
     assert load_tags(tmp_path / "tags")[0]["item_id"].tolist() == [f"i{i}" for i in range(6)]
 
 
-def test_a_limit_run_short_of_the_catalog_writes_no_table_and_leaves_the_one_there(tmp_path):
+def test_a_limit_run_short_of_the_catalog_writes_no_table_and_leaves_the_one_there(tagged, tmp_path):
     split = catalog_split(10)
-    tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=4, batch_size=2, progress=False)
+    tagged(tmp_path, 10, chunk_size=4)
     table = _digests(tmp_path / "tags")["tags.parquet"]
     for chunk in (1, 2):
         (tmp_path / "tags" / "parts" / f"chunk-0000{chunk}.parquet").unlink()
@@ -135,9 +160,9 @@ def test_a_limit_run_short_of_the_catalog_writes_no_table_and_leaves_the_one_the
     assert len(load_tags(tmp_path / "tags")[0]) == 10
 
 
-def test_a_logits_limit_run_refuses_to_replace_parts_past_its_limit(tmp_path):
+def test_a_logits_limit_run_refuses_to_replace_parts_past_its_limit(tagged, tmp_path):
     split = catalog_split(10)
-    tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=4, batch_size=2, progress=False)
+    tagged(tmp_path, 10, chunk_size=4)
     before = _digests(tmp_path / "tags")
     with pytest.raises(ValueError, match=r"parts: chunk-00001.parquet, chunk-00002.parquet there hold tags past "
                                          r"item 4; a --method logits run .* rerun without --limit, or with --fresh"):
@@ -149,9 +174,9 @@ def test_a_logits_limit_run_refuses_to_replace_parts_past_its_limit(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["torn", "empty", "rewritten"])
-def test_a_damaged_part_is_redone_and_the_files_match_an_undamaged_run(tmp_path, damage):
+def test_a_damaged_part_is_redone_and_the_files_match_an_undamaged_run(tagged, tmp_path, damage):
     split = catalog_split(6)
-    tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)
+    tagged(tmp_path, 6, chunk_size=2)
     before = _digests(tmp_path / "tags")
     part = tmp_path / "tags" / "parts" / "chunk-00001.parquet"
     if damage == "torn":
@@ -166,9 +191,9 @@ def test_a_damaged_part_is_redone_and_the_files_match_an_undamaged_run(tmp_path,
     assert _digests(tmp_path / "tags") == before
 
 
-def test_a_part_that_cannot_be_read_is_named_by_finalize(tmp_path):
+def test_a_part_that_cannot_be_read_is_named_by_finalize(tagged, tmp_path):
     split = catalog_split(4)
-    tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)
+    tagged(tmp_path, 4, chunk_size=2)
     tags_dir = tmp_path / "tags"
     part = tags_dir / "parts" / "chunk-00001.parquet"
     part.write_bytes(b"")
@@ -177,9 +202,9 @@ def test_a_part_that_cannot_be_read_is_named_by_finalize(tmp_path):
         finalize(job)
 
 
-def test_finalize_names_a_gap_and_overwrites_nothing(tmp_path):
+def test_finalize_names_a_gap_and_overwrites_nothing(tagged, tmp_path):
     split = catalog_split(6)
-    tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)
+    tagged(tmp_path, 6, chunk_size=2)
     tags_dir = tmp_path / "tags"
     before = _digests(tags_dir)
     part = tags_dir / "parts" / "chunk-00001.parquet"
@@ -203,11 +228,11 @@ def _strip_versions(parts: Path) -> None:
         pq.write_table(table.replace_schema_metadata(meta), part)
 
 
-def test_without_its_manifest_a_part_is_checked_against_its_own_version(tmp_path):
+def test_without_its_manifest_a_part_is_checked_against_its_own_version(tagged, tmp_path):
     """With manifest.json deleted, parts decoded with max_new_tokens 80 are not counted as done for a run
     with 40 (and version.json does not claim 40 for them)."""
     split = catalog_split(4)
-    tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)
+    tagged(tmp_path, 4, chunk_size=2)
     tags = tmp_path / "tags"
     before = _files(tags)
     (tags / "manifest.json").unlink()
@@ -222,9 +247,9 @@ def test_without_its_manifest_a_part_is_checked_against_its_own_version(tmp_path
         k: v for k, v in before.items() if k != "summary.json"}  # the manifest rebuilt as it was
 
 
-def test_parts_without_a_version_of_their_own_or_a_manifest_are_refused(tmp_path):
+def test_parts_without_a_version_of_their_own_or_a_manifest_are_refused(tagged, tmp_path):
     split = catalog_split(4)
-    tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)
+    tagged(tmp_path, 4, chunk_size=2)
     tags = tmp_path / "tags"
     _strip_versions(tags / "parts")
     summary = tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)
@@ -248,10 +273,10 @@ MALFORMED = {"{}": lambda m: {}, "[]": lambda m: [], "version 1": lambda m: {"ve
 
 
 @pytest.mark.parametrize("shape", list(MALFORMED))
-def test_a_manifest_of_another_shape_is_rebuilt_from_parts_that_carry_their_version(tmp_path, shape):
+def test_a_manifest_of_another_shape_is_rebuilt_from_parts_that_carry_their_version(tagged, tmp_path, shape):
     """A manifest of another shape is rebuilt, not a KeyError / TypeError / AttributeError traceback."""
     split = catalog_split(4)
-    tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)
+    tagged(tmp_path, 4, chunk_size=2)
     path = tmp_path / "tags" / "manifest.json"
     good = json.loads(path.read_text())
     path.write_text(json.dumps(MALFORMED[shape](good)))
