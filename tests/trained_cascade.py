@@ -1,8 +1,9 @@
 """A tiny cascade trained for real (recall, recall_holdout, coarse, fusion on 60 synthetic users).
 
 Shared by the tests that damage trained files (``tests.reliability.test_artifact_integrity``,
-``tests.serving.test_reliability_artifacts``): ~20 s on 2 cores, so they train it once per module
-into a temporary directory and copy it per test. The two-tower fits under a logit budget, as
+``tests.serving.test_reliability_artifacts``) and signal a real server (``tests.serving.test_signals``):
+~20 s on 2 cores, so the session fixture ``tiny_cascade`` (``tests/conftest.py``) trains it once into
+a temporary directory and they copy it before writing. The two-tower fits under a logit budget, as
 ``recsys demo`` trains them: serving these artifacts with ``TINY_CONFIG`` (no budget) is the
 demo's situation.
 """

@@ -1,6 +1,6 @@
 """Damaged trained files, for real: each is refused by name before any native library parses it.
 
-A tiny cascade is trained once (``tests.trained_cascade``); each test damages a copy as
+A tiny cascade is trained once (the session's ``tiny_cascade``); each test damages a copy as
 ``serving.reliability.artifacts.DAMAGES`` does (a torn LightGBM model would abort the process if
 parsed) and checks what the operator sees: ``recsys recommend`` and ``recsys serve`` exit 2 with
 one line naming the file, ``POST /admin/reload`` answers 422 naming it while the previous artifacts
@@ -33,15 +33,14 @@ from serving.app import create_app
 from serving.bench import REPO_ROOT, free_port
 from serving.reliability.artifacts import DAMAGES, cli_outcome, damage
 from serving.run import recommend_once
-from tests.trained_cascade import train_tiny_cascade, trained_with, write_config
+from tests.trained_cascade import trained_with, write_config
 
 KEY = "integrity-test-admin-key"
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Settings]:
-    art = tmp_path_factory.mktemp("trained") / "synthetic"
-    return art, train_tiny_cascade(art)
+@pytest.fixture
+def trained(tiny_cascade: tuple[Path, Settings]) -> tuple[Path, Settings]:
+    return tiny_cascade  # read only: the tests damage ``copy``
 
 
 @pytest.fixture

@@ -5,14 +5,16 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from cascade.settings import Settings
 from recsys.manifest import MANIFEST_FILE
 from serving.reliability.artifacts import damaged_artifacts
-from tests.trained_cascade import train_tiny_cascade, write_config
+from tests.trained_cascade import write_config
 
 
-def test_each_damaged_file_is_refused_by_name_and_the_server_keeps_serving(tmp_path: Path) -> None:
+def test_each_damaged_file_is_refused_by_name_and_the_server_keeps_serving(
+        tiny_cascade: tuple[Path, Settings], tmp_path: Path) -> None:
     art = tmp_path / "synthetic"
-    train_tiny_cascade(art)
+    shutil.copytree(tiny_cascade[0], art)
     (art / "coarse" / MANIFEST_FILE).unlink()  # trained before digests: measured as `recsys train` leaves it
     cases = ("truncated_lightgbm_model", "missing_item_vectors")
     report = damaged_artifacts(art, tmp_path / "work", config=write_config(tmp_path / "tiny.yaml"), cases=cases)

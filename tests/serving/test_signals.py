@@ -1,6 +1,6 @@
 """``recsys serve`` stopped by a signal, for real: SIGHUP, SIGINT and SIGTERM each drain and stop the
 server with exit status 128 + signum, with one worker or two, and leave no child process behind (the
-embedded redis-server, the workers). A tiny cascade is trained once (``tests.trained_cascade``); each
+embedded redis-server, the workers). A tiny cascade is trained once (the session's ``tiny_cascade``); each
 case starts the CLI in its own session, so a signal sent to its process group (a closed terminal)
 reaches nothing else.
 """
@@ -8,6 +8,7 @@ reaches nothing else.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,15 +18,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cascade.settings import ENV_REDIS_URL
+from cascade.settings import ENV_REDIS_URL, Settings
 from serving.bench import REPO_ROOT, free_port
-from tests.trained_cascade import train_tiny_cascade, write_config
+from tests.trained_cascade import write_config
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def served(tiny_cascade: tuple[Path, Settings], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("served")
-    train_tiny_cascade(root / "synthetic")
+    shutil.copytree(tiny_cascade[0], root / "synthetic")  # serve keeps its Redis state under the artifacts
     return root / "synthetic", write_config(root / "tiny.yaml")
 
 
