@@ -15,6 +15,7 @@ meant to look like a real front end rather than a cold loop over every user:
 
 Latency figures are client-side wall times of successful recommendations only, overall and
 per answer path (``by_path``: cache hits apart from pipeline answers); events are counted apart.
+Each run also records the machine's load average before and after it (``loadavg_1m``).
 
 ``bench_serve`` measures each path on its own (a mixed "LLM share" row would mostly time cache hits,
 and would not show whether the LLM was loaded at all):
@@ -89,6 +90,7 @@ def bench_run(
     if concurrency < 1 or seconds <= 0 or max_requests < 1:
         raise ValueError(f"bench_run: need concurrency >= 1, seconds > 0, max_requests >= 1; "
                          f"got {concurrency}, {seconds}, {max_requests}")
+    load_before = _loadavg()
     t_start = time.perf_counter()
     traffic = drive(base_url, user_ids, item_ids, seconds=seconds, concurrency=concurrency,
                     max_requests=max_requests, k=k, event_share=event_share, zipf_s=zipf_s, seed=seed,
@@ -97,7 +99,17 @@ def bench_run(
     report = summarise(latencies, traffic.errors, traffic.paths, concurrency, time.perf_counter() - t_start)
     report["by_path"] = {path: latency_summary(ms) for path, ms in sorted(traffic.path_ms.items())}
     report["events"] = dict(traffic.events)
+    # the machine's 1-minute load average before and after: on a shared box it says what else competed
+    report["loadavg_1m"] = {"before": load_before, "after": _loadavg()}
     return report
+
+
+def _loadavg() -> float | None:
+    """The 1-minute load average (None where the platform has none)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
 
 
 class Traffic(NamedTuple):
