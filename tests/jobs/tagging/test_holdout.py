@@ -2,6 +2,7 @@
 and a tagging run scores as held out exactly the items that model never trained on."""
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,16 +21,27 @@ def _items(path: Path) -> list[int]:
     return json.loads(path.read_text())["items"]
 
 
-def _adapted(tmp_path: Path) -> tuple[Path, list[int]]:
-    adapt_tagger_for(catalog_split(8), str(tiny_model_dir()), tmp_path, TINY, holdout_fraction=0.5, progress=False)
+@pytest.fixture(scope="module")
+def adapted_once(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Artifacts whose tiny tagger is adapted on half of an 8-item catalog: one adaptation for the module."""
+    root = tmp_path_factory.mktemp("adapted")
+    adapt_tagger_for(catalog_split(8), str(tiny_model_dir()), root, TINY, holdout_fraction=0.5, progress=False)
+    return root
+
+
+@pytest.fixture
+def adapted(adapted_once: Path, tmp_path: Path) -> tuple[Path, list[int]]:
+    """(tags folder, held-out items) of a copy of ``adapted_once`` in the test's own folder."""
+    shutil.copytree(adapted_once, tmp_path, dirs_exist_ok=True)
     tags = tmp_path / "tags"
     held = _items(tags / "holdout.json")
     assert len(held) == 4
     return tags, held
 
 
-def test_an_adaptation_that_fails_leaves_the_model_s_holdout_and_the_tag_run_scores_it(tmp_path: Path):
-    tags, held = _adapted(tmp_path)
+def test_an_adaptation_that_fails_leaves_the_model_s_holdout_and_the_tag_run_scores_it(
+        adapted: tuple[Path, list[int]], tmp_path: Path):
+    tags, held = adapted
     weights = (tags / "model" / "model.safetensors").read_bytes()
     with pytest.raises(ValueError, match="learning rate"):  # fails inside the adaptation, after it started
         adapt_tagger_for(catalog_split(8), str(tiny_model_dir()), tmp_path, replace(TINY, lr=-1.0),
@@ -42,8 +54,9 @@ def test_an_adaptation_that_fails_leaves_the_model_s_holdout_and_the_tag_run_sco
     assert summary["items_heldout"] == 4 and summary["items_adapted_on"] == 4
 
 
-def test_a_holdout_list_beside_the_model_that_is_not_its_own_is_replaced_by_the_model_s(tmp_path: Path):
-    tags, held = _adapted(tmp_path)
+def test_a_holdout_list_beside_the_model_that_is_not_its_own_is_replaced_by_the_model_s(
+        adapted: tuple[Path, list[int]], tmp_path: Path):
+    tags, held = adapted
     # what a killed `recsys tag adapt --holdout 0.75` left before this change: a new list, the old model
     (tags / "holdout.json").write_text(json.dumps({"fraction": 0.75, "seed": 0, "items": [0, 1, 2, 3, 4, 5]}))
     summary = tag_catalog(catalog_split(8), str(tags / "model"), tmp_path, FP32, chunk_size=4, batch_size=4,
@@ -52,8 +65,9 @@ def test_a_holdout_list_beside_the_model_that_is_not_its_own_is_replaced_by_the_
     assert _items(tags / "holdout.json") == held
 
 
-def test_a_model_adapted_on_the_catalog_before_prepare_ran_again_is_refused_before_tagging(tmp_path: Path):
-    tags, _ = _adapted(tmp_path)
+def test_a_model_adapted_on_the_catalog_before_prepare_ran_again_is_refused_before_tagging(
+        adapted: tuple[Path, list[int]], tmp_path: Path):
+    tags, _ = adapted
     with pytest.raises(ValueError, match=r"model/holdout.json: the model was adapted on another catalog .*"
                                          r"re-run `recsys tag adapt`"):
         tag_catalog(prepared_again(catalog_split(8)), str(tags / "model"), tmp_path, FP32, chunk_size=4,
