@@ -108,15 +108,27 @@ def render_reason(anchor_title: str, why: str, verb: str) -> str:
     return f"Because you {verb} {display_title(anchor_title, TITLE_CHARS)}, {clause}."
 
 
-def clause_problems(why: str, max_chars: int) -> list[str]:
-    """What makes a schema-valid clause unfit to serve: cut at its length limit, or degenerate text.
+def clause_problems(why: str, max_chars: int, words: frozenset[str] | None = None, ask: str = "") -> list[str]:
+    """What makes a schema-valid clause unfit to serve: cut at its length limit, degenerate text, a
+    word that is neither one of ``words`` (the tokenizer's whole-word tokens and the catalog's words)
+    nor part of one, or a clause that only echoes the request ``ask``.
 
     >>> clause_problems("both keep a workshop organised", 75)
     []
     >>> clause_problems("wow, wow, wow, wow", 75)
     ["repeats 'wow'"]
+    >>> clause_problems("both are bacabacuad", 75, frozenset({"both", "are"}))
+    ["is not a word: 'bacabacuad'"]
+    >>> clause_problems("what the two have in common", 75, ask="Say what the two have in common.")
+    ['echoes the request']
     """
     problems = []
+    text = " ".join(re.findall(r"[a-z']+", why.lower()))
+    if text and text in " ".join(re.findall(r"[a-z']+", ask.lower())):
+        problems.append("echoes the request")
+    if words is not None:
+        unknown = [w for w in re.findall(r"[a-z]+", why.lower()) if len(w) > 2 and w not in words]
+        problems += [f"is not a word: {w!r}" for w in dict.fromkeys(unknown)]
     if len(why) >= max_chars - 1:
         problems.append("is cut off (the clause reached its length limit)")
     words = re.findall(r"[a-z']+", why.lower())
@@ -190,6 +202,7 @@ class ReasonGenerator:
         self.max_chars = clause_chars(cfg)
         self.vocab = int(getattr(self.model.config, "vocab_size", len(tok)))
         self.grammars: dict[int, Any] = {}  # compiled reason_schema by number of anchors
+        self._words: frozenset[str] | None = None
         _, stop = self.grammar(cfg.anchors)
         self.stop_ids = set(stop)
         # a row still open when the token budget ends is closed with these (the string, the object, a stop)
@@ -206,6 +219,20 @@ class ReasonGenerator:
                     _COMPILED[key] = compile_json_schema(tok, self.vocab, reason_schema(anchors, self.max_chars))
                 self.grammars[anchors] = _COMPILED[key]
         return self.grammars[anchors]
+
+    def words(self) -> frozenset[str]:
+        """Words a clause may use: the tokenizer's alphabetic tokens as whole words, and every word of the
+        catalog's titles (brands, product names); computed once."""
+        if self._words is None:
+            vocab = self.stage.prompts.tok.get_vocab()
+            tokens = {t.lstrip("Ġ▁ ").lower() for t in vocab}
+            catalog = {w for title in self.stage.titles for w in re.findall(r"[a-z]+", str(title).lower())}
+            self._words = frozenset(w for w in tokens | catalog if w.isalpha())
+        return self._words
+
+    def ask(self) -> str:
+        """The explanation request as the prompt words it (what a clause must not merely echo)."""
+        return str(self.stage.prompts.template.render("explain_request", self.domain))
 
     def version(self) -> str:
         """The prompt version of what this writes: model, re-ranker prompt and explanation texts."""
@@ -359,7 +386,7 @@ class ReasonWriter:
                 log.warning("reason generation failed, templates served: %s: %s", type(exc).__name__, exc)
         fresh: dict[str, dict[str, Any]] = {}
         for n, i in enumerate(todo):
-            reason = self._judge(evidence[i], None if texts is None else texts[n])
+            reason = self._judge(evidence[i], None if texts is None else texts[n], gen)
             out[i] = reason
             if texts is not None:  # written and judged (a grounding failure recurs: greedy decoding)
                 fresh[keys[i]] = {"text": reason.text, "source": reason.source, "schema_valid": reason.schema_valid}
@@ -369,8 +396,9 @@ class ReasonWriter:
         self._count(reasons)
         return reasons
 
-    def _judge(self, ev: Evidence, raw: str | None) -> Reason:
-        """The model's reason when it parses and passes the check, else the template one."""
+    def _judge(self, ev: Evidence, raw: str | None, gen: ReasonGenerator | None = None) -> Reason:
+        """The model's reason when it parses and passes the checks, else the template one; ``gen`` (the
+        writer) gives the words a clause may use and the request it must not echo."""
         template = template_reason(ev, self.evidence.facts, self.cfg.verb or verb_for(self.domain), self.domain)
         if raw is None:
             return Reason(template, "template")
@@ -384,8 +412,9 @@ class ReasonWriter:
                           problems=(f"rests on item {because} of the {len(anchors)} offered",))
         reason = render_reason(str(self.evidence.facts.titles[anchors[because - 1]]), why,
                                self.cfg.verb or verb_for(self.domain))
-        problems = clause_problems(why, clause_chars(self.cfg)) + self.evidence.facts.check(reason, ev,
-                                                                                            self.cfg.max_words)
+        words, ask = (None, "") if gen is None else (gen.words(), gen.ask())
+        problems = (clause_problems(why, clause_chars(self.cfg), words, ask)
+                    + self.evidence.facts.check(reason, ev, self.cfg.max_words))
         if problems:
             return Reason(template, "template", schema_valid=True, problems=tuple(problems))
         return Reason(reason, "llm", schema_valid=True)

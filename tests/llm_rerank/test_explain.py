@@ -232,3 +232,16 @@ def test_smollm2_writes_schema_valid_reasons_and_serves_only_checked_ones(artifa
     for reason, ev in zip(writer(facts, gen).write(request(), [TOY_STORY, 5], [["two_tower"], ["popularity"]],
                                                    budget_s=120.0), evidence, strict=True):
         assert reason.source == "template" or facts.check(reason.text, ev, 25) == []
+
+
+def test_a_clause_of_made_up_words_or_echoing_the_request_is_not_served(artifacts: Path, facts: ItemFacts) -> None:
+    gen = ReasonGenerator(make_stage(artifacts), ExplainConfig(), "movie")
+    ev = EvidenceBuilder(facts).build(request(), [TOY_STORY], [["two_tower"]])[0]
+    w = writer(facts, gen)
+    assert "animated" in gen.words() and "bacabacuad" not in gen.words()
+    made_up = w._judge(ev, '{"because": 1, "why": "both are bacabacuad"}', gen)
+    assert (made_up.source, made_up.problems) == ("template", ("is not a word: 'bacabacuad'",))
+    echo = w._judge(ev, '{"because": 1, "why": "what the two have in common"}', gen)
+    assert (echo.source, echo.problems) == ("template", ("echoes the request",))
+    fine = w._judge(ev, '{"because": 2, "why": "another animated fairy tale"}', gen)
+    assert fine.source == "llm", fine.problems
