@@ -131,8 +131,8 @@ def clause_problems(why: str, max_chars: int, words: frozenset[str] | None = Non
         problems += [f"is not a word: {w!r}" for w in dict.fromkeys(unknown)]
     if len(why) >= max_chars - 1:
         problems.append("is cut off (the clause reached its length limit)")
-    words = re.findall(r"[a-z']+", why.lower())
-    repeated = sorted({w for w in words if words.count(w) >= 3 and len(w) > 2})
+    said = re.findall(r"[a-z']+", why.lower())
+    repeated = sorted({w for w in said if said.count(w) >= 3 and len(w) > 2})
     problems += [f"repeats {w!r}" for w in repeated]
     if _STUTTER.search(why.lower()):
         problems.append("stutters (a fragment four times over)")
