@@ -119,7 +119,8 @@ def bench_llm_probe(
 def bench_llm_rerank(
     data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
     variant: Annotated[list[str] | None, typer.Option(help="Re-ranker to measure, repeatable: "
-                                                           "model[/listwise|pointwise[/title|title_details[/adapted]]] "
+                                                           "MODEL/SCORING/TEXT/adapted, each part after MODEL optional: SCORING listwise or "
+                                                           "pointwise, TEXT title or title_details, adapted for the LoRA weights "
                                                            "(default: llm.model/listwise/title_details); model is a "
                                                            "catalogue name (llm_rerank.catalogue) or an HF directory.")]
     = None,
