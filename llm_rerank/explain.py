@@ -64,6 +64,7 @@ CHANNEL_WORDS = {"covisit": "often {verb} together with your history", "two_towe
 
 TITLE_CHARS = 40  # an anchor's title as a reason names it, cut at a word (``display_title``)
 MIN_CLAUSE = 10  # characters of the shortest "why" clause: fewer says no why
+MIN_CLAUSE_WORDS = 3  # words of the shortest clause served ("amadeus" names, it does not explain)
 
 
 def reason_schema(anchors: int, max_chars: int) -> dict[str, Any]:
@@ -109,7 +110,8 @@ def render_reason(anchor_title: str, why: str, verb: str) -> str:
 
 
 def clause_problems(why: str, max_chars: int, words: frozenset[str] | None = None, ask: str = "") -> list[str]:
-    """What makes a schema-valid clause unfit to serve: cut at its length limit, degenerate text, a
+    """What makes a schema-valid clause unfit to serve: fewer than ``MIN_CLAUSE_WORDS`` words, cut at its
+    length limit, degenerate text, a
     word that is neither one of ``words`` (the tokenizer's whole-word tokens and the catalog's words)
     nor part of one, or a clause that only echoes the request ``ask``.
 
@@ -124,6 +126,8 @@ def clause_problems(why: str, max_chars: int, words: frozenset[str] | None = Non
     """
     problems = []
     text = " ".join(re.findall(r"[a-z']+", why.lower()))
+    if len(text.split()) < MIN_CLAUSE_WORDS:
+        problems.append(f"says no why (a clause of fewer than {MIN_CLAUSE_WORDS} words)")
     if text and text in " ".join(re.findall(r"[a-z']+", ask.lower())):
         problems.append("echoes the request")
     if words is not None:
@@ -414,6 +418,8 @@ class ReasonWriter:
                                self.cfg.verb or verb_for(self.domain))
         words, ask = (None, "") if gen is None else (gen.words(), gen.ask())
         problems = (clause_problems(why, clause_chars(self.cfg), words, ask)
+                    + [f"names the title {display_title(str(self.evidence.facts.titles[i]))!r} in its clause"
+                       for i in sorted(self.evidence.facts.title_index.find(why))]
                     + self.evidence.facts.check(reason, ev, self.cfg.max_words))
         if problems:
             return Reason(template, "template", schema_valid=True, problems=tuple(problems))

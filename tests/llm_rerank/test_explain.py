@@ -89,7 +89,7 @@ def test_the_model_can_name_only_the_anchors_it_is_offered(facts: ItemFacts) -> 
         "template", ("claims the category 'Horror', which neither the item nor the history has",))
     assert render_reason("Lion King, The (1994)", "More singing animals ,", "watched") == (
         "Because you watched The Lion King (1994), more singing animals.")
-    stutter = w._judge(ev, '{"because": 1, "why": "wcwcwcwcwcwcwcwc"}')
+    stutter = w._judge(ev, '{"because": 1, "why": "a wcwcwcwcwcwc kind of tale"}')
     assert (stutter.source, stutter.problems) == ("template", ("stutters (a fragment four times over)",))
     cut = w._judge(ev, '{"because": 1, "why": "a story of courage and friendship told with warmth, humour and a little ma"}')
     assert cut.problems == ("is cut off (the clause reached its length limit)",)
@@ -240,6 +240,10 @@ def test_a_clause_of_made_up_words_or_echoing_the_request_is_not_served(artifact
     w = writer(facts, gen)
     assert "animated" in gen.words() and "bacabacuad" not in gen.words()
     made_up = w._judge(ev, '{"because": 1, "why": "both are bacabacuad"}', gen)
+    short = w._judge(ev, '{"because": 1, "why": "cinderella"}', gen)
+    assert short.source == "template" and short.problems[0] == "says no why (a clause of fewer than 3 words)"
+    titled = w._judge(ev, '{"because": 1, "why": "much like scream, a classic"}', gen)
+    assert (titled.source, titled.problems) == ("template", ("names the title 'Scream (1996)' in its clause",))
     assert (made_up.source, made_up.problems) == ("template", ("is not a word: 'bacabacuad'",))
     echo = w._judge(ev, '{"because": 1, "why": "what the two have in common"}', gen)
     assert (echo.source, echo.problems) == ("template", ("echoes the request",))
