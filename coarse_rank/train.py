@@ -27,7 +27,8 @@ import numpy as np
 
 from coarse_rank.config import CoarseConfig
 from coarse_rank.dataset import QueryGroups, build_groups, channel_columns, training_prefix
-from coarse_rank.features import CATEGORICAL_FEATURES, FeatureBuilder, check_tags
+from coarse_rank.feature_names import CATEGORICAL_FEATURES
+from coarse_rank.features import FeatureBuilder, check_tags
 from coarse_rank.item_tags import ItemTags
 from offline.metrics import per_user_metrics
 from offline.protocol import SALT_COARSE_TRAIN, SALT_COARSE_VALID, gate_verdict, user_sample

@@ -10,10 +10,10 @@ For each of a request's top items ``ReasonWriter.write`` returns one ``Reason``:
 3. **generation** (``ReasonGenerator``): one batched, schema-constrained greedy decode for all the
    items not cached, one row per item. Each row offers the model a few numbered *anchors* (the
    history items nearest the item by co-visitation, then the most recent ones: ``anchors_of``) and
-   writes ``{"because": <anchor number>, "why": "<lowercase clause>"}`` (``reason_schema``, through
-   xgrammar, ``llm_rerank.grammar``); the served reason is "Because you <verb> <anchor>, <why>."
-   (``render_reason``). The clause admits no capital letter and no digit, so the model cannot name
-   a title or a year: every name in a reason is an anchor's, taken from the evidence, and the model
+   writes ``{"because": <anchor number>, "why": "<lowercase clause>"}`` (``llm_rerank.anchored``,
+   through xgrammar, ``llm_rerank.grammar``); the served reason is "Because you <verb> <anchor>, <why>."
+   The clause admits no capital letter past its first and no digit, so the model cannot name a
+   title or a year: every name in a reason is an anchor's, taken from the evidence, and the model
    chooses which one and says why. Every row continues the re-ranker's own prefix (instruction,
    profile, history window: ``PromptBuilder.prefix``), so the prefix's keys/values come from the
    re-ranker's prefix cache and are computed once per user for both;
@@ -46,6 +46,14 @@ from typing import Any, Literal
 
 import numpy as np
 
+from llm_rerank.anchored import (
+    anchors_of,
+    clause_chars,
+    clause_problems,
+    parse_reason,
+    reason_schema,
+    render_reason,
+)
 from llm_rerank.config import ExplainConfig
 from llm_rerank.grammar import GrammarLogits, compile_json_schema
 from llm_rerank.grounding import Evidence, ItemFacts, display_title, template_reason, verb_for
@@ -62,85 +70,8 @@ CHANNEL_WORDS = {"covisit": "often {verb} together with your history", "two_towe
                  "text": "its text resembles your history", "llm_embedding": "its description resembles your history"}
 
 
-TITLE_CHARS = 40  # an anchor's title as a reason names it, cut at a word (``display_title``)
-MIN_CLAUSE = 10  # characters of the shortest "why" clause: fewer says no why
-MIN_CLAUSE_WORDS = 3  # words of the shortest clause served ("amadeus" names, it does not explain)
-
-
-def reason_schema(anchors: int, max_chars: int) -> dict[str, Any]:
-    """The JSON schema of one row's output: the number of the anchor the reason rests on (1 to
-    ``anchors``) and a lowercase clause of ``MIN_CLAUSE`` to ``max_chars`` characters saying why.
-
-    The clause holds letters, spaces, commas, apostrophes and hyphens only, a capital letter at most
-    in its first: no title written as a name, no digit, so no year, no full stop, so one sentence.
-    """
-    clause = f"^[A-Za-z][a-z ,'-]{{{MIN_CLAUSE - 1},{max_chars - 1}}}$"
-    return {"type": "object",
-            "properties": {"because": {"type": "integer", "minimum": 1, "maximum": anchors},
-                           "why": {"type": "string", "pattern": clause}},
-            "required": ["because", "why"], "additionalProperties": False}
-
-
-_CLAUSE = re.compile(r"[A-Za-z][a-z ,'-]*")
-_STUTTER = re.compile(r"([a-z]{1,3})\1{3,}")  # "wcwcwcwc": a fragment four times over
 _COMPILED: dict[tuple[Any, ...], tuple[Any, list[int]]] = {}  # (tokenizer, vocab, anchors, chars) -> grammar
 _COMPILED_LOCK = threading.Lock()
-
-
-def clause_chars(cfg: ExplainConfig) -> int:
-    """Characters of the longest "why" clause: with "Because you <verb> <anchor>," about ``max_words``."""
-    return cfg.max_words * 3
-
-
-def anchors_of(ev: Evidence, n: int) -> tuple[int, ...]:
-    """The history items a reason may rest on, best first: the item's nearest by co-visitation, then
-    the most recent ones of the prompt's window; at most ``n``."""
-    return tuple(dict.fromkeys([*ev.neighbours, *reversed(ev.recent)]))[:n]
-
-
-def render_reason(anchor_title: str, why: str, verb: str) -> str:
-    """The served sentence of a row's output.
-
-    >>> render_reason("Lion King, The (1994)", "Another musical adventure with talking animals ,", "watched")
-    'Because you watched The Lion King (1994), another musical adventure with talking animals.'
-    """
-    clause = " ".join(why.replace(" ,", ",").split()).strip(" ,'-")
-    clause = clause[:1].lower() + clause[1:]
-    return f"Because you {verb} {display_title(anchor_title, TITLE_CHARS)}, {clause}."
-
-
-def clause_problems(why: str, max_chars: int, words: frozenset[str] | None = None, ask: str = "") -> list[str]:
-    """What makes a schema-valid clause unfit to serve: fewer than ``MIN_CLAUSE_WORDS`` words, cut at its
-    length limit, degenerate text, a
-    word that is neither one of ``words`` (the tokenizer's whole-word tokens and the catalog's words)
-    nor part of one, or a clause that only echoes the request ``ask``.
-
-    >>> clause_problems("both keep a workshop organised", 75)
-    []
-    >>> clause_problems("wow, wow, wow, wow", 75)
-    ["repeats 'wow'"]
-    >>> clause_problems("both are bacabacuad", 75, frozenset({"both", "are"}))
-    ["is not a word: 'bacabacuad'"]
-    >>> clause_problems("what the two have in common", 75, ask="Say what the two have in common.")
-    ['echoes the request']
-    """
-    problems = []
-    text = " ".join(re.findall(r"[a-z']+", why.lower()))
-    if len(text.split()) < MIN_CLAUSE_WORDS:
-        problems.append(f"says no why (a clause of fewer than {MIN_CLAUSE_WORDS} words)")
-    if text and text in " ".join(re.findall(r"[a-z']+", ask.lower())):
-        problems.append("echoes the request")
-    if words is not None:
-        unknown = [w for w in re.findall(r"[a-z]+", why.lower()) if len(w) > 2 and w not in words]
-        problems += [f"is not a word: {w!r}" for w in dict.fromkeys(unknown)]
-    if len(why) >= max_chars - 1:
-        problems.append("is cut off (the clause reached its length limit)")
-    said = re.findall(r"[a-z']+", why.lower())
-    repeated = sorted({w for w in said if said.count(w) >= 3 and len(w) > 2})
-    problems += [f"repeats {w!r}" for w in repeated]
-    if _STUTTER.search(why.lower()):
-        problems.append("stutters (a fragment four times over)")
-    return problems
 
 
 @dataclass(frozen=True)
@@ -316,28 +247,6 @@ class ReasonGenerator:
                 logits, state = continue_batch(self.model, state, chosen.tolist(), self.pad_id, logits=True)
         tok = self.stage.prompts.tok
         return [tok.decode([t for t in ids if t not in self.stop_ids], skip_special_tokens=True) for ids in out]
-
-
-def parse_reason(text: str) -> tuple[int, str] | None:
-    """(anchor number, why clause) of one row's JSON output; None when it is not a schema-valid document.
-
-    >>> parse_reason('{"because": 2, "why": "another tale of the sea"}')
-    (2, 'another tale of the sea')
-    >>> parse_reason('{"because": 2, "why": "again, as in Titanic"}') is None
-    True
-    """
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(data, dict) or set(data) != {"because", "why"}:
-        return None
-    because, why = data["because"], data["why"]
-    if not isinstance(because, int) or isinstance(because, bool) or because < 1 or not isinstance(why, str):
-        return None
-    if len(why) < MIN_CLAUSE or not _CLAUSE.fullmatch(why):
-        return None
-    return because, why
 
 
 @dataclass

@@ -11,7 +11,8 @@ from coarse_rank import channel_features
 from coarse_rank.channel_features import CHANNEL_FEATURES
 from coarse_rank.config import CoarseConfig
 from coarse_rank.dataset import training_prefix
-from coarse_rank.features import FEATURES, FeatureBuilder
+from coarse_rank.feature_names import FEATURES
+from coarse_rank.features import FeatureBuilder
 from coarse_rank.train import importance_table
 from recall.item_models import NeighbourChannel, ease
 from recsys.contract import Candidates, Request

@@ -13,7 +13,8 @@ from coarse_rank import features as feature_module
 from coarse_rank import statistics
 from coarse_rank.config import CoarseConfig
 from coarse_rank.dataset import prefix_popularity, training_prefix
-from coarse_rank.features import FEATURES, FeatureBuilder
+from coarse_rank.feature_names import FEATURES
+from coarse_rank.features import FeatureBuilder
 from recsys.contract import Candidates, Request
 from tests.coarse_rank.toy import split_from_sequences
 
@@ -130,7 +131,7 @@ def test_training_prefix_drops_each_users_last_train_item(split):
 
 
 def test_an_item_without_interactions_has_unknown_interaction_features(split):
-    from coarse_rank.features import INTERACTION_FEATURES
+    from coarse_rank.feature_names import INTERACTION_FEATURES
 
     prefix = training_prefix(split)  # item 3 has no interaction here: a new item to this builder
     fb = FeatureBuilder(CoarseConfig()).fit(split, prefix)

@@ -10,7 +10,8 @@ import pytest
 
 from coarse_rank import item_tags
 from coarse_rank.config import CoarseConfig
-from coarse_rank.features import FEATURES, TAG_FEATURES, FeatureBuilder
+from coarse_rank.feature_names import FEATURES, TAG_FEATURES
+from coarse_rank.features import FeatureBuilder
 from coarse_rank.item_tags import ItemTags
 from coarse_rank.stage import CoarseStage
 from coarse_rank.train import train_coarse

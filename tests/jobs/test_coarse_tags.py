@@ -12,7 +12,7 @@ import pytest
 
 from cascade.registry import build_stage
 from cascade.settings import Settings
-from coarse_rank.features import TAG_FEATURES
+from coarse_rank.feature_names import TAG_FEATURES
 from jobs.coarse_tags import SOURCE_FILE, SUBDIR, ensure_coarse_tags, holdout_embeddings, is_current
 from jobs.tagging.ablation import VARIANTS, variant_settings
 from jobs.tagging.embed import EmbedSettings

@@ -9,16 +9,9 @@ import numpy as np
 import pytest
 
 from cascade.settings import Settings
+from llm_rerank.anchored import anchors_of, parse_reason, render_reason
 from llm_rerank.config import ExplainConfig
-from llm_rerank.explain import (
-    EvidenceBuilder,
-    Reason,
-    ReasonGenerator,
-    ReasonWriter,
-    anchors_of,
-    parse_reason,
-    render_reason,
-)
+from llm_rerank.explain import EvidenceBuilder, Reason, ReasonGenerator, ReasonWriter
 from llm_rerank.grounding import ItemFacts, template_reason
 from llm_rerank.reason_cache import MemoryReasonCache
 from llm_rerank.stage import LLMRerankStage
