@@ -135,7 +135,7 @@ LEGITIMATE = [
     "sessions: each user has several sessions; a session has a focus genre",
     "mean_sessions x mean_session_len",
     "the client issues a request per user",
-    "a burst may issue 5 requests at once",
+    "a burst may send 5 requests at once",
     "--bg: #f6f7f9; --panel: #fff; --ink: #1d2330;",
     "# A heading",
     "## Evaluation protocol",
