@@ -136,7 +136,6 @@ class ReasonGenerator:
         tok = stage.prompts.tok
         self.max_chars = clause_chars(cfg)
         self.vocab = int(getattr(self.model.config, "vocab_size", len(tok)))
-        self.grammars: dict[int, Any] = {}  # compiled reason_schema by number of anchors
         self._words: frozenset[str] | None = None
         _, stop = self.grammar(cfg.anchors)
         self.stop_ids = set(stop)
@@ -146,14 +145,12 @@ class ReasonGenerator:
     def grammar(self, anchors: int) -> tuple[Any, list[int]]:
         """(the compiled schema of a row offering ``anchors`` anchors, the stop ids); compiled once each
         per tokenizer and process (a compile takes seconds)."""
-        if anchors not in self.grammars:
-            tok = self.stage.prompts.tok
-            key = (str(getattr(tok, "name_or_path", "")), len(tok), self.vocab, anchors, self.max_chars)
-            with _COMPILED_LOCK:
-                if key not in _COMPILED:
-                    _COMPILED[key] = compile_json_schema(tok, self.vocab, reason_schema(anchors, self.max_chars))
-                self.grammars[anchors] = _COMPILED[key]
-        return self.grammars[anchors]
+        tok = self.stage.prompts.tok
+        key = (str(getattr(tok, "name_or_path", "")), len(tok), self.vocab, anchors, self.max_chars)
+        with _COMPILED_LOCK:
+            if key not in _COMPILED:
+                _COMPILED[key] = compile_json_schema(tok, self.vocab, reason_schema(anchors, self.max_chars))
+            return _COMPILED[key]
 
     def words(self) -> frozenset[str]:
         """Words a clause may use: the tokenizer's alphabetic tokens as whole words, and every word of the

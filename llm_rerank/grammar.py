@@ -38,7 +38,7 @@ class GrammarLogits:
         if len(per_row) != len(prefills):
             raise ValueError(f"{len(per_row)} grammars for {len(prefills)} rows")
         self.xgr, self.prefills = xgr, list(prefills)
-        self.compiled = compiled if not isinstance(compiled, list) else per_row[0]  # the tokenizer's vocab size
+        self.compiled = per_row[0] if per_row else compiled  # the tokenizer's vocab size
         self.matchers = [xgr.GrammarMatcher(c) for c in per_row]
         for m, prefill in zip(self.matchers, prefills, strict=True):
             if not m.accept_string(prefill):
