@@ -9,6 +9,13 @@ Item and user identity: every model works on contiguous *indices* (``item_idx`` 
 ``[0, n_items)``, ``user_idx`` in ``[0, n_users)``) assigned by ``offline.schema.Vocab``;
 external ids (strings) appear only at the edges (HTTP, reports).
 
+Optional capabilities: a stage that can do more than ``run`` says so by implementing one of the
+small protocols at the end of this module (``Pinnable``, ``Backfilling``, ``ReloadableRules``,
+``PromptHolder``, ``PromptBuilding``, ``ServedModel``, ``ChannelRecall``, ``WeightsLookup``,
+``ArtifactSubdir``); callers ask ``isinstance(stage, Protocol)``, never ``getattr``/``hasattr``.
+They are typed with ``Any`` where the concrete type belongs to a stage package (a rule set, a
+prompt template), since this core imports no stage.
+
 Deliberately left out: any notion of HTTP, threads or model loading (see ``recsys.pipeline``
 for running stages, ``serving`` for HTTP).
 """
@@ -16,8 +23,9 @@ for running stages, ``serving`` for HTTP).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
@@ -185,3 +193,118 @@ class Stage(Protocol):
 
 class StageError(RuntimeError):
     """A stage could not produce an answer; the pipeline applies that stage's fallback."""
+
+
+# -- optional capabilities: each protocol names the callers that ask for it ------------------------
+
+
+@runtime_checkable
+class Pinnable(Protocol):
+    """A stage whose state is swapped while serving (rules views, prompt templates).
+
+    ``recsys.pipeline.Pipeline.snapshot`` calls ``pinned`` once per request, under
+    ``recsys.pipeline.STAGE_SWAP``, and runs the returned stage: one answer never mixes two versions.
+    """
+
+    def pinned(self) -> Stage: ...
+
+
+@runtime_checkable
+class Backfilling(Protocol):
+    """A stage that can hand out candidates beyond its depth (recall's popularity channel).
+
+    ``recsys.pipeline.Pipeline`` asks ``more`` when the policy stages left a list short of ``k``.
+    """
+
+    def more(self, request: Request, size: int) -> Iterator[np.ndarray]: ...
+
+
+@runtime_checkable
+class ReloadableRules(Protocol):
+    """A policy stage whose rule set can be swapped at run time (``rules.stage.RulesStage``).
+
+    ``serving.document_reload.RulesApplier`` calls ``check`` before publishing, ``prepare`` on every
+    stage before ``install`` on any (so all stages take the rule set or none does), and reads
+    ``ruleset_path`` to re-seed an empty version store. The evaluator reads ``active`` and
+    ``skipped`` for the cost of each rule. ``Any`` stands for ``rules.schema.RuleSet``,
+    ``rules.catalog.Resolution`` and ``rules.stage.RulesView``.
+    """
+
+    @property
+    def ruleset(self) -> Any: ...
+
+    @property
+    def active(self) -> Any: ...
+
+    @property
+    def skipped(self) -> dict[str, str]: ...
+
+    @property
+    def ruleset_path(self) -> Path | None: ...
+
+    def check(self, ruleset: Any) -> Any: ...
+
+    def prepare(self, ruleset: Any) -> Any: ...
+
+    def install(self, view: Any) -> None: ...
+
+
+@runtime_checkable
+class PromptHolder(Protocol):
+    """A stage serving a versioned prompt template (``llm_rerank.template.PromptTemplate``).
+
+    ``serving.document_reload.PromptApplier`` calls ``set_prompt_template`` with a validated template
+    (an admin PUT or the version watcher); the stage serves it from the next request on.
+    """
+
+    def set_prompt_template(self, template: Any) -> None: ...
+
+
+@runtime_checkable
+class PromptBuilding(Protocol):
+    """A stage that scores with a prompt (the LLM re-ranker): the evaluator and the A/B comparison
+    count its prompt tokens by building the prompt of a request (``llm_rerank.prompt.PromptParts``)."""
+
+    def build_prompt(self, request: Request, item_idx: np.ndarray) -> Any: ...
+
+
+@runtime_checkable
+class ServedModel(Protocol):
+    """A stage that serves a trained model from a folder it records after ``load`` ("" before);
+    the fusion gate reads the users that model trained on from there."""
+
+    @property
+    def model_location(self) -> str | Path: ...
+
+
+@runtime_checkable
+class ChannelRecall(Protocol):
+    """A recall stage that can return each channel's own list (the evaluator's channel recall).
+
+    Returns ``(channel name, item indices, scores)`` per channel.
+    """
+
+    def channel_lists(self, history: np.ndarray, exclude: np.ndarray,
+                      vector: np.ndarray) -> list[tuple[str, np.ndarray, np.ndarray]]: ...
+
+
+@runtime_checkable
+class WeightsLookup(Protocol):
+    """A stage that mixes other stages' scores with tuned weights (fusion).
+
+    ``weights_key`` names the folder its weights load from (``<artifacts>/fusion/<key>``, read by
+    ``cascade.registry`` to check the artifacts); ``weights_for`` gives the weights it applies to a
+    candidate set (the debug answer's hand-offs, ``serving.response``).
+    """
+
+    weights_key: str
+
+    def weights_for(self, candidates: Candidates) -> dict[str, float]: ...
+
+
+@runtime_checkable
+class ArtifactSubdir(Protocol):
+    """A stage that loads from ``<artifacts>/<subdir>`` rather than from the folder named by its
+    kind (the coarse ranker, to serve a variant beside the default); read by ``cascade.registry``."""
+
+    subdir: str
