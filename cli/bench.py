@@ -12,6 +12,9 @@ from typing import Annotated, Literal
 import typer
 
 from cli import common as c
+from cli.bench_llm import bench_llm, bench_llm_probe, bench_llm_rerank
+from cli.explanations import bench_explain
+from cli.soak import bench_soak
 from recall.bench import bench_recall as run_bench_recall
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that write JSON reports.")
@@ -139,6 +142,9 @@ def _error_of(report: dict, dotted: str) -> str:
     return str(report[group][name]["error"])
 
 
-import cli.bench_explain  # noqa: E402, F401  (registers `bench explain` on bench_app, `tag explanations`)
-import cli.bench_llm  # noqa: E402, F401  (registers `bench llm` on bench_app)
-import cli.soak  # noqa: E402, F401  (registers `bench soak` on bench_app)
+# The commands of their own modules, listed after this module's own in `recsys bench --help`.
+bench_app.command("explain")(bench_explain)
+bench_app.command("llm")(bench_llm)
+bench_app.command("llm-probe")(bench_llm_probe)
+bench_app.command("llm-rerank")(bench_llm_rerank)
+bench_app.command("soak")(bench_soak)

@@ -54,7 +54,7 @@ def bench_llm(
 def bench_llm_probe(
     data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
     model: Annotated[list[str] | None, typer.Option(help="Backbone to probe, repeatable (side by side in one "
-                                                         "report): a catalogue name (llm_rerank.catalogue: "
+                                                         "report): a packaged backbone name (llm_rerank.packaged_backbones: "
                                                          "smollm2-135m-instruct, gemma3-270m, qwen2.5-coder-0.5b, "
                                                          "qwen2.5-coder-1.5b), an HF directory or hub id (default: "
                                                          "llm.model, not the adapted one).")] = None,
@@ -122,7 +122,7 @@ def bench_llm_rerank(
                                                            "MODEL/SCORING/TEXT/adapted, each part after MODEL optional: SCORING listwise or "
                                                            "pointwise, TEXT title or title_details, adapted for the LoRA weights "
                                                            "(default: llm.model/listwise/title_details); model is a "
-                                                           "catalogue name (llm_rerank.catalogue) or an HF directory.")]
+                                                           "packaged backbone name (llm_rerank.packaged_backbones) or an HF directory.")]
     = None,
     users: Annotated[int, typer.Option(min=2, help="Users sampled (seeded); only those whose held item is among "
                                                    "the candidates reach the LLM.")] = 2000,
@@ -172,10 +172,3 @@ def bench_llm_rerank(
     except ValueError as exc:
         c.fail(str(exc))
     c.write_report(report, out, settings=settings, data=data, seeds=[used_seed])
-
-
-from cli.bench import bench_app  # noqa: E402  (bench.py imports this module at its end)
-
-bench_app.command("llm")(bench_llm)
-bench_app.command("llm-probe")(bench_llm_probe)
-bench_app.command("llm-rerank")(bench_llm_rerank)

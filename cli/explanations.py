@@ -1,5 +1,7 @@
 """``recsys bench explain``: reasons for recommended items, measured (``jobs.explanations``);
-``recsys tag explanations``: reasons precomputed into the serving Redis."""
+``recsys tag explanations``: reasons precomputed into the serving Redis.
+
+``cli.bench`` and ``cli.tag`` register the commands on their groups."""
 
 from __future__ import annotations
 
@@ -8,11 +10,8 @@ from typing import Annotated
 import typer
 
 from cli import common as c
-from cli.bench import bench_app
-from cli.tag import tag_app
 
 
-@bench_app.command("explain")
 def bench_explain(
     data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
     users: Annotated[int, typer.Option(min=1, help="Sampled users (requests per explain_k setting).")] = 40,
@@ -43,7 +42,6 @@ def bench_explain(
     c.write_report(report, out, settings=settings, data=data)
 
 
-@tag_app.command("explanations")
 def tag_explanations(
     data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
     users: Annotated[str | None, typer.Option(help="External user ids, comma-separated (default: every user).")]

@@ -1,6 +1,6 @@
 """``recsys bench soak``: hold a concurrency against the server for a while (``serving.soak``).
 
-Imported by one line at the end of ``cli.bench``, which registers the command.
+``cli.bench`` registers the command on its ``bench`` group.
 """
 
 from __future__ import annotations
@@ -10,10 +10,8 @@ from typing import Annotated
 import typer
 
 from cli import common as c
-from cli.bench import bench_app
 
 
-@bench_app.command("soak")
 def bench_soak(
     data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
     concurrency: Annotated[int, typer.Option(min=1, max=256, help="Concurrent closed-loop clients.")] = 8,

@@ -21,6 +21,7 @@ import typer
 from typer._click.core import ParameterSource  # typer (pinned) vendors click
 
 from cli import common as c
+from cli.explanations import tag_explanations
 from llm_rerank.backbone import resolve_model
 from llm_rerank.template import load_prompt_file
 from recsys.atomic import atomic_write_text
@@ -261,7 +262,7 @@ def cold_items(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt =
 def bench_logits(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, artifacts: c.ArtifactsOpt = None,
                  out: c.OutOpt = None, threads: ThreadsOpt = None,
                  backbones: Annotated[str, typer.Option(
-                     "--backbones", help="Comma-separated catalogue names or model directories tagged by logits.")
+                     "--backbones", help="Comma-separated packaged backbone names or model directories tagged by logits.")
                  ] = "smollm2-135m-instruct,gemma3-270m",
                  generation_model: Annotated[str, typer.Option(
                      "--generation-model", help="Backbone of the generation-path row ('' to skip it).")
@@ -307,3 +308,6 @@ def _write_quietly(report: dict[str, Any], out: Path | None) -> None:
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out, json.dumps({**report, "partial": True}, indent=2, default=str) + "\n")
+
+
+tag_app.command("explanations")(tag_explanations)  # listed after this module's own commands
