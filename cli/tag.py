@@ -276,6 +276,7 @@ def bench_logits(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt
                  max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=8)] = 128) -> None:
     """Logits tagging of the whole catalog per backbone beside the generation path, in one run."""
     from jobs.tagging.bench_logits import compare_taggers  # lazy: keeps `recsys --help` fast
+
     from jobs.tagging.generate import TaggerSettings  # lazy: keeps `recsys --help` fast
     from offline.loaders import load_dataset  # lazy: keeps `recsys --help` fast
 

@@ -50,11 +50,11 @@ import numpy as np
 from cascade.settings import Settings
 from llm_rerank.backbone import load_model, native_bf16, resolve_model
 from llm_rerank.config import AdaptConfig
+from llm_rerank.forward import answer_logits
 from llm_rerank.item_text import item_labels
 from llm_rerank.meta import TRAIN_META
 from llm_rerank.prompt import PromptBuilder, RequestPrompts, pad_token_id
-from llm_rerank.scores import zscore
-from llm_rerank.scoring import answer_logits
+from llm_rerank.verbalizer_scores import zscore
 from offline.split import Split
 from recsys.atomic import atomic_write
 from recsys.contract import Candidates, Stage

@@ -26,7 +26,7 @@ separate the user's next item from the candidate stage's other top items?
 - **cost**: per valid request, the prefix pass (a cold prefix) and the candidate passes (all a
   request with a warm prefix pays), p50/p99 in ms, fp32 on the configured threads.
 
-``model`` may be a catalogue name (``llm_rerank.catalogue``), converted on first use.
+``model`` may be a packaged backbone name (``llm_rerank.packaged_backbones``), converted on first use.
 
 A backbone whose probe does not beat the random expectation has no item knowledge for
 adaptation to unlock, and fusion cannot use it. The test split is never read.
@@ -50,7 +50,7 @@ from cascade.settings import Settings
 from fusion.stage import rank_normalise
 from jobs.llm_perf import _set_threads, candidate_source, make_stage
 from llm_rerank.backbone import resolve_model
-from llm_rerank.scoring import run_prefix, suffix_hidden
+from llm_rerank.forward import run_prefix, suffix_hidden
 from offline.bootstrap import paired_bootstrap
 from offline.metrics import ndcg_at_ranks, random_ndcg
 from offline.split import Split
@@ -281,7 +281,7 @@ def probe_backbone(settings: Settings, artifact_dir: Path, *, model: str | None 
     if n_cands < 2:
         raise ValueError(f"llm probe: candidates must be >= 2, got {n_cands}")
     llm = settings.llm.with_overrides({"model": model}) if model else settings.llm
-    location = resolve_model(llm, Path(settings.artifacts_dir))  # a catalogue name, a directory or a hub id
+    location = resolve_model(llm, Path(settings.artifacts_dir))  # a packaged backbone name, a directory or a hub id
     candidates_for, source = candidate_source(split, artifact_dir, settings, "valid")
     valid_cases, held_in = [], 0
     for u in range(split.n_users):  # candidates first (cheap, no LLM): held_only needs them to draw users

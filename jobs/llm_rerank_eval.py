@@ -48,7 +48,7 @@ HISTORY_SLICES = ((1, 5), (6, 20), (21, 10_000))  # as the eval report's short-h
 
 @dataclass(frozen=True)
 class Variant:
-    """One re-ranker to measure: a backbone (catalogue name or directory), its scoring mode and item text."""
+    """One re-ranker to measure: a backbone (packaged backbone name or directory), its scoring mode and item text."""
 
     model: str
     scoring: str = "listwise"

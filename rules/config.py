@@ -4,7 +4,7 @@ The rule set itself (the rules, their thresholds, its ``version``) lives in a YA
 by ``rules.schema``; this model only says where to find it. With no file configured the packaged
 ``rules/rulesets/default.yaml`` applies: every rule in it says ``on_absent_attribute: skip``, so
 on any catalog exactly the rules whose attributes the catalog carries are in force
-(``rules.catalog``) -- audience gates only where items carry an audience rating, risk rules
+(``rules.attribute_coverage``) -- audience gates only where items carry an audience rating, risk rules
 only where they carry a risk level. Nothing depends on the dataset's name.
 
 Deliberately left out: rule semantics (``rules.engine``).

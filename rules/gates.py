@@ -17,7 +17,7 @@ Gate names, as an acknowledgement spells them:
 - ``blocklist:<rule id>``: kept when the new set has a blocklist with that id that blocks at least
   the same items from at least the same users (a narrower ``when_user`` or a shorter list drops it).
 
-Compared are the rules *in force on the catalog* (``rules.catalog.resolve``): a gate skipped
+Compared are the rules *in force on the catalog* (``rules.attribute_coverage.resolve``): a gate skipped
 here (no item carries an audience) protects nothing, so dropping it is no change, and a gate
 the new set still names but that would be skipped here counts as dropped.
 

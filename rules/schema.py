@@ -14,14 +14,14 @@ rules turns every compliance rule off); every rule has an ``id`` (unique) and a 
   omitted, every category) in the list, keeping the best-ranked ones;
 - ``disclaimer``: attach ``text`` to the items matched by ``items``.
 
-``item_ids`` of a selector must name items of the catalog (``rules.catalog``: an unknown id is
+``item_ids`` of a selector must name items of the catalog (``rules.attribute_coverage``: an unknown id is
 refused with the close matches) unless the selector says ``unknown_ids: allow`` (an id that
 may appear later, e.g. a withdrawn product). ``acknowledge_dropped_gates`` (top level) lists
 the gates this rule set knowingly drops from the one it replaces (``rules.gates``).
 
 ``on_absent_attribute`` (every rule) says what happens on a catalog where *no* item or user
 carries an attribute the rule reads: ``refuse`` (default), ``skip`` or ``enforce``
-(``rules.catalog``). ``when_user_unknown`` says what a rule does when the user attribute its
+(``rules.attribute_coverage``). ``when_user_unknown`` says what a rule does when the user attribute its
 condition needs is missing for one user: ``restrict`` (the default, fail closed: an unknown age counts as under ``min_age``)
 or ``allow`` (the condition counts as not met). Item-side gaps always fail closed
 (``rules.engine``).
@@ -119,7 +119,7 @@ class _Rule(BaseModel):
     description: str = ""
     on_absent_attribute: AbsentAttribute = Field(
         default="refuse", description="What to do on a catalog where no item (or no user) carries an attribute "
-        "this rule reads (rules.catalog): refuse the rule set, skip the rule, or enforce it (fail closed).")
+        "this rule reads (rules.attribute_coverage): refuse the rule set, skip the rule, or enforce it (fail closed).")
 
 
 class BlocklistRule(_Rule):

@@ -30,7 +30,7 @@ import numpy as np
 from offline.split import Split
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request
-from rules.catalog import CatalogAttributes, Resolution, resolve
+from rules.attribute_coverage import CatalogAttributes, Resolution, resolve
 from rules.config import APPLY, RulesConfig
 from rules.engine import apply_rules
 from rules.items import ItemAttributes
@@ -100,7 +100,7 @@ class RulesStage:
 
         The rule set is ``spec.params['ruleset']`` when given, else ``config`` decides (an
         explicit file, or the packaged default). A rule that reads an attribute this
-        catalog does not carry is refused here, by name (``rules.catalog``).
+        catalog does not carry is refused here, by name (``rules.attribute_coverage``).
         """
         split = Split.load(Path(artifact_dir) / "split")
         self.install_catalog(split.items, split.users, self.ruleset_file())
@@ -151,7 +151,7 @@ class RulesStage:
 
     @property
     def skipped(self) -> dict[str, str]:
-        """Rule id -> why it is off on this catalog (``rules.catalog``)."""
+        """Rule id -> why it is off on this catalog (``rules.attribute_coverage``)."""
         return self.view.skipped if self.view is not None else {}
 
     @property

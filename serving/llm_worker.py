@@ -15,7 +15,7 @@ One process loads the model and serves, on loopback by default:
 
 So ``llm_rerank.remote`` is the same client for this worker (CPU, CI) and ``vllm serve`` (GPU).
 Run: ``python -m serving.llm_worker --model NAME|DIR [--precision bf16] [--port 8100]`` (NAME: a
-catalogue backbone, ``llm_rerank.catalogue``). It lives in ``serving`` (an HTTP entry point over the
+packaged backbone, ``llm_rerank.packaged_backbones``). It lives in ``serving`` (an HTTP entry point over the
 stage package's model runtime); ``llm_rerank`` itself never imports FastAPI.
 
 Deliberately left out: sampling (temperature is ignored: scoring and tagging are greedy),
@@ -40,8 +40,8 @@ from pydantic import BaseModel, ConfigDict
 from llm_rerank.backbone import load_model, resolve_model
 from llm_rerank.batching import DynamicBatcher
 from llm_rerank.config import LLMConfig
+from llm_rerank.forward import row_logits
 from llm_rerank.prompt import pad_token_id
-from llm_rerank.scoring import row_logits
 
 
 class CompletionRequest(BaseModel):
@@ -240,10 +240,10 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn  # lazy: only the worker process serves HTTP
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", required=True, help="a catalogue backbone (llm_rerank.catalogue: smollm2-135m-instruct, "
+    ap.add_argument("--model", required=True, help="a packaged backbone (llm_rerank.packaged_backbones: smollm2-135m-instruct, "
                     "gemma3-270m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b; converted once under --artifacts/models), "
                     "an HF model directory (a calibrated one for int8) or a hub id")
-    ap.add_argument("--artifacts", default="artifacts", help="where catalogue backbones are converted (models/)")
+    ap.add_argument("--artifacts", default="artifacts", help="where packaged backbones are converted (models/)")
     ap.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "int8"],
                     help="auto: bf16 where the machine computes it natively, else fp32")
     ap.add_argument("--name", default=None, help="served model name (default: the directory name)")

@@ -1,6 +1,6 @@
 """Token layout for tagging by label logits, and value probabilities from the read-out logits.
 
-Three levels, each computed once (``llm_rerank.scoring`` prefix helpers):
+Three levels, each computed once (``llm_rerank.forward`` prefix helpers):
 
 1. the *instruction* (chat head: system line, opening of the user message), shared by the
    whole catalog;

@@ -1,7 +1,7 @@
 """Tagging by label logits: closed fields read from one batched pass per batch of items, free text generated.
 
 Per batch of items (``LogitTagger.read``): the instruction's keys/values are computed once for
-the catalog (``llm_rerank.scoring.run_prefix``); the items' parts continue that cache in one
+the catalog (``llm_rerank.forward.run_prefix``); the items' parts continue that cache in one
 right-padded batched pass (``continue_batch``; pads masked, positions per row), whose mean final
 hidden state over each item's tokens is the item's pooled state (the ``hidden`` of the tag file,
 no separate pass); the read-out rows of ``jobs.tagging.label_prompt`` (one cue per closed
@@ -36,7 +36,7 @@ from jobs.tagging.calibrate import Thresholds, calibrate, decide, default_thresh
 from jobs.tagging.generate import GrammarLogits, Tagger, TaggerSettings
 from jobs.tagging.label_prompt import LabelLayout, closed_fields, free_text_fields
 from jobs.tagging.schema import fallback_record, validation_errors
-from llm_rerank.scoring import BatchState, PrefixState, continue_batch, run_prefix
+from llm_rerank.forward import BatchState, PrefixState, continue_batch, run_prefix
 from llm_rerank.template import DEFAULT, PromptTemplate
 from recsys.progress import progress_bar
 
@@ -216,7 +216,7 @@ def greedy_continue(model: Any, state: PrefixState | BatchState, prompts: Sequen
     """Greedy tokens after each prompt, all prompts in one batch continuing ``state`` (the cached
     instruction, expanded along the batch, or one cached row per prompt), never mutated. Rows of
     different lengths are right-padded and the pads masked out of every later step
-    (``llm_rerank.scoring.continue_batch``)."""
+    (``llm_rerank.forward.continue_batch``)."""
     import torch  # lazy: heavy (torch)
 
     if isinstance(state, PrefixState):

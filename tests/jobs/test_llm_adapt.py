@@ -83,7 +83,7 @@ def _served(settings: Settings) -> LLMRerankStage:
 @pytest.mark.parametrize(("scoring", "arch"), [("listwise", "llama"), ("pointwise", "llama"), ("listwise", "qwen2"),
                                                ("listwise", "gemma3")])
 def test_train_checkpoints_resumes_and_serves_merged_model(tmp_path: Path, scoring: str, arch: str) -> None:
-    """Every catalogue architecture (SmolLM2, Qwen2.5, Gemma 3) adapts, resumes and serves merged."""
+    """Every packaged backbone architecture (SmolLM2, Qwen2.5, Gemma 3) adapts, resumes and serves merged."""
     model_dir = save_tiny_llm(tmp_path / "tiny", arch=arch)
     split = tiny_split()
     split.save(tmp_path / "toy" / "split")

@@ -6,8 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from cascade.settings import Settings
 from jobs.llm_probe import (
     ProbeData,
     centre,
@@ -17,6 +15,8 @@ from jobs.llm_probe import (
     probe_backbone,
     random_expectation,
 )
+
+from cascade.settings import Settings
 from tests.llm_rerank.factories import ARCHITECTURES, save_tiny_llm, tiny_split
 
 
@@ -139,10 +139,10 @@ def test_title_likelihood_matches_a_full_forward_pass(arch: str) -> None:
     """The cached-prefix pass reads each title token's log-probability where a plain forward of the
     whole prompt reads it (the slot arithmetic and the prefix continuation are right)."""
     import torch
-
     from jobs.llm_probe import _suffix_pass
+
+    from llm_rerank.forward import run_prefix
     from llm_rerank.prompt import PromptBuilder
-    from llm_rerank.scoring import run_prefix
     from tests.llm_rerank.factories import tiny_llm
 
     model, tok = tiny_llm(arch=arch)

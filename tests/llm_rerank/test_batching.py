@@ -90,7 +90,7 @@ def test_batched_stage_matches_unbatched_and_honours_deadlines(tmp_path: Path) -
     pass (not only when the threads happen to be quick). Concurrent requests must not race on the
     tokenizer's shared ``split_special_tokens`` state (``llm_rerank.prompt``): when they did, they
     built different prompts and scored differently (-2.07 vs -2.57); padding alone does not change
-    a score (``test_scoring``'s mixed-length test).
+    a score (``test_forward``'s mixed-length test).
     """
     save_tiny_llm(tmp_path / "m")
     tiny_split().save(tmp_path / "toy" / "split")

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from llm_rerank.prompt import PromptBuilder
-from llm_rerank.scoring import (
+from llm_rerank.forward import (
     LogitScorer,
     PrefixCache,
     listwise_from_logits,
@@ -16,6 +15,7 @@ from llm_rerank.scoring import (
     run_prefix,
     suffix_logits,
 )
+from llm_rerank.prompt import PromptBuilder
 from tests.llm_rerank.factories import ANIMATION, HORROR, tiny_llm
 
 ATTRS = {"age": 30, "gender": "M"}
@@ -141,7 +141,7 @@ def test_a_padded_batch_continued_step_by_step_scores_as_each_row_alone(
         tiny: tuple[LogitScorer, PromptBuilder], room: int) -> None:
     """``continue_batch``: rows of different lengths after one shared prefix, then two one-token
     steps (a decoding loop; with ``room`` the cache grows in place), equal each row run whole."""
-    from llm_rerank.scoring import BatchState, continue_batch
+    from llm_rerank.forward import BatchState, continue_batch
 
     scorer, builder = tiny
     prefix = builder.listwise(HORROR[:2], ATTRS, ["Alien (1979)"]).prefix

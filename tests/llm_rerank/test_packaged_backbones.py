@@ -1,5 +1,5 @@
-"""The backbone catalogue: exact pins, chunk assembly with a refused bad hash, conversion of a
-catalogue entry (base-model tokenizer without a chat template, licence beside the weights), and
+"""The packaged backbones: exact pins, chunk assembly with a refused bad hash, conversion of a
+packaged entry (base-model tokenizer without a chat template, licence beside the weights), and
 the packaged backbones themselves where they are installed (``make backbone-<name>``)."""
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ import numpy as np
 import pytest
 
 from llm_rerank import backbone as bb
-from llm_rerank.catalogue import BACKBONES, ChecksumMismatch, assemble, lookup
 from llm_rerank.config import DEFAULT_MODEL, LLMConfig
+from llm_rerank.packaged_backbones import BACKBONES, ChecksumMismatch, assemble, lookup
 from llm_rerank.prompt import PromptBuilder
 
 MODELS = Path(__file__).resolve().parents[2] / "artifacts" / "models"
 PACKAGED = ("gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
 
 
-def test_catalogue_names_the_four_backbones_with_exact_pins_and_hashes() -> None:
+def test_packaged_backbones_are_four_with_exact_pins_and_hashes() -> None:
     assert set(BACKBONES) == {DEFAULT_MODEL, *PACKAGED}
     for b in BACKBONES.values():
         assert all(re.fullmatch(r"[a-z0-9-]+==[0-9.]+", p) for p in b.packages), b.packages
@@ -81,9 +81,9 @@ def test_resolve_refuses_a_shipped_gguf_with_the_wrong_hash(tmp_path: Path, monk
 
 
 @pytest.mark.slow
-def test_a_base_catalogue_entry_converts_once_without_chat_template_and_with_its_licence(
+def test_a_base_packaged_entry_converts_once_without_chat_template_and_with_its_licence(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The SmolLM2 GGUF (the wheel CI installs) entered as a base model: the catalogue path end to end."""
+    """The SmolLM2 GGUF (the wheel CI installs) entered as a base model: the packaged path end to end."""
     base = replace(BACKBONES[DEFAULT_MODEL], name="smollm2-as-base", chat=False)
     monkeypatch.setitem(BACKBONES, base.name, base)
     location = bb.resolve_model(LLMConfig(model=base.name), tmp_path)
@@ -130,8 +130,8 @@ def test_installed_backbone_loads_prompts_and_continues_about_the_movie(name: st
 def test_real_gemma3_block_cache_equals_uncached_past_its_sliding_window() -> None:
     """The real Gemma 3 270M attends over 512 tokens in five of six layers; a listwise prompt of 20
     candidates is longer, so cached blocks beyond the window must still give the uncached scores."""
+    from llm_rerank.forward import LogitScorer, listwise_from_logits
     from llm_rerank.prefix_kv import BlockPrefixCache
-    from llm_rerank.scoring import LogitScorer, listwise_from_logits
     from tests.llm_rerank.factories import ANIMATION, HORROR
 
     out = MODELS / "gemma3-270m"

@@ -1,4 +1,4 @@
-"""Two-tier block prefix cache on tiny random models of every catalogue architecture (Llama/SmolLM2,
+"""Two-tier block prefix cache on tiny random models of every packaged backbone architecture (Llama/SmolLM2,
 Qwen2, Gemma 3 with a sliding window shorter than the prompts): cached == uncached, tiers, serialisation."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import redis
 import torch
 
 from cascade.settings import Settings
+from llm_rerank.forward import LogitScorer, pointwise_from_logits
 from llm_rerank.prefix_kv import BlockPrefixCache, decode_block, encode_block
 from llm_rerank.prompt import PromptBuilder
-from llm_rerank.scoring import LogitScorer, pointwise_from_logits
 from llm_rerank.stage import LLMRerankStage
 from recsys.config import StageSpec
 from recsys.contract import Request

@@ -1,4 +1,4 @@
-"""SmoothQuant W8A8 on tiny random models of every catalogue architecture (Llama/SmolLM2, Qwen2,
+"""SmoothQuant W8A8 on tiny random models of every packaged backbone architecture (Llama/SmolLM2, Qwen2,
 Gemma 3): folding is exact, int8 scores stay close to fp32, the int8 model loads from its calibration."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import torch
 
 from cascade.settings import Settings
 from llm_rerank.backbone import load_model
+from llm_rerank.forward import LogitScorer, listwise_from_logits, pointwise_from_logits
 from llm_rerank.prompt import PromptBuilder
 from llm_rerank.quant import METHOD, W8A8Linear, calibrate, load_w8a8, mlp_input_norm, save_calibrated
-from llm_rerank.scoring import LogitScorer, listwise_from_logits, pointwise_from_logits
 from llm_rerank.stage import LLMRerankStage
 from recsys.config import StageSpec
 from recsys.contract import Request

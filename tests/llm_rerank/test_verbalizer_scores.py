@@ -1,4 +1,4 @@
-"""The one implementation of the score maths (``llm_rerank.scores``) against torch's own ops.
+"""The one implementation of the score maths (``llm_rerank.verbalizer_scores``) against torch's own ops.
 
 The local backend used ``torch.sigmoid`` / ``torch.log_softmax`` on float32 logits before the maths
 moved to numpy; these references pin that the move changed no score beyond float32 rounding, and
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from llm_rerank.scores import listwise_scores, pointwise_scores
-from llm_rerank.scoring import listwise_from_logits, pointwise_from_logits
+from llm_rerank.forward import listwise_from_logits, pointwise_from_logits
+from llm_rerank.verbalizer_scores import listwise_scores, pointwise_scores
 
 SEEDS = range(5)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from rules.catalog import CatalogAttributes, resolve
+from rules.attribute_coverage import CatalogAttributes, resolve
 from rules.gates import GatesDropped, check_dropped, dropped_gates
 from rules.schema import RulesError, parse_ruleset
 from tests.rules.conftest import toy_items_table

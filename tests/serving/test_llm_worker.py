@@ -14,9 +14,9 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
+from llm_rerank.forward import listwise_from_logits, pointwise_from_logits, row_logits
 from llm_rerank.prompt import PromptBuilder, pad_token_id
 from llm_rerank.remote import RemoteLLM
-from llm_rerank.scoring import listwise_from_logits, pointwise_from_logits, row_logits
 from serving.llm_worker import LLMWorker, create_app, main
 from tests.llm_rerank.factories import ANIMATION, HORROR, tiny_llm
 
@@ -35,7 +35,7 @@ def worker() -> Iterator[tuple[LLMWorker, RemoteLLM, PromptBuilder]]:
 
 
 def test_worker_scores_are_the_local_scores(worker: tuple[LLMWorker, RemoteLLM, PromptBuilder]) -> None:
-    """Worker logprobs -> ``llm_rerank.scores`` == local logits -> the same maths (both modes)."""
+    """Worker logprobs -> ``llm_rerank.verbalizer_scores`` == local logits -> the same maths (both modes)."""
     llm, remote, builder = worker
     listwise = builder.listwise(ANIMATION[:3], {"age": 30}, HORROR[:5])
     pointwise = builder.pointwise(HORROR[:2], {}, ANIMATION[:4])

@@ -1,4 +1,4 @@
-"""Tagging by label logits (jobs.tagging.logits) on tiny random models of every catalogue architecture."""
+"""Tagging by label logits (jobs.tagging.logits) on tiny random models of every packaged backbone architecture."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from jobs.tagging.job import item_rows
 from jobs.tagging.logits import LogitTagger, greedy_continue, tag_items
 from jobs.tagging.run import tag_catalog
 from jobs.tagging.schema import catalog_categories, concrete_schema, validation_errors
-from llm_rerank.scoring import row_logits
+from llm_rerank.forward import row_logits
 from offline.tag_store import load_tags
 from tests.jobs.tagging.factories import catalog_split, tiny_model_dir
 from tests.llm_rerank.factories import ARCHITECTURES, CONVERTED, save_tiny_llm
