@@ -7,8 +7,8 @@ which turns it into one score per candidate, higher is better:
   whole-prefix LRU ``PrefixCache``, or the two-tier block cache ``llm_rerank.prefix_kv`` that
   replaces it), the optional ``DynamicBatcher`` that merges concurrent requests into shared
   forward passes, and the verbalizer maths from logits (``listwise_from_logits``,
-  ``pointwise_from_logits``). Jobs that need the model itself (``bench.llm_backbones``,
-  ``bench.llm_stage``) read ``model``, ``pad_id``, ``scorer``, ``blocks`` and ``batcher`` here.
+  ``pointwise_from_logits``). Jobs that need the model itself (``jobs.llm_probe``,
+  ``jobs.llm_perf``) read ``model``, ``pad_id``, ``scorer``, ``blocks`` and ``batcher`` here.
 - ``RemoteBackend``: an OpenAI-compatible server (vLLM, or ``serving.llm_worker``) through
   ``llm_rerank.remote.RemoteLLM``; each call's timeout is the smaller of ``http_timeout_s`` and
   what is left of the request's budget.

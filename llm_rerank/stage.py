@@ -127,8 +127,8 @@ class LLMRerankStage:
         self._weights = self._weights or "unversioned"
 
     def local(self) -> LocalBackend:
-        """The in-process model's backend, for jobs that need the model itself (``bench.llm_backbones``,
-        ``bench.llm_stage``); ``ValueError`` with ``backend: http``, whose model lives in the server."""
+        """The in-process model's backend, for jobs that need the model itself (``jobs.llm_probe``,
+        ``jobs.llm_perf``); ``ValueError`` with ``backend: http``, whose model lives in the server."""
         backend = self._backend()
         if not isinstance(backend, LocalBackend):
             raise ValueError(f"stage {self.name!r}: llm.backend is {self.cfg.backend!r}, whose model runs in "
