@@ -4,14 +4,15 @@ A stage never sees the whole ``Settings``: ``build_stage`` gives it its ``spec``
 section (``STAGE_SECTIONS``: kind -> the ``Settings`` field, e.g. ``llm`` -> ``settings.llm``)
 and, for the kinds that need more, explicit keyword arguments computed here from the settings
 (``stage_context``: the LLM stage's artifacts root and tier-2 Redis, fusion's weights key).
-The class behind a kind is ``recsys.config.STAGE_KINDS`` (``module:Class``, imported on use).
+The class behind a kind is ``STAGE_KINDS``, a table of the imported stage classes: every stage
+module is cheap to import (torch, faiss, LightGBM and transformers load inside ``load``), so the
+table costs no more than the modules' own light imports (pandas, scipy).
 
 Called once at start-up by the server, the evaluator and the CLI; never per request.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -22,14 +23,32 @@ from pydantic import BaseModel
 from cascade.settings import Settings
 from coarse_rank.config import TRAINING_REVISION as COARSE_TRAINING_REVISION
 from coarse_rank.config import CoarseConfig
-from fusion.stage import weights_key_for
+from coarse_rank.stage import CoarseStage
+from fusion.stage import FusionStage, weights_key_for
+from llm_rerank.stage import LLMRerankStage
 from offline.split import Phase, split_id
 from recall.config import DEFAULT_DEPTH, RecallConfig
-from recsys.config import STAGE_KINDS, StageSpec
-from recsys.contract import Stage
+from recall.llm_channel import LLMChannelRecallStage
+from recall.stage import RecallStage
+from recsys.config import StageSpec
+from recsys.contract import ArtifactSubdir, Stage, WeightsLookup
 from recsys.digest import json_sha256
 from recsys.manifest import verify_directory
 from recsys.pipeline import Pipeline
+from rules.stage import RulesStage
+from rules.tagged import TaggedRulesStage
+
+# kind -> the class implementing recsys.contract.Stage, built as Cls(spec, <its settings section>,
+# **<its extra context>) (STAGE_SECTIONS, stage_context); the keys are recsys.config.KINDS
+STAGE_KINDS: dict[str, type] = {
+    "recall": RecallStage,
+    "coarse": CoarseStage,
+    "llm": LLMRerankStage,
+    "rules": RulesStage,
+    "fusion": FusionStage,
+    "recall_llm": LLMChannelRecallStage,
+    "rules_tagged": TaggedRulesStage,
+}
 
 RECALL_KINDS = ("recall", "recall_llm")  # the kinds whose load takes a phase (recall.stage.RecallStage.load)
 
@@ -79,12 +98,11 @@ def stage_context(kind: str, settings: Settings) -> dict[str, Any]:
 
 
 def stage_class(kind: str) -> type:
-    """Import the class behind ``kind`` (``module:Class`` in ``STAGE_KINDS``)."""
+    """The class behind ``kind`` (``STAGE_KINDS``)."""
     try:
-        module_name, cls_name = STAGE_KINDS[kind].split(":")
+        return STAGE_KINDS[kind]
     except KeyError:
         raise ValueError(f"unknown stage kind {kind!r}; known kinds: {sorted(STAGE_KINDS)}") from None
-    return getattr(importlib.import_module(module_name), cls_name)
 
 
 def build_stage(spec: StageSpec, settings: Settings, *, cls: type | None = None) -> Stage:
@@ -172,9 +190,11 @@ def check_trained_on_split(pipeline: Pipeline, artifact_dir: Path) -> None:
 def _trained_dir(spec: StageSpec, stage: Stage) -> str:
     """The folder a stage loads from: ``recall`` for every recall kind (``recall_llm`` serves the
     two-tower trained there), a coarse stage's ``subdir``, fusion's ``fusion/<weights key>``, else the kind."""
-    if spec.kind == "fusion":
-        return f"fusion/{getattr(stage, 'weights_key', '')}"
-    return "recall" if spec.kind in RECALL_KINDS else str(getattr(stage, "subdir", spec.kind))
+    if isinstance(stage, WeightsLookup):
+        return f"fusion/{stage.weights_key}"
+    if spec.kind in RECALL_KINDS:
+        return "recall"
+    return stage.subdir if isinstance(stage, ArtifactSubdir) else spec.kind
 
 
 def check_artifact_digests(pipeline: Pipeline, artifact_dir: Path) -> None:

@@ -2,9 +2,9 @@
 
 The pipeline YAML (``configs/pipeline.yaml``) has a ``pipeline:`` section that validates into
 ``PipelineConfig``; the other top-level keys are the per-package configs bundled by
-``cascade.settings.Settings``. Stage kinds map to import paths in ``STAGE_KINDS`` so that
-building a pipeline imports only the stages it uses (nothing heavy at import time); which
-settings section each kind is built with is ``cascade.registry.STAGE_SECTIONS``.
+``cascade.settings.Settings``. ``KINDS`` names the stage kinds a spec may ask for; the class
+behind each kind is ``cascade.registry.STAGE_KINDS`` (above the stages, which this core never
+imports), and which settings section each kind is built with is ``cascade.registry.STAGE_SECTIONS``.
 
 Default cascade depths follow industry practice and the LlamaRec setup:
 recall 200 -> coarse 50 -> LLM 20 -> final 10.
@@ -16,17 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-# kind -> "module:Class"; every class implements recsys.contract.Stage and is built by cascade.registry
-# as Cls(spec, <its settings section>, **<its extra context>) (cascade.registry.STAGE_SECTIONS)
-STAGE_KINDS: dict[str, str] = {
-    "recall": "recall.stage:RecallStage",
-    "coarse": "coarse_rank.stage:CoarseStage",
-    "llm": "llm_rerank.stage:LLMRerankStage",
-    "rules": "rules.stage:RulesStage",
-    "fusion": "fusion.stage:FusionStage",
-    "recall_llm": "recall.llm_channel:LLMChannelRecallStage",
-    "rules_tagged": "rules.tagged:TaggedRulesStage",
-}
+# the stage kinds a spec may name; cascade.registry.STAGE_KINDS gives the class of each
+KINDS: tuple[str, ...] = ("recall", "coarse", "llm", "rules", "fusion", "recall_llm", "rules_tagged")
 
 # Policy stages decide what may be served (they remove items, never rank): the pipeline runs
 # deeper candidates through them when they leave a list short (``recsys.pipeline``).
@@ -46,7 +37,7 @@ class StageSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(description="Stage name; also the score column it writes.", min_length=1)
-    kind: str = Field(description=f"Stage implementation, one of {sorted(STAGE_KINDS)}.")
+    kind: str = Field(description=f"Stage implementation, one of {sorted(KINDS)}.")
     depth: int | None = Field(None, ge=1, le=100_000, description="Candidates kept after this stage.")
     budget_ms: float | None = Field(None, gt=0, le=MAX_BUDGET_MS,
                                     description="Time budget (ms, at most a day); an overrun triggers the fallback.")
@@ -59,8 +50,8 @@ class StageSpec(BaseModel):
 
     @model_validator(mode="after")
     def _known_kind(self) -> StageSpec:
-        if self.kind not in STAGE_KINDS:
-            raise ValueError(f"unknown stage kind {self.kind!r}; known kinds: {sorted(STAGE_KINDS)}")
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown stage kind {self.kind!r}; known kinds: {sorted(KINDS)}")
         return self
 
 

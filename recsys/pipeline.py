@@ -43,12 +43,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from recsys.config import POLICY_KINDS, StageSpec
-from recsys.contract import Candidates, Request, Stage, StageTrace
+from recsys.contract import Backfilling, Candidates, Pinnable, Request, Stage, StageTrace
 from recsys.watchdog import StageAbandoned, StageWatchdog
 
 log = logging.getLogger(__name__)
@@ -101,10 +100,9 @@ class PipelineSnapshot:
     versions: dict[str, str]
 
 
-def pin(stage: Any) -> Any:
+def pin(stage: Stage) -> Stage:
     """``stage.pinned()`` for a stage whose state is swapped while serving, else the stage itself."""
-    pinned = getattr(stage, "pinned", None)
-    return pinned() if pinned is not None else stage
+    return stage.pinned() if isinstance(stage, Pinnable) else stage
 
 
 class Pipeline:
@@ -331,9 +329,8 @@ def _backfill_blocks(
     for _name, tail in reversed(tails):
         yield tail
     for spec, stage in stages:
-        more = getattr(stage, "more", None)
-        if spec.enabled and spec.name not in skip and more is not None:
-            for block in more(request, BACKFILL_BLOCK):
+        if spec.enabled and spec.name not in skip and isinstance(stage, Backfilling):
+            for block in stage.more(request, BACKFILL_BLOCK):
                 yield np.asarray(block, dtype=np.int64)
 
 

@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from llm_rerank.template import parse_prompt_document
+from recsys.contract import PromptHolder, ReloadableRules
 from recsys.documents import DocumentError, check_version, parse_document
 from recsys.pipeline import STAGE_SWAP, Pipeline
 from recsys.redis_state import RedisUnavailable
@@ -50,8 +51,9 @@ class RulesApplier:
     kind = "rules"
 
     def __init__(self, pipeline: Pipeline):
-        self.stages: list[Any] = [st for spec, st in pipeline.stages
-                                  if spec.kind == "rules" and spec.enabled and hasattr(st, "use")]
+        self.stages: list[ReloadableRules] = [st for spec, st in pipeline.stages
+                                              if spec.kind == "rules" and spec.enabled
+                                              and isinstance(st, ReloadableRules)]
         self.applied: str | None = self._serving_version()
         self.seq = 0  # the sequence of what this worker serves (0: the start-up file)
         self.installed_document: dict[str, Any] | None = None  # the last one installed (re-seeds Redis)
@@ -61,15 +63,13 @@ class RulesApplier:
         return bool(self.stages)
 
     def _serving_version(self) -> str | None:
-        rulesets = [getattr(st, "ruleset", None) for st in self.stages]
-        return rulesets[0].version if rulesets and rulesets[0] is not None else None
+        ruleset = self.stages[0].ruleset if self.stages else None
+        return ruleset.version if ruleset is not None else None
 
     def validate(self, data: dict[str, Any], source: str) -> tuple[str, Any]:
         ruleset = parse_ruleset(data, source=source)  # RulesError is a ValueError naming rule and key
         for stage in self.stages:  # refused before publishing: never activate what a stage cannot apply
-            check = getattr(stage, "check", None)
-            if check is not None:
-                check(ruleset)  # RulesError naming the rule and the attribute this catalog lacks
+            stage.check(ruleset)  # RulesError naming the rule and the attribute this catalog lacks
         return ruleset.version, ruleset
 
     def check_gates(self, ruleset: RuleSet, source: str, acknowledged: Iterable[str] = ()) -> None:
@@ -78,18 +78,15 @@ class RulesApplier:
         publish or rollback, never when installing what another worker published."""
         ack = [*ruleset.acknowledge_dropped_gates, *acknowledged]
         for stage in self.stages:
-            check, before = getattr(stage, "check", None), getattr(stage, "active", None)
-            if check is not None and before is not None:
-                check_dropped(before, check(ruleset).ruleset, ack, source)
+            before = stage.active
+            if before is not None:
+                check_dropped(before, stage.check(ruleset).ruleset, ack, source)
 
     def install(self, version: str, ruleset: Any, document: dict[str, Any] | None = None) -> None:
-        views = [(st, st.prepare(ruleset)) for st in self.stages if hasattr(st, "prepare")]  # may refuse: first
+        views = [(st, st.prepare(ruleset)) for st in self.stages]  # may refuse: before any stage swaps
         with STAGE_SWAP:  # every rules stage at once: no request pins half of the change
             for stage, view in views:
                 stage.install(view)
-            for stage in self.stages:
-                if not hasattr(stage, "prepare"):
-                    stage.use(ruleset, stage.items)
             self.applied = version
             self.installed_document = document
 
@@ -101,7 +98,7 @@ class RulesApplier:
         """
         if self.installed_document is not None:
             return self.installed_document
-        path = getattr(self.stages[0], "ruleset_path", None) if self.stages else None
+        path = self.stages[0].ruleset_path if self.stages else None
         return parse_document(path.read_text(), str(path)) if path is not None else None
 
 
@@ -117,8 +114,8 @@ class PromptApplier:
     kind = "prompts"
 
     def __init__(self, pipeline: Pipeline):
-        self.stages: list[Any] = [st for spec, st in pipeline.stages
-                                  if spec.kind == "llm" and spec.enabled and hasattr(st, "set_prompt_template")]
+        self.stages: list[PromptHolder] = [st for spec, st in pipeline.stages
+                                           if spec.kind == "llm" and spec.enabled and isinstance(st, PromptHolder)]
         self.applied: str | None = None
         self.seq = 0
         self.installed_document: dict[str, Any] | None = None

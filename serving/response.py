@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from recsys.contract import Candidates, Request, StageTrace
+from recsys.contract import Candidates, Request, StageTrace, WeightsLookup
 from recsys.experiments import Assignment
 from recsys.pipeline import Pipeline, PipelineResult
 from serving.policy import RouteReason
@@ -97,20 +97,19 @@ def stage_handoffs(pipeline: Pipeline, catalog: CatalogState,
                    out: list[StageHandoff]) -> Callable[[str, Candidates], None]:
     """A ``Pipeline.run`` observer filling ``out`` with what each stage handed on (debug answers):
     its items in order, its own score, the channels that found each item, and fusion's weights."""
-    kinds = {spec.name: (spec.kind, stage) for spec, stage in pipeline.stages}
+    stages = {spec.name: stage for spec, stage in pipeline.stages}
 
     def observe(name: str, cands: Candidates) -> None:
-        kind, stage = kinds.get(name, ("", None))
+        stage = stages.get(name)
         head = cands.head(HANDOFF_ITEMS)
         own = head.scores.get(name)
         channels = {k.removeprefix("src_"): v for k, v in head.flags.items() if k.startswith("src_")}
         items = [HandoffItem(id=catalog.item_id(int(item)), score=None if own is None else _finite(own[i]),
                              channels=[c for c, found in channels.items() if found[i]])
                  for i, item in enumerate(head.items)]
-        weights_for = getattr(stage, "weights_for", None) if kind == "fusion" else None
         # fusion_weights is set only for a fusion stage, so it is absent from the JSON otherwise
-        weights = {} if weights_for is None else {
-            "fusion_weights": {str(k): float(w) for k, w in weights_for(cands).items()}}
+        weights: dict[str, dict[str, float]] = {} if not isinstance(stage, WeightsLookup) else {
+            "fusion_weights": {str(k): float(w) for k, w in stage.weights_for(cands).items()}}
         out.append(StageHandoff(stage=name, n=len(cands), order_by=cands.order_by, items=items, **weights))
 
     return observe

@@ -111,6 +111,7 @@ def degraded_stages(settings: Settings, pipeline: Pipeline) -> list[DegradedStag
     out = []
     for spec, stage in pipeline.stages:
         if spec.name in configured and not spec.enabled:
-            reason = getattr(stage, "load_error", None) or "failed to load (the cause is in the server log)"
+            reason = stage.load_error if isinstance(stage, UnloadedStage) else \
+                "failed to load (the cause is in the server log)"
             out.append(DegradedStage(spec.name, spec.kind, reason))
     return out

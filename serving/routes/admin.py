@@ -37,7 +37,7 @@ from recsys.manifest import damaged_file
 from recsys.redis_state import RedisUnavailable
 from serving.backend import OnlineBackend
 from serving.deps import AdminDep, BackendDep, MetricsDep, RecommenderDep, SettingsDep, SlotDep
-from serving.hot_reload import canonical
+from serving.hot_reload import PromptApplier, RulesApplier, canonical
 from serving.reload import ReloadRefused, load_checked, swap
 from serving.schemas import RollbackRequest, VersionEntry, VersionsResponse
 from serving.versioned import PublishUnconfirmed, UnknownVersion, VersionConflict
@@ -78,7 +78,7 @@ _DOCUMENT_BODY: dict[str, Any] = {"requestBody": {
 }}
 
 
-def _applier(backend: OnlineBackend, kind: Kind) -> Any:
+def _applier(backend: OnlineBackend, kind: Kind) -> RulesApplier | PromptApplier:
     applier = backend.rules if kind == "rules" else backend.prompts
     if applier is None or backend.watcher is None:
         raise HTTPException(status_code=503, detail="service not ready")
@@ -94,7 +94,7 @@ def _publish(backend: OnlineBackend, kind: Kind, text: bytes) -> dict[str, Any]:
     try:
         data = parse_document(text, source)
         version, parsed = applier.validate(data, source)
-        if hasattr(applier, "check_gates"):
+        if isinstance(applier, RulesApplier):
             applier.check_gates(parsed, source)  # GatesDropped names the gates and the acknowledgement
     except ValueError as exc:
         raise HTTPException(status_code=422, detail=str(exc)) from None
@@ -124,7 +124,7 @@ def _rollback(backend: OnlineBackend, kind: Kind, version: str, acknowledged: li
     try:  # stored before a rule got stricter, or this catalog lacks what it reads: refuse, keep serving
         data = parse_document(document, f"{kind} {version}")
         _, parsed = applier.validate(data, f"{kind} {version}")
-        if hasattr(applier, "check_gates"):
+        if isinstance(applier, RulesApplier):
             applier.check_gates(parsed, f"POST /admin/{kind}/rollback", acknowledged)
     except ValueError as exc:
         raise HTTPException(status_code=422, detail=f"cannot roll back: {exc}") from None

@@ -6,14 +6,22 @@ from pathlib import Path
 
 import pytest
 
-from cascade.registry import STAGE_SECTIONS, build_stage, stage_context, weights_key
+from cascade.registry import STAGE_KINDS, STAGE_SECTIONS, build_stage, stage_context, weights_key
 from cascade.settings import Settings
-from recsys.config import STAGE_KINDS, StageSpec
-from recsys.contract import Stage
+from recsys.config import KINDS, StageSpec
+from recsys.contract import (
+    ArtifactSubdir,
+    Backfilling,
+    Pinnable,
+    PromptHolder,
+    ReloadableRules,
+    Stage,
+    WeightsLookup,
+)
 
 
 def test_every_kind_names_a_settings_section() -> None:
-    assert set(STAGE_SECTIONS) == set(STAGE_KINDS)
+    assert set(STAGE_SECTIONS) == set(STAGE_KINDS) == set(KINDS)
     assert set(STAGE_SECTIONS.values()) <= set(Settings.model_fields)
 
 
@@ -24,6 +32,19 @@ def test_each_kind_gets_its_section_with_spec_params_on_top(kind: str) -> None:
     assert isinstance(stage, Stage) and stage.name == kind
     config = stage.cfg if kind == "llm" else stage.config  # type: ignore[attr-defined]
     assert config == getattr(settings, STAGE_SECTIONS[kind])
+
+
+def test_each_kind_declares_the_capabilities_its_callers_ask_for() -> None:
+    """The optional protocols (``recsys.contract``) each built stage answers ``isinstance`` for."""
+    settings = Settings.build({})
+    protocols = (Pinnable, Backfilling, ReloadableRules, PromptHolder, WeightsLookup, ArtifactSubdir)
+    has = {kind: {p.__name__ for p in protocols if isinstance(build_stage(StageSpec(name=kind, kind=kind), settings), p)}
+           for kind in STAGE_KINDS}
+    assert has == {
+        "recall": {"Backfilling"}, "recall_llm": {"Backfilling"}, "coarse": {"ArtifactSubdir"},
+        "llm": {"Pinnable", "PromptHolder"}, "rules": {"Pinnable", "ReloadableRules"},
+        "rules_tagged": {"Pinnable", "ReloadableRules"}, "fusion": {"WeightsLookup"},
+    }
 
 
 def test_params_override_the_section_and_bad_params_name_the_key() -> None:

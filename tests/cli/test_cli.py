@@ -125,7 +125,7 @@ def test_recommend_without_a_trained_coarse_model_is_one_line(
     toy_artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A missing coarse model is one error line naming the file, not a FileNotFoundError traceback."""
-    from recsys.config import STAGE_KINDS
+    from cascade.registry import STAGE_KINDS
     from tests.serving.toy import TOY_KINDS
 
     monkeypatch.setitem(STAGE_KINDS, "recall", TOY_KINDS["recall"])  # recall loads; coarse has no model
@@ -168,7 +168,7 @@ def test_tag_with_a_bad_prompt_document_is_one_line(toy_artifacts: Path, tmp_pat
 
 def _toy_pipeline_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str) -> Path:
     """A config file for the toy recall + rules pipeline (the registry pointed at the toy stages)."""
-    from recsys.config import STAGE_KINDS
+    from cascade.registry import STAGE_KINDS
     from tests.serving.toy import TOY_KINDS
 
     for kind, path in TOY_KINDS.items():

@@ -10,11 +10,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner, Result
 
-from cascade.registry import config_id
+from cascade.registry import STAGE_KINDS, config_id
 from cascade.settings import Settings
 from cli.main import app
 from offline.split import split_id
-from recsys.config import STAGE_KINDS
 from tests.serving.toy import TOY_KINDS, save_toy_split
 
 runner = CliRunner()

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from cascade.registry import STAGE_KINDS
 from cli.main import app
 from recsys import redis_state
-from recsys.config import STAGE_KINDS
 from recsys.redis_state import EmbeddedRedis
 from tests.serving.toy import TOY_KINDS, save_toy_split
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import redis
 
+from cascade.registry import STAGE_KINDS
 from cascade.settings import ENV_REDIS_URL, Settings
 from jobs.explanations import bench_explanations, precompute_reasons
-from recsys.config import STAGE_KINDS
 from recsys.redis_state import EmbeddedRedis
 from serving.backend import OnlineBackend
 from serving.schemas import RecommendRequest

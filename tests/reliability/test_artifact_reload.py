@@ -15,11 +15,11 @@ import pandas as pd
 import pytest
 from fastapi.testclient import TestClient
 
+from cascade.registry import STAGE_KINDS
 from offline.protocol import make_split
-from recsys.config import STAGE_KINDS
 from serving.bench import start_server_subprocess
 from tests.reliability.conftest import ADMIN_KEY, RECALL, RULES
-from tests.serving.toy import toy_dataset, toy_settings
+from tests.serving.toy import FailingStage, MissingArtifactsLLM, toy_dataset, toy_settings
 
 KEY = {"X-API-Key": ADMIN_KEY}
 
@@ -110,11 +110,11 @@ def test_a_stage_that_fails_to_load_or_to_answer_is_refused(
     admin_client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     before = recall_version(admin_client)
-    monkeypatch.setitem(STAGE_KINDS, "rules", "tests.serving.toy:MissingArtifactsLLM")
+    monkeypatch.setitem(STAGE_KINDS, "rules", MissingArtifactsLLM)
     resp = admin_client.post("/admin/reload", headers=KEY)
     assert resp.status_code == 422 and "stage 'rules' failed to load" in resp.json()["detail"]
     assert "FileNotFoundError" in resp.json()["detail"]
-    monkeypatch.setitem(STAGE_KINDS, "rules", "tests.serving.toy:FailingStage")  # loads, then raises
+    monkeypatch.setitem(STAGE_KINDS, "rules", FailingStage)  # loads, then raises
     resp = admin_client.post("/admin/reload", headers=KEY)
     assert resp.status_code == 422 and "smoke request for user 'u1' failed" in resp.json()["detail"]
     assert "toy stage always fails" in resp.json()["detail"]

@@ -29,8 +29,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 
+from cascade.registry import STAGE_KINDS
 from cascade.settings import ENV_REDIS_URL
-from recsys.config import STAGE_KINDS
 from recsys.redis_state import EmbeddedRedis
 from serving.app import create_app
 from tests.reliability.conftest import ADMIN_KEY

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from cascade.registry import build_stage
+from cascade.registry import STAGE_KINDS, build_stage
 from cascade.settings import ENV_REDIS_URL, Settings
-from recsys.config import STAGE_KINDS, StageSpec
+from recsys.config import StageSpec
 from recsys.pipeline import Pipeline
 from recsys.redis_state import EmbeddedRedis
 from rules.stage import RulesStage

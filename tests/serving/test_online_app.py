@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 
 from serving.schemas import RecommendResponse
 from tests.serving.conftest import ADMIN_KEY, DEBUG, REAL_RULES, RECALL, client_for
-from tests.serving.toy import DEFAULT_GATES
+from tests.serving.toy import DEFAULT_GATES, MissingArtifactsLLM
 
 AUTH = {"X-API-Key": ADMIN_KEY}
 BLOCK_M4 = {"version": "block-m4", "rules": [{"id": "no_m4", "kind": "blocklist", "items": {"item_ids": ["m4"]}}],
@@ -192,12 +192,13 @@ def test_redis_down_serves_degraded_light_path_then_recovers(online: TestClient,
 def test_llm_without_artifacts_is_disabled_and_requests_take_the_light_path(
     toy_dir, toy_kinds: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from recsys.config import STAGE_KINDS, StageSpec
+    from cascade.registry import STAGE_KINDS
+    from recsys.config import StageSpec
     from serving.app import create_app
     from tests.serving.conftest import RECALL, RULES
     from tests.serving.toy import toy_settings
 
-    monkeypatch.setitem(STAGE_KINDS, "llm", "tests.serving.toy:MissingArtifactsLLM")
+    monkeypatch.setitem(STAGE_KINDS, "llm", MissingArtifactsLLM)
     settings = toy_settings(RECALL, StageSpec(name="llm", kind="llm"), RULES, llm_share=1.0)
     with TestClient(create_app(settings, toy_dir)) as client:
         deadline = time.monotonic() + 20

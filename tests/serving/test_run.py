@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from recsys.config import STAGE_KINDS
+from cascade.registry import STAGE_KINDS
 from recsys.contract import Candidates, StageTrace
 from recsys.pipeline import PipelineError, PipelineResult
 from serving.app import create_app
@@ -16,7 +16,7 @@ from serving.run import ENV_ARTIFACT_DIR, recommend_once, server_env, settings_f
 from serving.schemas import LimitError, RecommendResponse
 from serving.state import CatalogState
 from tests.serving.conftest import DEBUG, DEBUG_KEY, RECALL
-from tests.serving.toy import toy_settings
+from tests.serving.toy import FailingStage, toy_settings
 
 
 def test_recommend_once_matches_the_http_answer(toy_dir: Path, toy_kinds: None) -> None:
@@ -43,7 +43,7 @@ def test_recommend_once_refuses_bad_input_by_field(toy_dir: Path, toy_kinds: Non
 def test_recommend_once_raises_pipeline_error_of_fail_closed_stage(
     toy_dir: Path, toy_kinds: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(STAGE_KINDS, "rules", "tests.serving.toy:FailingStage")
+    monkeypatch.setitem(STAGE_KINDS, "rules", FailingStage)
     with pytest.raises(PipelineError, match="'rules'"):
         recommend_once(toy_settings(), toy_dir, "u1", k=3)
 

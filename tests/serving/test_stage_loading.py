@@ -14,18 +14,19 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from recsys.config import STAGE_KINDS, StageSpec
+from cascade.registry import STAGE_KINDS
+from recsys.config import StageSpec
 from serving.app import create_app
 from serving.stage_loading import DegradedStage, UnloadedStage, degraded_stages, load_pipeline
 from tests.serving.conftest import RECALL, RULES
-from tests.serving.toy import toy_settings
+from tests.serving.toy import MissingArtifactsLLM, toy_settings
 
 LLM = StageSpec(name="llm", kind="llm")
 
 
 @pytest.fixture
 def missing_llm(toy_kinds: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(STAGE_KINDS, "llm", "tests.serving.toy:MissingArtifactsLLM")
+    monkeypatch.setitem(STAGE_KINDS, "llm", MissingArtifactsLLM)
 
 
 def _ready(client: TestClient) -> dict:

@@ -23,23 +23,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from cascade.registry import STAGE_KINDS
 from cascade.settings import Settings
 from offline.protocol import make_split
 from offline.schema import Dataset
 from offline.split import Split
-from recsys.config import STAGE_KINDS, StageSpec
+from recsys.config import StageSpec
 from recsys.contract import Candidates, Request, StageError
 from tests.doubles import PopularityStage
 
 # the gates rules/rulesets/default.yaml enforces on the toy catalog (items rated by audience and risk): a rule
 # set replacing it without them says so (rules.gates)
 DEFAULT_GATES = ["blocklist:withdrawn_items", "audience_gate:adult", "audience_gate:teen", "risk_tolerance"]
-TOY_KINDS = {
-    "recall": "tests.serving.toy:PopularityRecall",
-    "rules": "tests.serving.toy:AudienceRules",
-    "llm": "tests.serving.toy:YearRerank",
-}
-
 
 def toy_dataset() -> Dataset:
     items = pd.DataFrame({
@@ -175,6 +170,10 @@ class MissingArtifactsLLM(YearRerank):
 
     def load(self, artifact_dir: Path) -> None:
         raise FileNotFoundError(f"{artifact_dir}/llm: no adapter here")
+
+
+# kind -> toy class, what use_toy_stage_kinds puts in cascade.registry.STAGE_KINDS
+TOY_KINDS: dict[str, type] = {"recall": PopularityRecall, "rules": AudienceRules, "llm": YearRerank}
 
 
 def create_toy_app_from_env():  # noqa: ANN201 - uvicorn factory for the subprocess test

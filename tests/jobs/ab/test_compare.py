@@ -10,14 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cascade.registry import StaleArtifacts, config_id
+from cascade.registry import STAGE_KINDS, StaleArtifacts, config_id
 from cascade.settings import Settings
 from jobs.ab.compare import PAIRED, compare_offline, paired_differences, per_user_beyond_accuracy
 from jobs.ab.report import write_offline_report
 from jobs.ab.split_check import check_same_split, split_differences
 from jobs.train import prepare
 from offline.split import Split, split_id
-from recsys.config import STAGE_KINDS, StageSpec
+from recsys.config import StageSpec
 from tests.serving.toy import TOY_KINDS, save_toy_split, toy_settings
 
 RECALL = StageSpec(name="recall", kind="recall", on_error="fail")
