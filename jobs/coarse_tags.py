@@ -36,6 +36,7 @@ from jobs.tagging.embed import EmbedSettings, cooccurrence_pairs, train_projecti
 from jobs.train import holdout_recall, holdout_sequences
 from offline.split import Split, split_id
 from offline.tag_store import load_tags
+from recall.artifacts import MODEL_FILE
 from recsys.atomic import atomic_write_json
 from recsys.digest import file_sha256
 from recsys.manifest import write_manifest
@@ -72,8 +73,6 @@ def load_item_tags(split: Split, tags_dir: Path, positions: int, settings: Embed
 
 def tags_source(settings: Settings, artifact_dir: Path, embed: EmbedSettings) -> dict[str, Any]:
     """What a coarse_tags model depends on: input digests and settings (compared by ``is_current``)."""
-    from recall.train import MODEL_FILE  # lazy: imports torch
-
     root = Path(artifact_dir)
     inputs = [root / "tags" / "tags.parquet", root / "tags" / "hidden.npy", root / "recall_holdout" / MODEL_FILE]
     for path in inputs:

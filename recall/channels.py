@@ -1,7 +1,7 @@
 """Recall channels and the one place their candidates are merged.
 
 A *channel* proposes item indices, best first, with a raw score per item: the two-tower
-ANN search (``recall.stage``) and ``PopularityChannel`` here. ``merge_channels`` turns any
+ANN search (``recall.model``) and ``PopularityChannel`` here. ``merge_channels`` turns any
 number of channel lists into one de-duplicated ``Candidates`` set:
 
 - every channel's list is cleaned first (padding ids -1, excluded items and repeats dropped);
@@ -20,16 +20,21 @@ number of channel lists into one de-duplicated ``Candidates`` set:
   several), ``recall_<channel>`` holds that channel's raw score (NaN where it did not return
   the item), and ``recall`` is the merged rank score ``1 / (1 + position)``.
 
+``ChannelQuotas`` turns the recall config's shares into the quotas of one merge at the stage
+depth, for serving and for the training-time gate of the shares alike.
+
 Deliberately left out: score-based fusion across channels (raw scores of different channels
 are not comparable; the coarse ranker learns how to weigh them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from recall.config import RecallConfig
 from recsys.contract import Candidates
 
 TWO_TOWER = "two_tower"  # the name of the two-tower list among the channels
@@ -191,3 +196,44 @@ def merge_channels(
         col[found] = raw[by_id][where[found]]
         scores[f"recall_{name}"] = col
     return Candidates(items=items, scores=scores, flags=flags, order_by="recall")
+
+
+@dataclass(frozen=True)
+class ChannelQuotas:
+    """How the recall stage's channel lists are merged at its ``depth``: the extra channels' depth
+    shares (``config.channel_shares`` if set, else ``tuned``: the ones gated at training time,
+    ``recall.extra_channels``), the popularity share and the merge order of ``config``.
+
+    The serving stage and the training-time gate of the shares merge through the same object.
+    """
+
+    config: RecallConfig
+    depth: int
+    tuned: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def shares(self) -> dict[str, float]:
+        """Depth share of each extra channel: ``config.channel_shares`` if set, else the tuned ones."""
+        given = self.config.channel_shares
+        source = self.tuned if given is None else given
+        return {name: float(source.get(name, 0.0)) for name in self.config.extra_channels}
+
+    def quotas(self, extra: Sequence[str], cold: bool, shares: Mapping[str, float] | None = None) -> dict[str, int]:
+        """Slots per channel at this depth (see ``merge``): extra channels, then two-tower, popularity."""
+        shares = self.shares if shares is None else shares
+        n_pop = int(round(self.depth * (self.config.cold_popularity_share if cold else self.config.popularity_share)))
+        quotas = {name: 0 if cold else int(round(self.depth * shares.get(name, 0.0))) for name in extra}
+        quotas[TWO_TOWER] = max(self.depth - n_pop - sum(quotas.values()), 0)
+        quotas[PopularityChannel.name] = n_pop
+        return quotas
+
+    def merge(self, lists: list[Channel], exclude: np.ndarray, cold: bool,
+              shares: Mapping[str, float] | None = None) -> Candidates:
+        """Merge channel lists (two-tower first, popularity last, the extra channels between) with
+        quotas: ``shares`` (default ``self.shares``) of the depth per extra channel,
+        ``popularity_share`` (``cold_popularity_share`` for an empty history, where popularity
+        leads and extra channels get no slots) for popularity, the rest for the two-tower."""
+        quotas = self.quotas([name for name, _, _ in lists[1:-1]], cold, shares)
+        if cold:  # a cold user's vector rests on attributes alone: popularity leads
+            lists = [lists[-1], *lists[:-1]]
+        return merge_channels(lists, self.depth, exclude, quotas=quotas, order=self.config.merge_order)

@@ -1,4 +1,4 @@
-"""The recall stage's extra channels: fit, save, load, and their depth shares gated on valid.
+"""The recall stage's extra channels: fit, save, and their depth shares gated on valid.
 
 ``recall.train.train_two_tower`` (the one training entry point of the recall stage) calls
 ``train_channels`` after the two-tower when ``RecallConfig.extra_channels`` is not empty:
@@ -6,7 +6,7 @@
 1. fit each channel's matrix (``recall.item_models``) on the *same* sequences the two-tower
    trained on (for ``recall_holdout`` that is the shortened ones, so no coarse-ranker label
    feeds a channel) and save it as ``<recall_dir>/channels/<name>.npz``;
-2. load the freshly written stage, build every channel's own list once per early-stopping
+2. load the freshly written model (``recall.model``), build every channel's own list once per early-stopping
    user (history = training sequence, target = the held-out next item: the *valid* item for
    ``recall/``, never a test item), and gate the channel shares as fusion gates its weights:
    the users are dealt into ``GATE_FOLDS`` seeded folds; for each fold, the shares that maximise
@@ -28,14 +28,16 @@
    the valid items they now hold.
 
 ``channel_candidate_recall`` gives the same per-channel figures on any phase for the eval
-report. Deliberately left out: tuning the popularity share (kept from the config) and any
+report. Loading the channels back is ``recall.model.load_channels``. Deliberately left out: tuning the popularity share (kept from the config) and any
 score-level blending (the coarse ranker weighs channels through its features).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,14 +45,13 @@ import numpy as np
 from scipy import sparse
 
 from offline.protocol import GATE_MIN_USERS, SALT_CHANNEL_GATE, gate_verdict
-from recall.channels import clean_channel, priority_items
+from recall.artifacts import CHANNELS_DIR, CHANNELS_FILE, VECTORS_FILE
+from recall.channels import Channel, ChannelQuotas, PopularityChannel, clean_channel, priority_items
 from recall.config import RecallConfig
-from recall.item_models import NeighbourChannel, covisitation, item_counts, item_model
-from recall.stage import RecallStage
+from recall.item_models import covisitation, item_counts, item_model
+from recall.model import RecallModel
 from recsys.atomic import atomic_write_json
-from recsys.config import StageSpec
 
-CHANNELS_DIR, CHANNELS_FILE = "channels", "channels.json"
 SHARE_GRID = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
 MIN_TWO_TOWER_SHARE = 0.3
 GATE_FOLDS = 5
@@ -75,20 +76,22 @@ def train_channels(split: Any, stage_root: Path, subdir: str, sequences: list[np
     """Fit, save and tune the extra channels of ``<stage_root>/<subdir>`` (see module doc); the report.
 
     ``<stage_root>/<subdir>`` must hold the two-tower artifacts just written; ``split`` may live
-    in memory only (the stage is loaded with the popularity of ``sequences``, not ``<stage_root>/split``).
+    in memory only (the model's lists use the popularity of ``sequences``, not ``<stage_root>/split``).
     """
     recall_dir = Path(stage_root) / subdir
     meta = _fit_and_save(recall_dir, sequences, config)
-    _write(recall_dir, meta)  # provisional (zero shares) so the stage loads for tuning
-    stage = RecallStage(StageSpec(name="recall", kind="recall", depth=depth),
-                        config.model_copy(update={"channel_shares": None}))
+    _write(recall_dir, meta)  # provisional (zero shares) so the model loads for tuning
+    config = config.model_copy(update={"channel_shares": None})
+    model = RecallModel.load(recall_dir, config)
     # popularity as of the tuning targets: the events of the sequences the models learnt from (for recall/ the
     # valid phase's counts; for recall_holdout those without its held-out targets), never a target's own event
-    stage.load_from(recall_dir, item_counts(sequences, split.n_items).astype(np.float64))
+    popularity = PopularityChannel(item_counts(sequences, split.n_items).astype(np.float64))
     users = np.flatnonzero(np.asarray(targets) >= 0)
-    lists, excludes = channel_lists_for(stage, [sequences[u] for u in users], [split.user_attrs(u) for u in users])
+    lists_of = functools.partial(model.channel_lists, popularity=popularity, depth=depth)
+    lists, excludes = channel_lists_for(model, lists_of, [sequences[u] for u in users],
+                                        [split.user_attrs(u) for u in users])
     tgt = np.asarray(targets)[users]
-    meta.update(tune_shares(stage, lists, excludes, tgt, seed))
+    meta.update(tune_shares(ChannelQuotas(config, depth, model.tuned_shares), lists, excludes, tgt, seed))
     meta["own_recall"] = own_recall(lists, excludes, tgt, depth)
     _write(recall_dir, meta)
     return {k: v for k, v in meta.items() if k != "grid"}
@@ -111,7 +114,7 @@ def refit_channels(recall_dir: Path, tuned_dir: Path, sequences: list[np.ndarray
 
 def _fit_and_save(recall_dir: Path, sequences: list[np.ndarray], config: RecallConfig) -> dict[str, Any]:
     """Fit every channel on ``sequences``, save each matrix; the metadata with zero shares."""
-    n_items = len(np.load(recall_dir / "item_vectors.npy", mmap_mode="r"))
+    n_items = len(np.load(recall_dir / VECTORS_FILE, mmap_mode="r"))
     fitted = fit_channels(sequences, n_items, config)
     (recall_dir / CHANNELS_DIR).mkdir(parents=True, exist_ok=True)
     meta: dict[str, Any] = {"channels": {}, "shares": {name: 0.0 for name in fitted}}
@@ -122,13 +125,15 @@ def _fit_and_save(recall_dir: Path, sequences: list[np.ndarray], config: RecallC
     return meta
 
 
-def channel_lists_for(stage: Any, histories: list[np.ndarray], attrs: list[dict[str, Any]],
+def channel_lists_for(model: RecallModel, lists_of: Callable[[np.ndarray, np.ndarray, np.ndarray], list[Channel]],
+                      histories: list[np.ndarray], attrs: list[dict[str, Any]],
                       ) -> tuple[list[list[Any]], list[np.ndarray]]:
-    """Every channel's own list per history (``RecallStage.channel_lists``), user vectors in one batch."""
-    known = [stage._known(h) for h in histories]
-    vectors = stage.user_vectors(known, attrs)
+    """Every channel's own list per history (``lists_of(history, exclude, vector)``: a
+    ``RecallModel.channel_lists`` at some popularity and depth), user vectors in one batch."""
+    known = [model.known(h) for h in histories]
+    vectors = model.user_vectors(known, attrs)
     excludes = [np.unique(np.asarray(h, dtype=np.int64)) for h in histories]
-    lists = [stage.channel_lists(h, ex, vectors[i:i + 1]) for i, (h, ex) in enumerate(zip(known, excludes, strict=True))]
+    lists = [lists_of(h, ex, vectors[i:i + 1]) for i, (h, ex) in enumerate(zip(known, excludes, strict=True))]
     return lists, excludes
 
 
@@ -143,25 +148,25 @@ def own_recall(lists: list[list[Any]], excludes: list[np.ndarray], targets: np.n
     return {f"{name}@{depth}": round(float(hits[c] / max(len(lists), 1)), 5) for c, name in enumerate(names)}
 
 
-def tune_shares(stage: Any, lists: list[list[Any]], excludes: list[np.ndarray], targets: np.ndarray, seed: int = 42
-                ) -> dict[str, Any]:
+def tune_shares(mix: ChannelQuotas, lists: list[list[Any]], excludes: list[np.ndarray], targets: np.ndarray,
+                seed: int = 42) -> dict[str, Any]:
     """The gated grid search of the module doc: ``{"shares", "valid_recall", "gate", "grid"}``
     (``grid``: every grid point's recall on every user; ``gate``: the shares chosen on every user
     (``challenger``), each fold's choice and the pooled paired CI; ``valid_recall``: the served
     shares' recall on every user)."""
-    names = list(stage.config.extra_channels)
-    room = 1.0 - stage.config.popularity_share - MIN_TWO_TOWER_SHARE
+    names = list(mix.config.extra_channels)
+    room = 1.0 - mix.config.popularity_share - MIN_TWO_TOWER_SHARE
     grid = [dict(zip(names, combo, strict=True)) for combo in itertools.product(SHARE_GRID, repeat=len(names))
             if sum(combo) <= room + 1e-9]
     cleaned = [[clean_channel(ids, sc, ex, name)[0] for name, ids, sc in ls] for ls, ex in zip(lists, excludes, strict=True)]
 
     def hits(shares: dict[str, float]) -> np.ndarray:
-        quotas = stage.quotas(names, cold=False, shares=shares)
-        if stage.config.merge_order == "priority":
+        quotas = mix.quotas(names, cold=False, shares=shares)
+        if mix.config.merge_order == "priority":
             caps = [quotas[name] for name, _, _ in lists[0]] if lists else []
-            found = [t in priority_items(cl, caps, stage.depth) for cl, t in zip(cleaned, targets, strict=True)]
+            found = [t in priority_items(cl, caps, mix.depth) for cl, t in zip(cleaned, targets, strict=True)]
         else:
-            found = [t in stage.merge(ls, ex, cold=False, shares=shares).items
+            found = [t in mix.merge(ls, ex, cold=False, shares=shares).items
                      for ls, ex, t in zip(lists, excludes, targets, strict=True)]
         return np.asarray(found, dtype=np.float64)
 
@@ -177,7 +182,8 @@ def tune_shares(stage: Any, lists: list[list[Any]], excludes: list[np.ndarray], 
     results = [{"shares": shares, "recall": round(float(h.mean()) if len(h) else 0.0, 5)}
                for shares, h in zip(grid, per_user, strict=True)]
     best = best_on(np.arange(len(targets)))
-    served, gate = incumbent, {"challenger": grid[best], "served": "incumbent"}
+    gate: dict[str, Any] = {"challenger": grid[best], "served": "incumbent"}
+    served = incumbent
     if len(targets) < 2 * GATE_MIN_USERS:
         gate["why"] = f"{len(targets)} users: the gate needs {2 * GATE_MIN_USERS}"
     elif grid[best] != incumbent:
@@ -209,30 +215,13 @@ def channel_candidate_recall(stage: Any, split: Any, phase: str) -> dict[str, fl
     """
     histories = [split.history(u, phase) for u in range(split.n_users)]
     attrs = [split.user_attrs(u) for u in range(split.n_users)]
-    lists, excludes = channel_lists_for(stage, histories, attrs)
+    lists, excludes = channel_lists_for(stage.model, stage.channel_lists, histories, attrs)
     targets = np.asarray(split.targets(phase))
     out = own_recall(lists, excludes, targets, stage.depth)
-    merged = [t in stage.merge(ls, ex, cold=not len(stage._known(h))).items
+    merged = [t in stage.mix.merge(ls, ex, cold=not len(stage.model.known(h))).items
               for ls, ex, h, t in zip(lists, excludes, histories, targets, strict=True)]
     out[f"merged@{stage.depth}"] = round(float(np.mean(merged)), 5)
     return out
-
-
-def load_channels(recall_dir: Path, config: RecallConfig) -> tuple[list[NeighbourChannel], dict[str, float]]:
-    """The extra channels ``config`` turns on, from ``recall_dir``, and their tuned shares."""
-    names = config.extra_channels
-    if not names:
-        return [], {}
-    path = Path(recall_dir) / CHANNELS_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: recall channels {list(names)} are on but were not trained here "
-                                "(retrain recall with them on)")
-    meta = json.loads(path.read_text())
-    if missing := [n for n in names if n not in meta["channels"]]:
-        raise FileNotFoundError(f"{path}: channels {missing} are on but were not trained here")
-    channels = [NeighbourChannel(n, sparse.load_npz(Path(recall_dir) / CHANNELS_DIR / f"{n}.npz").tocsr(),
-                                 meta["channels"][n]["last_n"]) for n in names]
-    return channels, {n: float(meta["shares"].get(n, 0.0)) for n in names}
 
 
 def _write(recall_dir: Path, meta: dict[str, Any]) -> None:

@@ -119,7 +119,7 @@ class LLMChannelRecallStage(RecallStage):
         base = super().run(request, candidates)
         if self._llm is None or self.llm_share == 0.0:
             return base
-        history = self._known(request.history)
+        history = self.model.known(request.history)
         exclude = np.unique(request.excluded)
         n_llm = int(round(self.depth * self.llm_share)) if len(history) else 0
         llm_ids, llm_scores = self._llm.candidates(history, exclude, n_llm)

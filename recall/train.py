@@ -44,6 +44,7 @@ import torch
 
 from offline.protocol import SALT_TEST_REPORT, user_sample
 from offline.split import Split
+from recall.artifacts import INDEX_DIR, MODEL_FILE, REPORT_FILE, SPEC_FILE, VECTORS_FILE
 from recall.config import DEFAULT_DEPTH, EARLY_STOPPED_DIR, RecallConfig
 from recall.extra_channels import refit_channels, train_channels
 from recall.features import UserVocab
@@ -52,9 +53,6 @@ from recall.index import ItemIndex
 from recall.text import text_cache_dir
 from recall.towers import ItemTower, UserTower
 from recsys.atomic import atomic_write, atomic_write_json
-
-MODEL_FILE, SPEC_FILE, VECTORS_FILE, INDEX_DIR, REPORT_FILE = (
-    "model.pt", "model.json", "item_vectors.npy", "index", "report.json")
 
 
 def train_two_tower(

@@ -82,7 +82,7 @@ class Explanations:
         recall_dir = self.artifact_dir / "recall" if self.artifact_dir is not None else None
         if recall_dir is None or not (recall_dir / "channels.json").is_file():
             return None
-        from recall.extra_channels import load_channels  # lazy: imports scipy and the recall stage
+        from recall.model import load_channels  # lazy: imports scipy and the recall model
 
         try:
             channels, _ = load_channels(recall_dir, self.settings.recall)

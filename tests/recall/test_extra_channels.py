@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from offline.protocol import SALT_CHANNEL_GATE, gate_halves, gate_verdict
-from recall.channels import clean_channel, merge_channels, priority_items
+from recall.artifacts import CHANNELS_FILE
+from recall.channels import ChannelQuotas, clean_channel, merge_channels, priority_items
 from recall.config import EARLY_STOPPED_DIR, RecallConfig
 from recall.extra_channels import (
-    CHANNELS_FILE,
     GATE_FOLDS,
     MIN_TWO_TOWER_SHARE,
     SHARE_GRID,
@@ -119,16 +119,16 @@ def test_shares_are_tuned_at_the_popularity_of_the_sequences_learnt_not_the_targ
         trained, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import shutil
 
-    from recall.extra_channels import train_channels
+    from recall import extra_channels
+    from recall.channels import PopularityChannel
 
     root, split, _ = trained
     shutil.copytree(root / "recall" / EARLY_STOPPED_DIR, tmp_path / "recall_holdout")
     seen: list[np.ndarray] = []
-    load_from = RecallStage.load_from
-    monkeypatch.setattr(RecallStage, "load_from", lambda self, d, pop: (seen.append(pop), load_from(self, d, pop))[1])
+    monkeypatch.setattr(extra_channels, "PopularityChannel", lambda pop: (seen.append(pop), PopularityChannel(pop))[1])
     held_out = [s[:-1] for s in split.train_sequences]  # as recall_holdout: each user's last training item out
     targets = np.array([s[-1] for s in split.train_sequences])
-    train_channels(split, tmp_path, "recall_holdout", held_out, targets, tiny_config(**ON), DEPTH)
+    extra_channels.train_channels(split, tmp_path, "recall_holdout", held_out, targets, tiny_config(**ON), DEPTH)
     assert len(seen) == 1
     np.testing.assert_array_equal(seen[0], split.item_popularity("valid") - np.bincount(targets,
                                                                                          minlength=split.n_items))
@@ -140,20 +140,20 @@ def test_the_refit_channels_are_fitted_on_the_valid_items_too(trained) -> None:
     early.load(root, phase="valid")
     served = _stage(root)
     for name in ("covisit", "item_model"):
-        weights = [next(c for c in s._extra if c.name == name).weights for s in (early, served)]
+        weights = [next(c for c in s.model.extra if c.name == name).weights for s in (early, served)]
         assert (weights[0] != weights[1]).nnz > 0, name  # each user's valid item added a pair or more
 
 
 def test_stage_serves_the_channels_with_quotas(trained) -> None:
     root, split, _ = trained
     stage = _stage(root, channel_shares={"covisit": 0.25, "item_model": 0.25})
-    assert stage.quotas(["covisit", "item_model"], cold=False) == {
+    assert stage.mix.quotas(["covisit", "item_model"], cold=False) == {
         "covisit": 3, "item_model": 3, "two_tower": 12 - 1 - 6, "popularity": 1}
-    assert stage.quotas(["covisit", "item_model"], cold=True) == {
+    assert stage.mix.quotas(["covisit", "item_model"], cold=True) == {
         "covisit": 0, "item_model": 0, "two_tower": 12 - 10, "popularity": 10}
     out = stage.run(Request(user_id="u", history=np.array([3, 4, 5])), Candidates.empty())
     assert {"src_two_tower", "src_covisit", "src_item_model", "src_popularity"} <= set(out.flags)
-    covisit = [c for c in stage._extra if c.name == "covisit"][0]
+    covisit = [c for c in stage.model.extra if c.name == "covisit"][0]
     ids, _ = covisit.candidates(np.array([3, 4, 5]), np.array([3, 4, 5]), 3)
     assert ids[0] == 6  # every sequence goes 5 -> 6: the strongest forward pair
     assert not set(out.items) & {3, 4, 5} and len(out.items) == DEPTH
@@ -162,7 +162,7 @@ def test_stage_serves_the_channels_with_quotas(trained) -> None:
 def test_tuned_shares_are_served_when_none_given(trained) -> None:
     root, _, _ = trained
     tuned = json.loads((root / "recall" / CHANNELS_FILE).read_text())["shares"]
-    assert _stage(root).shares == tuned
+    assert _stage(root).mix.shares == tuned
     plain = RecallStage(StageSpec(name="recall", kind="recall", depth=DEPTH), RecallConfig())
     assert plain.config.channel_shares is None
     off = RecallStage(StageSpec(name="recall", kind="recall", depth=DEPTH,
@@ -211,7 +211,7 @@ def _gate_case(n_users: int, channel_wins: np.ndarray, tower_only: np.ndarray | 
     co-visitation channel's first item where ``channel_wins``, else the two-tower's 9th item,
     which any co-visitation quota pushes out of the priority merge; where ``tower_only`` is false
     (default: true everywhere) it is the two-tower's first item instead, which every merge keeps."""
-    stage = RecallStage(StageSpec(name="recall", kind="recall", depth=10), RecallConfig(item_model="off"))
+    mix = ChannelQuotas(RecallConfig(item_model="off"), depth=10)
     tower_only = np.ones(n_users, bool) if tower_only is None else tower_only
     lists, targets = [], []
     for u in range(n_users):
@@ -220,7 +220,7 @@ def _gate_case(n_users: int, channel_wins: np.ndarray, tower_only: np.ndarray | 
         lists.append([("two_tower", tower, -np.arange(50.0)), ("covisit", covisit, -np.arange(10.0)),
                       ("popularity", np.arange(900, 960), -np.arange(60.0))])
         targets.append(covisit[0] if channel_wins[u] else tower[8] if tower_only[u] else tower[0])
-    return tune_shares(stage, lists, [np.zeros(0, np.int64)] * n_users, np.asarray(targets), seed=0)
+    return tune_shares(mix, lists, [np.zeros(0, np.int64)] * n_users, np.asarray(targets), seed=0)
 
 
 def test_shares_better_on_every_user_are_served() -> None:

@@ -81,10 +81,10 @@ def test_reload_gives_identical_scores_and_batched_vectors_match_run(artifacts):
     a, b = _stage(artifacts), _stage(artifacts)
     hists = [np.array([3, 4, 5]), np.zeros(0, dtype=np.int64), np.array([10, 11])]
     attrs: list[dict[str, Any]] = [{"age": 30, "gender": "F"}, {}, {"occupation": "nurse"}]
-    va, vb = a.user_vectors(hists, attrs), b.user_vectors(hists, attrs)
+    va, vb = a.model.user_vectors(hists, attrs), b.model.user_vectors(hists, attrs)
     np.testing.assert_array_equal(va, vb)
     assert a.version() == b.version()
-    single = a.user_vectors(hists[:1], attrs[:1])
+    single = a.model.user_vectors(hists[:1], attrs[:1])
     np.testing.assert_allclose(single[0], va[0], atol=1e-6)
     req = Request(user_id="u", history=hists[0], user_attrs=attrs[0])
     ra, rb = a.run(req, Candidates.empty()), b.run(req, Candidates.empty())
@@ -92,7 +92,7 @@ def test_reload_gives_identical_scores_and_batched_vectors_match_run(artifacts):
     np.testing.assert_array_equal(ra.scores["recall_two_tower"], rb.scores["recall_two_tower"])
     # The two-tower channel's raw score is the cosine of the user and item vectors.
     tt = ~np.isnan(ra.scores["recall_two_tower"])
-    np.testing.assert_allclose(ra.scores["recall_two_tower"][tt], (a.item_vectors() @ va[0])[ra.items[tt]], atol=1e-5)
+    np.testing.assert_allclose(ra.scores["recall_two_tower"][tt], (a.model.vectors @ va[0])[ra.items[tt]], atol=1e-5)
 
 
 def test_with_popularity_changes_only_the_popularity_channel(artifacts):

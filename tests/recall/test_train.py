@@ -11,15 +11,11 @@ import numpy as np
 import pytest
 
 from offline.metrics import per_user_metrics, rank_full, summarize
+from recall.artifacts import MODEL_FILE, SPEC_FILE, VECTORS_FILE
 from recall.config import EARLY_STOPPED_DIR, RecallConfig
 from recall.fit import Run
 from recall.stage import RecallStage
-from recall.train import (
-    MODEL_FILE,
-    SPEC_FILE,
-    VECTORS_FILE,
-    train_two_tower,
-)
+from recall.train import train_two_tower
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request
 from tests.recall.two_tower_factories import successor_split, tiny_config, valid_only_split
@@ -196,7 +192,7 @@ def test_the_refit_learns_from_the_valid_items_and_the_valid_phase_keeps_the_ear
     assert _top(served, split, new_item_users) >= 0.75
     assert _top(early, split, new_item_users) <= 0.25
     # the early-stopped model is what a valid-phase load serves, with the valid-time popularity
-    np.testing.assert_array_equal(early.item_vectors(), np.load(tmp_path / "recall" / EARLY_STOPPED_DIR / VECTORS_FILE))
+    np.testing.assert_array_equal(early.model.vectors, np.load(tmp_path / "recall" / EARLY_STOPPED_DIR / VECTORS_FILE))
     np.testing.assert_array_equal(early._popularity.popularity, split.item_popularity("valid"))
     np.testing.assert_array_equal(served._popularity.popularity, split.item_popularity("test"))
 
