@@ -11,7 +11,7 @@ For each of a request's top items ``ReasonWriter.write`` returns one ``Reason``:
    items not cached, one row per item. Each row offers the model a few numbered *anchors* (the
    history items nearest the item by co-visitation, then the most recent ones: ``anchors_of``) and
    writes ``{"because": <anchor number>, "why": "<lowercase clause>"}`` (``llm_rerank.anchored``,
-   through xgrammar, ``llm_rerank.grammar``); the served reason is "Because you <verb> <anchor>, <why>."
+   through xgrammar: ``llm_rerank.reason_decoding``); the served reason is "Because you <verb> <anchor>, <why>."
    The clause admits no capital letter past its first and no digit, so the model cannot name a
    title or a year: every name in a reason is an anchor's, taken from the evidence, and the model
    chooses which one and says why. Every row continues the re-ranker's own prefix (instruction,
@@ -27,8 +27,11 @@ The prompt version of a cached reason is the stage's version (weights, re-ranker
 digest of the explanation texts of the prompt document, so a publish through ``PUT /admin/prompts``
 or new weights never serve a reason written under the old ones.
 
-Deliberately left out: HTTP and where reasons go in the answer (``serving.explaining``); the
-``http`` backend (a remote model) writes no reasons here: its requests get template reasons.
+With the ``http`` backend the same rows go to the server in one ``/v1/completions`` call with the
+schema as structured output (``llm_rerank.reason_decoding``); the server's prefix caching shares
+the user's prefix with the re-ranker's request.
+
+Deliberately left out: HTTP and where reasons go in the answer (``serving.explaining``).
 """
 
 from __future__ import annotations
@@ -54,11 +57,12 @@ from llm_rerank.anchored import (
     reason_schema,
     render_reason,
 )
+from llm_rerank.backends import RemoteBackend
 from llm_rerank.config import ExplainConfig
-from llm_rerank.grammar import GrammarLogits, compile_json_schema
 from llm_rerank.grounding import Evidence, ItemFacts, display_title, template_reason, verb_for
 from llm_rerank.prompt import PromptBuilder
 from llm_rerank.reason_cache import ReasonCache
+from llm_rerank.reason_decoding import LocalReasonDecoder, ReasonDecoder, RemoteReasonDecoder, check_deadline
 from llm_rerank.template import CLOSE, OPEN
 from recsys.contract import Request, StageError
 
@@ -68,10 +72,6 @@ ReasonSource = Literal["llm", "template"]
 CHANNEL_WORDS = {"covisit": "often {verb} together with your history", "two_tower": "close to your taste overall",
                  "item_model": "similar to items in your history", "popularity": "popular with other visitors",
                  "text": "its text resembles your history", "llm_embedding": "its description resembles your history"}
-
-
-_COMPILED: dict[tuple[Any, ...], tuple[Any, list[int]]] = {}  # (tokenizer, vocab, anchors, chars) -> grammar
-_COMPILED_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -123,34 +123,28 @@ def history_digest(history: Sequence[int] | np.ndarray, window: int) -> str:
 
 
 class ReasonGenerator:
-    """Writes reasons with the re-ranker's in-process model, prompt builder and prefix cache.
+    """Writes reasons with the re-ranker's model, prompt builder and prefix cache.
 
-    ``stage`` is a loaded ``llm_rerank.stage.LLMRerankStage`` with the local backend; its current
-    ``prompts`` (hot-swapped with the prompt document) build every row.
+    ``stage`` is a loaded ``llm_rerank.stage.LLMRerankStage``; its current ``prompts`` (hot-swapped with
+    the prompt document) build every row. With the local backend the rows are decoded in process over
+    the re-ranker's prefix cache; with the ``http`` backend on its server (``llm_rerank.reason_decoding``).
     """
 
     def __init__(self, stage: Any, cfg: ExplainConfig, domain: str):
-        backend = stage.local()  # ValueError for the http backend: the caller serves templates
         self.stage, self.cfg, self.domain, self.verb = stage, cfg, domain, cfg.verb or verb_for(domain)
-        self.model, self.pad_id, self.scorer = backend.model, backend.pad_id, backend.scorer
-        tok = stage.prompts.tok
         self.max_chars = clause_chars(cfg)
-        self.vocab = int(getattr(self.model.config, "vocab_size", len(tok)))
         self._words: frozenset[str] | None = None
-        _, stop = self.grammar(cfg.anchors)
-        self.stop_ids = set(stop)
-        # a row still open when the token budget ends is closed with these (the string, the object, a stop)
-        self.close_ids = [*stage.prompts.ids('"}'), stop[0]] if stop else stage.prompts.ids('"}')
+        self.decoder = self._decoder(stage, cfg)
 
-    def grammar(self, anchors: int) -> tuple[Any, list[int]]:
-        """(the compiled schema of a row offering ``anchors`` anchors, the stop ids); compiled once each
-        per tokenizer and process (a compile takes seconds)."""
-        tok = self.stage.prompts.tok
-        key = (str(getattr(tok, "name_or_path", "")), len(tok), self.vocab, anchors, self.max_chars)
-        with _COMPILED_LOCK:
-            if key not in _COMPILED:
-                _COMPILED[key] = compile_json_schema(tok, self.vocab, reason_schema(anchors, self.max_chars))
-            return _COMPILED[key]
+    @staticmethod
+    def _decoder(stage: Any, cfg: ExplainConfig) -> ReasonDecoder:
+        if isinstance(stage.backend, RemoteBackend):
+            return RemoteReasonDecoder(stage.backend.remote, cfg.max_new_tokens)
+        backend = stage.local()
+        decoder = LocalReasonDecoder(backend.model, stage.prompts.tok, backend.pad_id, backend.scorer,
+                                     cfg.max_new_tokens, stage.prompts.ids('"}'))
+        decoder.grammar(reason_schema(cfg.anchors, clause_chars(cfg)))  # compiled at load, not on a request
+        return decoder
 
     def words(self) -> frozenset[str]:
         """Words a clause may use: the tokenizer's alphabetic tokens as whole words, and every word of the
@@ -201,49 +195,12 @@ class ReasonGenerator:
     def generate(self, request: Request, evidence: Sequence[Evidence], deadline: float) -> list[str]:
         """One JSON text per item, decoded greedily in one batch; ``StageError`` past ``deadline``
         (``time.monotonic()``)."""
-        import torch  # lazy: heavy (torch)
-
-        from llm_rerank.forward import BatchState, continue_batch  # lazy: imports torch
-
-        def check() -> None:
-            if time.monotonic() >= deadline:
-                raise StageError("explanation budget reached before the reasons were written")
-
-        check()
+        check_deadline(deadline)
         counts = [len(anchors_of(ev, self.cfg.anchors)) for ev in evidence]
         if not all(counts):
             raise StageError("no history item to rest a reason on")
         prefix, suffixes = self.rows(request, evidence)
-        steps = self.cfg.max_new_tokens
-        with torch.inference_mode():
-            state = BatchState.of_prefix(self.scorer.prefix_state(prefix), len(suffixes))
-            check()
-            grammar = GrammarLogits([self.grammar(n)[0] for n in counts], [""] * len(suffixes))
-            logits, state = continue_batch(self.model, state, suffixes, self.pad_id, logits=True, room=steps)
-            out: list[list[int]] = [[] for _ in suffixes]
-            chosen = torch.full((len(suffixes), 1), self.pad_id, dtype=torch.long)
-            closing = steps - len(self.close_ids)
-            forced = [-1] * len(suffixes)  # per row: close ids written so far once closing began
-            for step in range(steps):
-                masked = grammar(chosen, logits)
-                chosen = masked.argmax(dim=-1, keepdim=True)
-                for row in range(len(suffixes)):
-                    if not grammar.terminated(row) and not (out[row] and out[row][-1] in self.stop_ids):
-                        # out of budget: close the JSON as soon as the schema allows (the clause long enough),
-                        # so the row stays a valid document; one that cannot close in time is not served
-                        if forced[row] < 0 and step >= closing and bool(masked[row, self.close_ids[0]] > -1e30):
-                            forced[row] = 0
-                        if 0 <= forced[row] < len(self.close_ids):
-                            chosen[row, 0] = self.close_ids[forced[row]]
-                            forced[row] += 1
-                        out[row].append(int(chosen[row, 0]))
-                if all(grammar.terminated(r) or (out[r] and out[r][-1] in self.stop_ids)
-                       for r in range(len(suffixes))) or step == steps - 1:
-                    break
-                check()
-                logits, state = continue_batch(self.model, state, chosen.tolist(), self.pad_id, logits=True)
-        tok = self.stage.prompts.tok
-        return [tok.decode([t for t in ids if t not in self.stop_ids], skip_special_tokens=True) for ids in out]
+        return self.decoder.decode(prefix, suffixes, [reason_schema(n, self.max_chars) for n in counts], deadline)
 
 
 @dataclass

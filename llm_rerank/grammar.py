@@ -5,7 +5,7 @@ into a compiled grammar for one tokenizer; ``GrammarLogits`` holds one ``Grammar
 batch row and, at every decoding step, masks the logits to the tokens the schema allows next, so
 greedy decoding can only write JSON the schema admits. Two decoders use it: the offline tagger
 (``jobs.tagging.generate``, through transformers' ``generate``) and the reasons of recommended
-items (``llm_rerank.explain``, its own loop over a cached prefix).
+items (``llm_rerank.reason_decoding``, its own loop over a cached prefix).
 
 Deliberately left out: the schemas themselves and the decoding loops.
 """

@@ -110,6 +110,17 @@ class RemoteLLM:
         except json.JSONDecodeError as exc:
             raise StageError(f"LLM server returned invalid JSON for schema {name!r}: {content[:200]!r}") from exc
 
+    def json_completions(self, prompts: Sequence[Sequence[int]], schema: dict[str, Any], *, max_tokens: int,
+                         timeout_s: float | None = None) -> list[str]:
+        """One greedy completion per prompt (token ids), each constrained to ``schema`` by the server's
+        structured outputs; the texts in prompt order (parsed and checked by the caller)."""
+        body = {"model": self.model, "prompt": [list(map(int, p)) for p in prompts], "max_tokens": max_tokens,
+                "temperature": 0.0, "structured_outputs": {"json": schema}}
+        choices = sorted(self._post("/completions", body, timeout_s)["choices"], key=lambda c: c["index"])
+        if len(choices) != len(prompts):
+            raise StageError(f"LLM server returned {len(choices)} choices for {len(prompts)} prompts")
+        return [str(c.get("text") or "") for c in choices]
+
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         data = self._post("/embeddings", {"model": self.model, "input": list(texts)})["data"]
         return np.asarray([d["embedding"] for d in sorted(data, key=lambda d: d["index"])], dtype=np.float32)

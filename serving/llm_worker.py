@@ -4,7 +4,8 @@ One process loads the model and serves, on loopback by default:
 
 - ``POST /v1/completions``: ``prompt`` as text or token ids (one or a list), greedy decoding,
   ``logprobs`` = top-k of each generated token after ``logit_bias`` (what vLLM returns with
-  ``--logprobs-mode processed_logprobs``), ``return_tokens_as_token_ids`` keys ``token_id:N``.
+  ``--logprobs-mode processed_logprobs``), ``return_tokens_as_token_ids`` keys ``token_id:N``,
+  ``structured_outputs: {"json": schema}`` constrains every completion with xgrammar (vLLM's field).
   Single-token requests of all API workers go through one ``DynamicBatcher`` (shared forward
   passes, length-grouped, at most ``window_ms`` of waiting).
 - ``POST /v1/chat/completions``: chat template + greedy decoding; ``response_format``
@@ -52,6 +53,7 @@ class CompletionRequest(BaseModel):
     logprobs: int | None = None
     logit_bias: dict[str, float] | None = None
     return_tokens_as_token_ids: bool = False
+    structured_outputs: dict[str, Any] | None = None  # {"json": <JSON schema>}: every completion follows it
 
 
 class ChatRequest(BaseModel):
@@ -119,11 +121,16 @@ class LLMWorker:
         bias = {int(k): float(v) for k, v in (req.logit_bias or {}).items()}
         k = min(int(req.logprobs or 0), 50)
         choices = []
-        if req.max_tokens == 1:  # the scoring path: batched across concurrent requests
+        schema = self._structured_schema(req.structured_outputs)
+        if req.max_tokens == 1 and schema is None:  # the scoring path: batched across concurrent requests
             first = self.batcher.submit(prompts, length=max(len(p) for p in prompts)).result()
             steps = [[self._step(first[i], bias, k, req.return_tokens_as_token_ids)] for i in range(len(prompts))]
         else:
-            steps = [self._greedy(p, req.max_tokens, bias, k, req.return_tokens_as_token_ids) for p in prompts]
+            steps = [self._greedy(p, req.max_tokens, bias, k, req.return_tokens_as_token_ids,
+                                  None if schema is None else _Grammar(self._compiled(schema)))
+                     for p in prompts]
+            stop = {self.tok.eos_token_id}
+            steps = [[s for s in st if s[0] not in stop] if schema is not None else st for st in steps]
         for i, st in enumerate(steps):
             tokens = [t for t, _, _ in st]
             lp = None if req.logprobs is None else {
@@ -155,6 +162,17 @@ class LLMWorker:
                     break
                 step_ids = [tid]
         return out
+
+    @staticmethod
+    def _structured_schema(structured: dict[str, Any] | None) -> str | None:
+        """The JSON schema of vLLM's ``structured_outputs: {"json": ...}`` as compiled text (None: free text);
+        400 for any other kind of structured output."""
+        if not structured:
+            return None
+        schema = structured.get("json")
+        if set(structured) != {"json"} or not isinstance(schema, dict):
+            raise HTTPException(400, "structured_outputs supports only {\"json\": <JSON schema object>}")
+        return json.dumps(schema, sort_keys=True)
 
     def chat(self, req: ChatRequest) -> dict[str, Any]:
         text = self.tok.apply_chat_template(req.messages, tokenize=False, add_generation_prompt=True)

@@ -16,7 +16,11 @@ import numpy as np
 import pytest
 
 from cascade.settings import Settings
+from llm_rerank.anchored import parse_reason
 from llm_rerank.backends import RemoteBackend
+from llm_rerank.config import ExplainConfig
+from llm_rerank.explain import EvidenceBuilder, ReasonGenerator
+from llm_rerank.grounding import ItemFacts
 from llm_rerank.remote import RemoteLLM
 from llm_rerank.stage import LLMRerankStage
 from recsys.config import StageSpec
@@ -109,3 +113,28 @@ def test_dead_server_raises_stage_error(served: tuple[str, Path]) -> None:
     with pytest.raises(StageError, match="LLM server"):
         stage.score(Request(user_id="u0", history=np.array([1])), np.array([0, 1]))
 
+
+
+def test_http_backend_writes_the_reasons_the_local_model_writes(served: tuple[str, Path]) -> None:
+    """The same rows, decoded in process over the prefix cache and on the server with the schema as
+    structured output: the same greedy JSON, byte for byte, in one call for every row."""
+    url, root = served
+    cfg = ExplainConfig(max_new_tokens=120)  # room for the longest clause the schema admits
+    local = ReasonGenerator(_stage(root), cfg, "movie")
+    remote = ReasonGenerator(_stage(root, backend="http", base_url=url, http_timeout_s=60.0), cfg, "movie")
+    request = Request(user_id="u0", history=np.array([1, 2, 3, 4]))
+    evidence = EvidenceBuilder(ItemFacts.from_items(tiny_split().items)).build(
+        request, [0, 5, 6], [["two_tower"], ["popularity"], []])
+    assert local.rows(request, evidence) == remote.rows(request, evidence)
+    got = remote.generate(request, evidence, deadline=float("inf"))
+    assert got == local.generate(request, evidence, deadline=float("inf"))
+    assert all(parse_reason(text) is not None for text in got), got
+    with pytest.raises(StageError, match="budget"):  # past its deadline nothing is sent
+        remote.generate(request, evidence, deadline=time.monotonic() - 1.0)
+
+
+def test_structured_outputs_other_than_json_are_refused(served: tuple[str, Path]) -> None:
+    url, _ = served
+    reply = httpx.post(f"{url}/completions", json={"prompt": "Hello", "max_tokens": 3,
+                                                   "structured_outputs": {"regex": "[a-z]+"}}, timeout=30)
+    assert reply.status_code == 400 and "structured_outputs" in reply.text
