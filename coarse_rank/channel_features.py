@@ -3,7 +3,7 @@
 The recall stage hands the coarse ranker each channel's raw score, but only for the items
 that channel itself returned (NaN elsewhere). These features score *every* candidate:
 
-- ``covisit_recent``: the co-visitation score (``recall.item_models.covisitation``, window
+- ``covisit_recent``: the co-visitation score (``offline.item_neighbours.covisitation``, window
   ``channel_window``) of the item to the user's last ``channel_last_n`` items, recency-decayed
   exactly as the co-visitation channel queries it; ``covisit_recent_rel`` divides it by the
   request's best (LambdaRank compares items within a request, so the relative value travels
@@ -28,8 +28,9 @@ import numpy as np
 from scipy import sparse
 
 from coarse_rank.config import CoarseConfig
-from recall.item_models import NeighbourChannel, covisitation, item_model
+from offline.item_neighbours import NeighbourChannel, covisitation, item_model
 from recsys.contract import Candidates
+from recsys.names import RECALL_SCORE_PREFIX
 
 CHANNEL_FEATURES: dict[str, str] = {
     "covisit_recent": "co-visitation score to the last channel_last_n history items (recency-decayed)",
@@ -43,7 +44,7 @@ PREFIX = "chan_"  # array names in features.npz
 
 def rank_names(score_columns: Sequence[str]) -> list[str]:
     """``rank_<channel>`` for each ``recall_<channel>`` score column."""
-    return [f"rank_{c.removeprefix('recall_')}" for c in score_columns]
+    return [f"rank_{c.removeprefix(RECALL_SCORE_PREFIX)}" for c in score_columns]
 
 
 def sequences(users: np.ndarray, items: np.ndarray) -> list[np.ndarray]:

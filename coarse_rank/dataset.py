@@ -27,6 +27,7 @@ import pandas as pd
 
 from offline.split import Split
 from recsys.contract import Candidates, Request, Stage
+from recsys.names import RECALL_SCORE_PREFIX, SOURCE_FLAG_PREFIX
 from recsys.progress import progress_bar
 
 QueryPhase = Literal["train", "valid"]
@@ -110,8 +111,8 @@ def channel_columns(groups: Sequence[QueryGroups]) -> tuple[list[str], list[str]
     flags: set[str] = set()
     for g in groups:
         for c in g.candidates:
-            scores.update(s for s in c.scores if s.startswith("recall_"))
-            flags.update(f for f in c.flags if f.startswith("src_"))
+            scores.update(s for s in c.scores if s.startswith(RECALL_SCORE_PREFIX))
+            flags.update(f for f in c.flags if f.startswith(SOURCE_FLAG_PREFIX))
     return sorted(scores), sorted(flags)
 
 

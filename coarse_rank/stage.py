@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from coarse_rank.config import CoarseConfig, stage_subdir
+from coarse_rank.feature_store import load_builder
 from coarse_rank.features import FeatureBuilder
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request, StageError
@@ -64,7 +65,7 @@ class CoarseStage:
             raise FileNotFoundError(f"{directory / 'meta.json'}: no trained coarse ranker (run training first)")
         # before numpy's zip reader or LightGBM parses a byte (a torn model aborts the process)
         verify_directory(directory, loads=("model.txt",))
-        builder = FeatureBuilder.load(directory)
+        builder = load_builder(directory)
         model_text = (directory / "model.txt").read_text()
         booster = lgb.Booster(model_str=model_text)
         names = booster.feature_name()

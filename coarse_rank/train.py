@@ -28,6 +28,7 @@ import numpy as np
 from coarse_rank.config import CoarseConfig
 from coarse_rank.dataset import QueryGroups, build_groups, channel_columns, training_prefix
 from coarse_rank.feature_names import CATEGORICAL_FEATURES
+from coarse_rank.feature_store import save_builder
 from coarse_rank.features import FeatureBuilder, check_tags
 from coarse_rank.item_tags import ItemTags
 from offline.metrics import per_user_metrics
@@ -260,7 +261,7 @@ def _save(out_dir: Path, booster: Any, best: int, builder: FeatureBuilder, repor
     (out_dir / "meta.json").unlink(missing_ok=True)  # meta.json marks a complete artifact: written last
     booster.save_model(str(out_dir / ".model.txt.tmp"), num_iteration=best)
     (out_dir / ".model.txt.tmp").replace(out_dir / "model.txt")
-    builder.save(out_dir)
+    save_builder(builder, out_dir)
     meta = {"dataset": split.name, "seed": seed, "lightgbm": lgb.__version__, "config": config.model_dump(),
             "params": lgbm_params(config, seed), "feature_names": builder.feature_names, "report": report}
     atomic_write_json(out_dir / "meta.json", meta)

@@ -5,7 +5,7 @@ catalogs it barely does; so every eval report ranks the full catalog with three 
 on exactly what the cascade may see before the phase's targets, and says whether the served order
 beats the best of them beyond the paired bootstrap's CI:
 
-- ``covisit_last``: item-to-item co-occurrence (``recall.item_models.covisitation``, the recall
+- ``covisit_last``: item-to-item co-occurrence (``offline.item_neighbours.covisitation``, the recall
   config's window and backward weight) queried from the user's last ``covisit_last_n`` items with
   recency-decayed weights: the session-kNN baseline of Ludewig & Jannach (2018).
 - ``ease``: the EASE^R item model alone (Steck 2019; item-kNN above ``ease_max_items`` items, as the
@@ -28,10 +28,10 @@ from scipy import sparse
 
 from offline.baselines import input_histories
 from offline.bootstrap import paired_bootstrap
+from offline.item_neighbours import NeighbourChannel, covisitation, item_model
 from offline.metrics import per_user_metrics, rank_full
 from offline.split import Phase, Split
 from recall.config import RecallConfig
-from recall.item_models import NeighbourChannel, covisitation, item_model
 
 RECENT_SHARE = 0.2  # share of the visible events, newest first, that popularity_recent counts
 _TIE_BREAK = 1e-6  # weight of normalised popularity added to neighbour scores (below any real weight)

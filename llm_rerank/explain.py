@@ -4,7 +4,7 @@ For each of a request's top items ``ReasonWriter.write`` returns one ``Reason``:
 
 1. **evidence** (``EvidenceBuilder``): the item's title, categories, year and text, the recall
    channels that found it, its nearest history items by co-visitation (the trained
-   ``recall.item_models.covisitation`` matrix), the user's history;
+   ``offline.item_neighbours.covisitation`` matrix), the user's history;
 2. **cache**: a reason already written for (history digest, item, prompt version) is served as is
    (``llm_rerank.reason_cache``);
 3. **generation** (``ReasonGenerator``): one batched, schema-constrained greedy decode for all the

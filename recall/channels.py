@@ -36,8 +36,7 @@ import numpy as np
 
 from recall.config import RecallConfig
 from recsys.contract import Candidates
-
-TWO_TOWER = "two_tower"  # the name of the two-tower list among the channels
+from recsys.names import RECALL_SCORE_PREFIX, SOURCE_FLAG_PREFIX, TWO_TOWER
 
 Channel = tuple[str, np.ndarray, np.ndarray]  # (name, ids best first, raw scores)
 
@@ -191,10 +190,10 @@ def merge_channels(
         where = np.searchsorted(ids[by_id], items)
         where = np.minimum(where, max(len(ids) - 1, 0))
         found = (ids[by_id][where] == items) if len(ids) else np.zeros(len(items), dtype=bool)
-        flags[f"src_{name}"] = found
+        flags[f"{SOURCE_FLAG_PREFIX}{name}"] = found
         col = np.full(len(items), np.nan, dtype=np.float32)
         col[found] = raw[by_id][where[found]]
-        scores[f"recall_{name}"] = col
+        scores[f"{RECALL_SCORE_PREFIX}{name}"] = col
     return Candidates(items=items, scores=scores, flags=flags, order_by="recall")
 
 

@@ -131,7 +131,7 @@ class RecallConfig(BaseModel):
     # coarse.channel_features): coarse NDCG@10 0.1059 +- 0.0037 -> 0.1158 +- 0.0021, positive on every
     # seed (results/decisions/channels_*_ml100k.json). Switch one off with covisit_channel: false / item_model: off.
     covisit_channel: bool = Field(
-        True, description="Add the co-visitation channel (recall.item_models.covisitation) beside the two-tower."
+        True, description="Add the co-visitation channel (offline.item_neighbours.covisitation) beside the two-tower."
     )
     covisit_window: int = Field(10, ge=1, le=50, description="Co-visitation pairs are at most this many steps apart.")
     covisit_backward: float = Field(

@@ -3,7 +3,7 @@
 ``recall.train.train_two_tower`` (the one training entry point of the recall stage) calls
 ``train_channels`` after the two-tower when ``RecallConfig.extra_channels`` is not empty:
 
-1. fit each channel's matrix (``recall.item_models``) on the *same* sequences the two-tower
+1. fit each channel's matrix (``offline.item_neighbours``) on the *same* sequences the two-tower
    trained on (for ``recall_holdout`` that is the shortened ones, so no coarse-ranker label
    feeds a channel) and save it as ``<recall_dir>/channels/<name>.npz``;
 2. load the freshly written model (``recall.model``), build every channel's own list once per early-stopping
@@ -44,11 +44,11 @@ from typing import Any
 import numpy as np
 from scipy import sparse
 
+from offline.item_neighbours import covisitation, item_counts, item_model
 from offline.protocol import GATE_MIN_USERS, SALT_CHANNEL_GATE, gate_verdict
 from recall.artifacts import CHANNELS_DIR, CHANNELS_FILE, VECTORS_FILE
 from recall.channels import Channel, ChannelQuotas, PopularityChannel, clean_channel, priority_items
 from recall.config import RecallConfig
-from recall.item_models import covisitation, item_counts, item_model
 from recall.model import RecallModel
 from recsys.atomic import atomic_write_json
 
@@ -58,7 +58,7 @@ GATE_FOLDS = 5
 
 
 def fit_channels(sequences: list[np.ndarray], n_items: int, config: RecallConfig) -> dict[str, Any]:
-    """``{name: (kind, W, last_n)}`` for every channel ``config`` turns on (see ``recall.item_models``)."""
+    """``{name: (kind, W, last_n)}`` for every channel ``config`` turns on (see ``offline.item_neighbours``)."""
     out: dict[str, Any] = {}
     if config.covisit_channel:
         w = covisitation(sequences, n_items, window=config.covisit_window, backward=config.covisit_backward,

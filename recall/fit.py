@@ -57,11 +57,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from offline.item_neighbours import item_counts
 from offline.protocol import SALT_EARLY_STOP, user_sample
 from offline.split import Split
 from recall.config import RecallConfig
 from recall.features import ItemFeatures, UserVocab
-from recall.item_models import item_counts
 from recall.scoring import full_ranking_metrics, user_vectors
 from recall.text import embed_items
 from recall.towers import ItemTower, UserTower

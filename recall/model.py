@@ -30,13 +30,14 @@ from recall.artifacts import (
     VECTORS_FILE,
     check_trained,
 )
-from recall.channels import TWO_TOWER, Channel, PopularityChannel
+from recall.channels import Channel, PopularityChannel
 from recall.config import RecallConfig
 from recall.features import UserVocab
 from recall.index import ItemIndex
+from recsys.names import TWO_TOWER
 
 if TYPE_CHECKING:
-    from recall.item_models import NeighbourChannel
+    from offline.item_neighbours import NeighbourChannel
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,7 @@ def load_channels(recall_dir: Path, config: RecallConfig) -> tuple[list[Neighbou
     """The extra channels ``config`` turns on, from ``recall_dir``, and their tuned shares."""
     from scipy import sparse  # lazy: loading a model is the first use of scipy on the serving path
 
-    from recall.item_models import NeighbourChannel  # lazy: imports scipy
+    from offline.item_neighbours import NeighbourChannel  # lazy: imports scipy
 
     names = config.extra_channels
     if not names:

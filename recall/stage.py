@@ -3,7 +3,7 @@
 At request time the user tower encodes the request's most recent history (and attributes)
 into one vector (the tower is inductive: a user unknown at training time, or one with no
 history at all, still gets a vector); the faiss index returns the nearest items; the extra
-channels (``recall.item_models.NeighbourChannel``: co-visitation and EASE/item-kNN, on by
+channels (``offline.item_neighbours.NeighbourChannel``: co-visitation and EASE/item-kNN, on by
 default, ``RecallConfig.extra_channels``) score items from the recent history; excluded
 items are dropped; ``recall.channels.merge_channels`` merges the lists, each extra channel
 getting its share of the depth (gated on valid at training time, ``recall.extra_channels``)

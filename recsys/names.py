@@ -1,4 +1,5 @@
-"""What an id (user, item) or a version name may hold: one rule for the loaders, the API and documents.
+"""What an id (user, item) or a version name may hold: one rule for the loaders, the API and documents;
+and the names of the candidate columns one stage writes and a later one reads.
 
 Refused: C0/C1 control characters (NUL, newline, escape, ...), which break logs, headers and
 line-based files, and the format characters that hide or reorder text without changing what is
@@ -34,6 +35,12 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections.abc import Iterable
+
+# Candidate columns (``recsys.contract.Candidates``) the recall stage writes and later stages read:
+# per recall channel one raw score ``recall_<channel>`` (NaN where the channel did not return the
+# item) and one flag ``src_<channel>``; ``two_tower`` is the channel whose list leads the merge.
+RECALL_SCORE_PREFIX, SOURCE_FLAG_PREFIX = "recall_", "src_"
+TWO_TOWER = "two_tower"
 
 MAX_ID_CHARS = 512  # an id's length in its canonical (NFC) spelling, for the API and the loaders (URLs fit)
 # What surrounds an id and is dropped: what ``str.strip`` removes except the separators U+001C..U+001F,

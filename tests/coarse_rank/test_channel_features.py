@@ -12,9 +12,10 @@ from coarse_rank.channel_features import CHANNEL_FEATURES
 from coarse_rank.config import CoarseConfig
 from coarse_rank.dataset import training_prefix
 from coarse_rank.feature_names import FEATURES
+from coarse_rank.feature_store import load_builder, save_builder
 from coarse_rank.features import FeatureBuilder
 from coarse_rank.train import importance_table
-from recall.item_models import NeighbourChannel, ease
+from offline.item_neighbours import NeighbourChannel, ease
 from recsys.contract import Candidates, Request
 from tests.coarse_rank.test_features import ITEMS, RATINGS, SEQS, STAMPS, USERS
 from tests.coarse_rank.toy import split_from_sequences
@@ -83,8 +84,8 @@ def test_channel_ranks_and_cold_user(split) -> None:
 
 def test_save_load_round_trip(split, tmp_path) -> None:
     fb = fitted(split)
-    fb.save(tmp_path)
-    again = FeatureBuilder.load(tmp_path)
+    save_builder(fb, tmp_path)
+    again = load_builder(tmp_path)
     a, b = columns(fb, [0, 1, 2], [3, 4], pop=[1, 2]), columns(again, [0, 1, 2], [3, 4], pop=[1, 2])
     assert list(a) == list(b)
     for name in a:

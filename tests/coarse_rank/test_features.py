@@ -14,6 +14,7 @@ from coarse_rank import statistics
 from coarse_rank.config import CoarseConfig
 from coarse_rank.dataset import prefix_popularity, training_prefix
 from coarse_rank.feature_names import FEATURES
+from coarse_rank.feature_store import load_builder, save_builder
 from coarse_rank.features import FeatureBuilder
 from recsys.contract import Candidates, Request
 from tests.coarse_rank.toy import split_from_sequences
@@ -146,8 +147,8 @@ def test_an_item_without_interactions_has_unknown_interaction_features(split):
 
 def test_save_load_round_trip_gives_identical_features(split, tmp_path):
     fb = fitted(split)
-    fb.save(tmp_path)
-    again = FeatureBuilder.load(tmp_path)
+    save_builder(fb, tmp_path)
+    again = load_builder(tmp_path)
     req = Request(user_id="x", history=np.array([0, 2]), user_attrs=WRITER_MAN)
     cands = Candidates(items=np.array([1, 3, 4]), scores={"recall": np.array([3, 2, 1], np.float32)})
     np.testing.assert_array_equal(fb.transform(req, cands), again.transform(req, cands))

@@ -11,6 +11,7 @@ import pytest
 from coarse_rank import item_tags
 from coarse_rank.config import CoarseConfig
 from coarse_rank.feature_names import FEATURES, TAG_FEATURES
+from coarse_rank.feature_store import load_builder, save_builder
 from coarse_rank.features import FeatureBuilder
 from coarse_rank.item_tags import ItemTags
 from coarse_rank.stage import CoarseStage
@@ -94,8 +95,8 @@ def test_unknown_history_and_no_history_read_nan(split):
 
 def test_save_load_round_trip_keeps_the_tag_features(split, tmp_path):
     fb = tagged(split)
-    fb.save(tmp_path)
-    again = FeatureBuilder.load(tmp_path)
+    save_builder(fb, tmp_path)
+    again = load_builder(tmp_path)
     req = Request(user_id="x", history=np.array([0, 2, 4]))
     cands = Candidates(items=np.array([1, 3, 2]), scores={"recall": np.array([3, 2, 1], np.float32)})
     np.testing.assert_array_equal(fb.transform(req, cands), again.transform(req, cands))

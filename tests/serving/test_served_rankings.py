@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from coarse_rank import features
-from recall.item_models import NeighbourChannel
+from offline.item_neighbours import NeighbourChannel
 from recsys.pipeline import Pipeline
 from serving.schemas import RecommendRequest
 from serving.service import Recommender

@@ -7,8 +7,8 @@ import doctest
 import numpy as np
 import pytest
 
-from recall import item_models
-from recall.item_models import NeighbourChannel, covisitation, ease, item_knn, item_model, top_k_rows
+from offline import item_neighbours
+from offline.item_neighbours import NeighbourChannel, covisitation, ease, item_knn, item_model, top_k_rows
 
 
 def arr(*xs: int) -> np.ndarray:
@@ -16,7 +16,7 @@ def arr(*xs: int) -> np.ndarray:
 
 
 def test_docstring_examples() -> None:
-    assert doctest.testmod(item_models).failed == 0
+    assert doctest.testmod(item_neighbours).failed == 0
 
 
 def test_covisitation_counts_by_hand() -> None:

@@ -1,4 +1,8 @@
-"""Item-to-item models behind the non-neural recall channels, and the channel that serves them.
+"""Item-to-item neighbour models fitted from interaction sequences, and the channel that serves them.
+
+The recall stage serves them as its non-neural channels (``recall.extra_channels``), the coarse
+ranker fits its own as features (``coarse_rank.channel_features``) and the evaluation compares
+them as baselines; they live in the data layer so that no stage imports another for them.
 
 Each model is one sparse ``[n_items, n_items]`` matrix ``W`` (row a = the items a points to,
 with a weight); a user's score for item b is ``sum_a w_a * W[a, b]`` over (some of) their
