@@ -123,17 +123,10 @@ def make_split(ds: Dataset, k_core: int = 5, catalog: str = "interacted") -> Spl
         new = ds.items.loc[~ds.items["item_id"].isin(inter["item_id"])]
         items, n_new = pd.concat([items, new], ignore_index=True), len(new)
     users = _encoded_users(ds, kept)
-    item_idx = pd.Index(items["item_id"]).get_indexer(kept["item_id"]).astype(np.int64)
-    user_idx = pd.Index(users["user_id"]).get_indexer(kept["user_id"]).astype(np.int64)
-    ts = kept["timestamp"].to_numpy(np.int64)
-    rows = kept.index.to_numpy(np.int64)  # positions in the input table: the tie-break
-    order = np.lexsort((rows, ts, user_idx))
-    user_idx, item_idx, ts = user_idx[order], item_idx[order], ts[order]
-    rating = kept["rating"].to_numpy(np.float32)[order]
-
+    user_idx, item_idx, ts, rating = _ordered_events(kept, users["user_id"], items["item_id"])
     ends = np.cumsum(np.bincount(user_idx, minlength=len(users)))
     test_rows, valid_rows = ends - 1, ends - 2
-    train_mask = np.ones(len(order), dtype=bool)
+    train_mask = np.ones(len(user_idx), dtype=bool)
     train_mask[test_rows] = False
     train_mask[valid_rows] = False
     train = pd.DataFrame({"user_idx": user_idx[train_mask], "item_idx": item_idx[train_mask],
@@ -143,7 +136,7 @@ def make_split(ds: Dataset, k_core: int = 5, catalog: str = "interacted") -> Spl
         "k_core": k, "split": "leave-one-out", "ranking": "full", "exclude": "history",
         "dedup": "latest (user, item) kept", "tie_break": "timestamp, then input row order",
         "min_user_interactions": user_k, "n_users_dropped_short": int(n_short),
-        "n_interactions": len(order), "n_users": len(users), "n_items": len(items),
+        "n_interactions": len(user_idx), "n_users": len(users), "n_items": len(items),
         "n_interactions_raw": len(inter),
         # left out by the filter: outside users are served from Split.outside, outside items not at all
         "n_users_outside": len(outside), "n_items_outside": int(len(ds.items) - len(items)),
@@ -158,6 +151,18 @@ def make_split(ds: Dataset, k_core: int = 5, catalog: str = "interacted") -> Spl
         valid=item_idx[valid_rows], test=item_idx[test_rows],
         valid_ts=ts[valid_rows], test_ts=ts[test_rows], protocol=protocol, outside=outside,
     )
+
+
+def _ordered_events(kept: pd.DataFrame, user_ids: pd.Series, item_ids: pd.Series
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(user_idx, item_idx, timestamp, rating) of the ``kept`` events, ordered by user, then time,
+    then position in the input table (the tie-break)."""
+    item_idx = pd.Index(item_ids).get_indexer(kept["item_id"]).astype(np.int64)
+    user_idx = pd.Index(user_ids).get_indexer(kept["user_id"]).astype(np.int64)
+    ts = kept["timestamp"].to_numpy(np.int64)
+    rows = kept.index.to_numpy(np.int64)  # positions in the input table: the tie-break
+    order = np.lexsort((rows, ts, user_idx))
+    return user_idx[order], item_idx[order], ts[order], kept["rating"].to_numpy(np.float32)[order]
 
 
 def outside_users(ds: Dataset, kept_users: pd.Series, catalog: pd.Series) -> pd.DataFrame:

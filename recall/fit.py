@@ -187,8 +187,71 @@ def setup_run(
     )
 
 
+@dataclass
+class _Spend:
+    """What a fit has spent (steps, logits) and whether a cap (logits, wall clock) has been reached."""
+
+    budget: float  # logits
+    max_train_s: float | None
+    t0: float
+    steps: int = 0
+    logits: int = 0
+    out_of_budget: bool = False
+    out_of_time: bool = False
+
+    @property
+    def spent(self) -> bool:
+        return self.out_of_budget or self.out_of_time
+
+    def add(self, logits: int) -> None:
+        """One step over ``logits`` scored logits; the caps are checked after every step."""
+        self.steps += 1
+        self.logits += logits
+        self.out_of_budget = self.logits >= self.budget
+        self.out_of_time = self.max_train_s is not None and time.perf_counter() - self.t0 > self.max_train_s
+
+
+@dataclass
+class _Windows:
+    """The fit's training windows (``recall.windows.training_windows``) and what the loop reads of them."""
+
+    x: np.ndarray
+    y: np.ndarray
+    owner: np.ndarray
+    start: np.ndarray
+    positions: np.ndarray  # target positions per window
+    lengths: np.ndarray
+
+    @classmethod
+    def of(cls, seqs: list[np.ndarray], max_len: int) -> _Windows:
+        x, y, owner, start = training_windows(seqs, max_len)
+        return cls(x, y, owner, start, (y >= 0).sum(axis=1), window_lengths(x))
+
+
+def _train_epoch(run: Run, config: RecallConfig, opt: torch.optim.Optimizer, w: _Windows, gen: torch.Generator,
+                 rng: np.random.Generator, by_length: bool, spend: _Spend, scored: int) -> tuple[list[float], bool]:
+    """One epoch of optimizer steps; (the losses, whether a cap stopped it before its last batch)."""
+    run.item_tower.train()
+    run.user_tower.train()
+    losses: list[float] = []
+    batches = epoch_batches(w.lengths, config.batch_size, rng, by_length=by_length)
+    for b, rows in enumerate(batches):
+        x, y = trim_padding(w.x[rows], w.y[rows]) if by_length else (w.x[rows], w.y[rows])
+        loss = batch_loss(run.item_tower, run.user_tower, torch.from_numpy(x), torch.from_numpy(y),
+                          torch.from_numpy(run.attrs[w.owner[rows]]), config, run.log_q, gen,
+                          [run.seqs[w.owner[r]][:w.start[r]] for r in rows] if config.mask_history else [])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        spend.add(int(w.positions[rows].sum()) * scored)
+        if spend.spent:  # within the epoch: one epoch over millions of windows can outlast the budget many times
+            return losses, b + 1 < len(batches)
+    return losses, False
+
+
 def fit(run: Run, config: RecallConfig, seed: int, t0: float, progress: bool, epochs: int | None = None,
-         max_logits: float | None = None) -> dict[str, Any]:
+        max_logits: float | None = None) -> dict[str, Any]:
     """The epoch loop with early stopping; leaves the best evaluated weights in the towers.
 
     With ``epochs`` (the refit) it trains that many, evaluates nothing and keeps the last weights;
@@ -196,76 +259,65 @@ def fit(run: Run, config: RecallConfig, seed: int, t0: float, progress: bool, ep
     early-stopped fit had spent at its best evaluation). The wall-clock cap holds either way."""
     params = list(run.item_tower.parameters()) + list(run.user_tower.parameters())
     opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-    x_all, y_all, owner, start = training_windows(run.seqs, config.max_len)
+    w = _Windows.of(run.seqs, config.max_len)
     gen, rng = torch.Generator().manual_seed(seed), np.random.default_rng(seed)
     best: dict[str, Any] = {"valid": {"ndcg@10": -1.0}, "best_epoch": 0, "state": None}
     history: list[dict[str, Any]] = []
-    bad_evals, epoch, out_of_time, out_of_budget, steps, logits, cut_short = 0, 0, False, False, 0, 0, False
+    bad_evals, epoch, cut_short = 0, 0, False
     scored = len(run.item_tower.known) if run.log_q is None else 1 + config.n_negatives  # items per target position
-    positions = (y_all >= 0).sum(axis=1)  # target positions per window
-    lengths = window_lengths(x_all)
-    by_length = config.uses_length_buckets(float(lengths.mean()) / config.max_len)[0]
+    by_length = config.uses_length_buckets(float(w.lengths.mean()) / config.max_len)[0]
     budget = max_logits if epochs else config.max_train_logits
-    budget = float("inf") if budget is None else budget
-    steps_per_epoch = -(-len(x_all) // config.batch_size)
+    spend = _Spend(float("inf") if budget is None else budget, config.max_train_s, t0)
+    steps_per_epoch = -(-len(w.x) // config.batch_size)
     last = epochs or config.epoch_bound(steps_per_epoch)[0]
     bar = progress_bar(range(1, last + 1), desc="two-tower refit" if epochs else "two-tower", enabled=progress,
                        unit="epoch")
     for epoch in bar:
-        run.item_tower.train()
-        run.user_tower.train()
-        losses = []
-        batches = epoch_batches(lengths, config.batch_size, rng, by_length=by_length)
-        for b, rows in enumerate(batches):
-            x, y = trim_padding(x_all[rows], y_all[rows]) if by_length else (x_all[rows], y_all[rows])
-            loss = batch_loss(run.item_tower, run.user_tower, torch.from_numpy(x), torch.from_numpy(y),
-                              torch.from_numpy(run.attrs[owner[rows]]), config, run.log_q, gen,
-                              [run.seqs[owner[r]][:start[r]] for r in rows] if config.mask_history else [])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-            steps += 1
-            logits += int(positions[rows].sum()) * scored
-            out_of_budget = logits >= budget
-            out_of_time = config.max_train_s is not None and time.perf_counter() - t0 > config.max_train_s
-            if out_of_budget or out_of_time:
-                cut_short = b + 1 < len(batches) or epoch < last
-                break  # within the epoch: one epoch over millions of windows can outlast the budget many times
+        losses, stopped_mid_epoch = _train_epoch(run, config, opt, w, gen, rng, by_length, spend, scored)
+        if spend.spent:
+            cut_short = stopped_mid_epoch or epoch < last
         if epochs:  # the refit: no held-out target to evaluate on
             bar.set_postfix(loss=round(float(np.mean(losses)), 4))
-            if out_of_budget or out_of_time:
+            if spend.spent:
                 break
             continue
-        if epoch % config.eval_every and epoch != last and not (out_of_budget or out_of_time):
+        if epoch % config.eval_every and epoch != last and not spend.spent:
             continue
         metrics = run.evaluate(run.seqs, run.targets)
         history.append({"epoch": epoch, "loss": round(float(np.mean(losses)), 4), **metrics,
                         "s": round(time.perf_counter() - t0, 1)})
         if metrics["ndcg@10"] > best["valid"]["ndcg@10"]:
             state = copy.deepcopy((run.item_tower.state_dict(), run.user_tower.state_dict()))
-            best, bad_evals = {"valid": metrics, "best_epoch": epoch, "state": state, "logits": logits}, 0
+            best, bad_evals = {"valid": metrics, "best_epoch": epoch, "state": state, "logits": spend.logits}, 0
         else:
             bad_evals += 1
         bar.set_postfix(loss=history[-1]["loss"], ndcg10=metrics["ndcg@10"], best=best["best_epoch"])
-        if bad_evals >= config.patience or out_of_budget or out_of_time:
+        if bad_evals >= config.patience or spend.spent:
             break
     bar.close()
     if epochs:
         # the budget reached at the last step of the last epoch is the refit done, not cut
-        return {"epochs": epoch, "n_windows": len(x_all), "steps": steps, "logits": logits,
-                "out_of_budget": out_of_budget and cut_short, "out_of_time": out_of_time and cut_short and not out_of_budget}
+        return {"epochs": epoch, "n_windows": len(w.x), "steps": spend.steps, "logits": spend.logits,
+                "out_of_budget": spend.out_of_budget and cut_short,
+                "out_of_time": spend.out_of_time and cut_short and not spend.out_of_budget}
     run.item_tower.load_state_dict(best["state"][0])
     run.user_tower.load_state_dict(best["state"][1])
-    stopped_by = ("max_train_logits" if out_of_budget else "max_train_s" if out_of_time
+    stopped_by = ("max_train_logits" if spend.out_of_budget else "max_train_s" if spend.out_of_time
                   else "early_stopping" if bad_evals >= config.patience else "max_epochs")
-    return {"epochs": epoch, "best_epoch": best["best_epoch"], "n_windows": len(x_all), "steps": steps,
-            "logits": logits, "best_logits": best["logits"], "positions": int(positions.sum()),
+    return _fit_report(run, config, spend, w, stopped_by, epoch, best, history)
+
+
+def _fit_report(run: Run, config: RecallConfig, spend: _Spend, w: _Windows, stopped_by: str, epoch: int,
+                best: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, Any]:
+    """The early-stopped fit's report: how long it ran, why it stopped, its best evaluation."""
+    steps_per_epoch = -(-len(w.x) // config.batch_size)
+    return {"epochs": epoch, "best_epoch": best["best_epoch"], "n_windows": len(w.x), "steps": spend.steps,
+            "logits": spend.logits, "best_logits": best["logits"], "positions": int(w.positions.sum()),
             "stopped_by": stopped_by, "converged": stopped_by == "early_stopping",
             "out_of_budget": stopped_by in ("max_train_logits", "max_epochs"), "out_of_time": stopped_by == "max_train_s",
             "loss": "full" if run.log_q is None else "sampled", "valid": best["valid"],
             "settings": training_settings(config, len(run.item_tower.known), steps_per_epoch,
-                                          float(lengths.mean()) / config.max_len), "history": history}
+                                          float(w.lengths.mean()) / config.max_len), "history": history}
 
 
 def training_settings(config: RecallConfig, n_items: int, steps_per_epoch: int, real_share: float) -> dict[str, str]:
