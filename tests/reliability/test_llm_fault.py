@@ -72,8 +72,7 @@ def ids(answer: dict[str, Any]) -> list[str]:
 def assert_coarse_fallback(answer: dict[str, Any], coarse_order: list[str], reason: str) -> None:
     assert answer["path"] == "fallback" and answer["fallbacks"] == ["llm"]
     assert ids(answer) == coarse_order
-    assert reason in answer["stages"][-1]["reason"]
-    assert answer["total_ms"] < REQUEST_BUDGET_MS
+    assert answer["stages"][-1]["status"] == "fallback" and reason in answer["stages"][-1]["reason"]
 
 
 @pytest.mark.slow
@@ -86,13 +85,15 @@ def test_hung_llm_backend_falls_back_to_coarse_order_within_budget(served: tuple
     try:
         answer = ask(client, llm=True)
         assert_coarse_fallback(answer, coarse_order, "call abandoned")
-        assert answer["stages"][-1]["ms"] < LLM_BUDGET_MS + 500
-        for _ in range(MAX_ABANDONED - 1):  # each hung call holds a thread until the backend answers
+        # answered while the forward pass is still blocked: the deadline ended the wait, not the backend
+        assert llm_stuck(client)["llm"] == 1
+        for n in range(2, MAX_ABANDONED + 1):  # each hung call holds a thread until the backend answers
             assert_coarse_fallback(ask(client, llm=True), coarse_order, "call abandoned")
-        # with MAX_ABANDONED calls stuck the stage is not even tried: an instant fallback
+            assert llm_stuck(client)["llm"] == n
+        # with MAX_ABANDONED calls stuck the stage is not even tried: a fallback holding no further thread
         instant = ask(client, llm=True)
         assert_coarse_fallback(instant, coarse_order, f"{MAX_ABANDONED} earlier calls still running")
-        assert instant["stages"][-1]["ms"] < LLM_BUDGET_MS
+        assert llm_stuck(client)["llm"] == MAX_ABANDONED
     finally:
         release.set()
         hook.remove()
