@@ -23,11 +23,11 @@ from coarse_rank.config import CoarseConfig, stage_subdir
 from coarse_rank.feature_store import load_builder
 from coarse_rank.features import FeatureBuilder
 from recsys.config import StageSpec
-from recsys.contract import Candidates, Request, StageError
+from recsys.contract import ArtifactSubdir, Candidates, Request, StageError
 from recsys.manifest import verify_directory
 
 
-class CoarseStage:
+class CoarseStage(ArtifactSubdir):
     """Built cheaply as ``CoarseStage(spec, settings.coarse)``; ``load`` reads ``<artifact_dir>/<subdir>``.
 
     The ``CoarseConfig`` is that of training; serving reads everything it needs from the saved

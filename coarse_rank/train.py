@@ -91,7 +91,7 @@ def train_coarse(
         if len(g) == 0:
             raise ValueError(
                 f"train_coarse: none of the {len(g_all)} {name} groups has its label among the candidates "
-                f"of stage {getattr(stage, 'name', stage)!r}; nothing to learn from"
+                f"of stage {stage.name!r}; nothing to learn from"
             )
     x_tr, x_va = _matrix(prefix_fb, tr, progress), _matrix(builder, va, progress)
     dropouts = COLD_ITEM_DROPOUTS if config.cold_item_dropout is None else (config.cold_item_dropout,)

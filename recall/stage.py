@@ -41,12 +41,14 @@ from recall.channels import Channel, ChannelQuotas, PopularityChannel
 from recall.config import DEFAULT_DEPTH, EARLY_STOPPED_DIR, RecallConfig
 from recall.model import RecallModel
 from recsys.config import StageSpec
-from recsys.contract import Candidates, Request
+from recsys.contract import Backfilling, Candidates, ChannelRecall, Request
 from recsys.manifest import verify_directory
 
 
-class RecallStage:
-    """``recsys.contract.Stage`` "recall": writes the ``recall`` rank score (plus per-channel columns)."""
+class RecallStage(Backfilling, ChannelRecall):
+    """``recsys.contract.Stage`` "recall": writes the ``recall`` rank score (plus per-channel columns);
+    backfills from its popularity channel (``Backfilling``) and lists each channel's own candidates
+    (``ChannelRecall``)."""
 
     reads: tuple[str, ...] = ()
     writes: tuple[str, ...] = ("recall",)
