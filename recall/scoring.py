@@ -1,9 +1,9 @@
 """Batched user vectors and full-ranking evaluation of a two-tower model.
 
-Shared by the trainer (early stopping on valid, final valid/test figures) and the recall
-stage (``RecallStage.user_vectors`` for the evaluator). Full ranking follows the protocol
-of ``offline.split``: every catalog item is scored, the input history is excluded, ties go
-to the lower item index (``offline.metrics.rank_full``).
+Shared by the trainer (early stopping on valid, final valid/test figures) and the loaded recall
+model (``recall.model.RecallModel.user_vectors``, for serving and the evaluator). Full ranking
+follows the protocol of ``offline.split``: every catalog item is scored, the input history is
+excluded, ties go to the lower item index (``offline.metrics.rank_full``).
 
 Deliberately left out: approximate search (the stage queries the faiss index instead) and
 metric definitions (``offline.metrics``).
