@@ -22,7 +22,7 @@ test: venv
 	$(PY) -m pytest -q -p no:cacheprovider
 
 test-heavy: venv
-	HEAVY_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider tests/jobs/test_llm_adapt.py
+	HEAVY_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider tests/llm_rerank/test_adapt.py
 
 test-fast: venv
 	$(PY) -m pytest -q -m "not slow"
@@ -31,7 +31,7 @@ demo: venv
 	$(VENV)/bin/recsys demo --artifacts $(ARTIFACTS)/synthetic
 
 lint: venv
-	$(VENV)/bin/ruff check . && $(VENV)/bin/mypy recsys offline recall coarse_rank llm_rerank rules fusion cascade serving jobs cli
+	$(VENV)/bin/ruff check . && $(VENV)/bin/mypy recsys offline recall coarse_rank llm_rerank rules fusion cascade serving jobs bench cli
 
 eval-ml100k: venv
 	$(VENV)/bin/recsys eval --data ../shared/datasets/ml-100k --out results/eval/ml100k.json

@@ -1,4 +1,4 @@
-"""``recsys battery``: the defaults over several dataset shapes, one table (``jobs.battery``).
+"""``recsys battery``: the defaults over several dataset shapes, one table (``jobs.evaluation.battery``).
 
 Each shape runs ``recsys eval`` in a child process with the given config; reports land in
 ``--work`` and are reused by a second run, so an interrupted battery resumes where it stopped.
@@ -30,7 +30,7 @@ def battery(
     out: c.OutOpt = None,
 ) -> None:
     """Run the defaults over dataset shapes unlike each other and print one table."""
-    from jobs.battery import SHAPES, battery_table, run_battery  # lazy: keeps `recsys --help` fast
+    from jobs.evaluation.battery import SHAPES, battery_table, run_battery  # lazy: keeps `recsys --help` fast
 
     chosen = list(SHAPES) if shapes is None else [s.strip() for s in shapes.split(",") if s.strip()]
     if not chosen:

@@ -11,11 +11,11 @@ from typing import Annotated, Literal
 
 import typer
 
+from bench.recall_index import bench_recall as run_bench_recall
 from cli import common as c
 from cli.bench_llm import bench_llm, bench_llm_probe, bench_llm_rerank
 from cli.explanations import bench_explain
 from cli.soak import bench_soak
-from recall.bench import bench_recall as run_bench_recall
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that write JSON reports.")
 
@@ -39,7 +39,7 @@ def bench_lists(
     out: c.OutOpt = None,
 ) -> None:
     """Every user's test request at each k through the served pipeline: complete, short and empty lists."""
-    from jobs.evaluate import list_lengths  # lazy: keeps `recsys --help` fast
+    from jobs.evaluation.evaluate import list_lengths  # lazy: keeps `recsys --help` fast
     from offline.split import Split  # lazy: keeps `recsys --help` fast
 
     try:
@@ -67,10 +67,10 @@ def bench_serve(
 ) -> None:
     """Light path without the result cache, LLM path (cold and warm prefix) with the LLM loaded, cache mix.
 
-    The LLM rows need an enabled LLM stage (--config configs/pipeline_llm.yaml); see serving.bench.
+    The LLM rows need an enabled LLM stage (--config configs/pipeline_llm.yaml); see bench.serving.
     """
+    from bench.serving import bench_serve as run  # lazy: keeps `recsys --help` fast
     from offline.split import Split  # lazy: keeps `recsys --help` fast
-    from serving.bench import bench_serve as run  # lazy: keeps `recsys --help` fast
 
     try:
         levels = [int(v) for v in concurrency.split(",") if v.strip()]

@@ -1,6 +1,6 @@
 """``recsys bench llm``: LLM stage precision (fp32/bf16/int8), prefix KV cache, dynamic batching;
-``recsys bench llm-probe``: does the backbone carry ranking signal at all (``jobs.llm_probe``);
-``recsys bench llm-rerank``: the re-ranker's order against coarse's, paired per user (``jobs.llm_rerank_eval``)."""
+``recsys bench llm-probe``: does the backbone carry ranking signal at all (``bench.llm_backbones``);
+``recsys bench llm-rerank``: the re-ranker's order against coarse's, paired per user (``jobs.evaluation.llm_rerank_eval``)."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ def bench_llm(
     threads: Annotated[int | None, typer.Option(min=1, help="torch intra-op threads.")] = None,
     out: c.OutOpt = None,
 ) -> None:
-    """Each comparison side by side in one run, on the dataset's validation users (see jobs.llm_perf)."""
-    from jobs.llm_perf import bench_llm as run  # lazy: keeps `recsys --help` fast
+    """Each comparison side by side in one run, on the dataset's validation users (see bench.llm_stage)."""
+    from bench.llm_stage import bench_llm as run  # lazy: keeps `recsys --help` fast
 
     chosen = [s.strip() for s in sections.split(",") if s.strip()]
     unknown = set(chosen) - {"precision", "prefix_cache", "batching"}
@@ -78,25 +78,13 @@ def bench_llm_probe(
 ) -> None:
     """Linear probe of the backbone's answer-position state, its zero-shot, title likelihood and PMI
     scores: held item vs the stage's other top items; several --model side by side."""
-    from jobs.llm_probe import compare, probe_backbone  # lazy: keeps `recsys --help` fast
+    from bench.llm_backbones import compare, probe_backbone  # lazy: keeps `recsys --help` fast
 
     settings, art = c.trained(config, data, artifacts)
     if threads is not None:
         settings = settings.model_copy(update={"llm": settings.llm.with_overrides({"threads": threads})})
     names = list(model or [None])  # type: ignore[list-item]
-    earlier: dict[str, dict] = {}
-    for path in include or []:
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            c.fail(f"--include {path}: not a readable llm-probe report ({exc})")
-        found: dict[str, dict] | None = doc.get("backbones") if isinstance(doc, dict) else None
-        if not found and isinstance(doc, dict) and "model" in doc and "ndcg@10" in doc:
-            found = {doc["model"]: doc}
-        if not found:
-            c.fail(f"--include {path}: not an llm-probe report (no 'backbones' and no 'model'/'ndcg@10')")
-        assert found is not None  # c.fail above exits
-        earlier.update(found)
+    earlier = _probe_reports(include or [])
     reports: dict[str, dict] = {}
     for name in names:
         try:
@@ -114,6 +102,24 @@ def bench_llm_probe(
         c.write_report(next(iter(reports.values())), out, settings=settings, data=data)
     else:
         c.write_report({"table": compare(reports), "backbones": reports}, out, settings=settings, data=data)
+
+
+
+def _probe_reports(paths: list[Path]) -> dict[str, dict]:
+    """The backbones of earlier llm-probe reports (``--include``), by model; exit 2 on a file that is not one."""
+    earlier: dict[str, dict] = {}
+    for path in paths:
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            c.fail(f"--include {path}: not a readable llm-probe report ({exc})")
+        found: dict[str, dict] | None = doc.get("backbones") if isinstance(doc, dict) else None
+        if not found and isinstance(doc, dict) and "model" in doc and "ndcg@10" in doc:
+            found = {doc["model"]: doc}
+        if not found:
+            c.fail(f"--include {path}: not an llm-probe report (no 'backbones' and no 'model'/'ndcg@10')")
+        earlier.update(found or {})
+    return earlier
 
 
 def bench_llm_rerank(
@@ -138,8 +144,8 @@ def bench_llm_rerank(
     out: c.OutOpt = None,
 ) -> None:
     """Each re-ranker's order of coarse's top candidates against coarse's own, paired per user (see
-    jobs.llm_rerank_eval): NDCG@10, Recall@10, CIs, history slices, ms per request."""
-    from jobs.llm_rerank_eval import (  # lazy: keeps `recsys --help` fast
+    jobs.evaluation.llm_rerank_eval): NDCG@10, Recall@10, CIs, history slices, ms per request."""
+    from jobs.evaluation.llm_rerank_eval import (  # lazy: keeps `recsys --help` fast
         merge_reports,
         parse_variant,
         rerank_eval,

@@ -121,14 +121,14 @@ def load_settings(config: Path | None) -> Settings:
 
 
 def artifact_dir(settings: Settings, data: Path | None, explicit: Path | None) -> Path:
-    from jobs.train import dataset_name  # lazy: keeps `recsys --help` fast (jobs import pandas)
+    from jobs.prepare import dataset_name  # lazy: keeps `recsys --help` fast (jobs import pandas)
 
     return explicit if explicit is not None else Path(settings.artifacts_dir) / dataset_name(data)
 
 
 def trained(config: Path | None, data: Path | None, artifacts: Path | None) -> tuple[Settings, Path]:
     """(settings, artifact dir) for a command that needs trained artifacts; exits 2 naming the dir if absent."""
-    from jobs.train import recorded_source, same_dataset  # lazy: keeps `recsys --help` fast
+    from jobs.prepare import recorded_source, same_dataset  # lazy: keeps `recsys --help` fast
 
     settings = load_settings(config)
     art = artifact_dir(settings, data, artifacts)

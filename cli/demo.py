@@ -5,7 +5,7 @@ run), then shows the LLM re-ranker (the real SmolLM2, zero-shot on this catalog)
 
 - in process, one ``serving.service.Recommender`` with the LLM stage on (the server's own
   answer code, without HTTP) tunes the fusion gate for ``recall+coarse+llm`` on a sample of
-  ``GATE_USERS`` valid users (``jobs.evaluate``'s check: the LLM's order or a mixture is served
+  ``GATE_USERS`` valid users (``jobs.evaluation.evaluate``'s check: the LLM's order or a mixture is served
   only if it beats coarse's with a CI above zero; reused on a second run), then answers
   one request with the LLM stage's budget cut to ``CUT_BUDGET_MS``: the stage gives up and
   the cascade serves the coarse order, marked ``fallback``;
@@ -34,14 +34,15 @@ from pydantic import SecretStr
 from cascade.registry import RECALL_KINDS, build_stage, load_stage, weights_key
 from cascade.settings import Settings
 from fusion.stage import WEIGHTS_FILE, save_weights
-from jobs.cascade_run import requests_for
+from jobs.evaluation.cascade_run import requests_for
 from jobs.fusion_gate import fit_gate
-from jobs.train import prepare, train_stages
+from jobs.prepare import prepare
+from jobs.train import train_stages
 from recsys.manifest import write_manifest
 from recsys.pipeline import Pipeline
-from serving.bench import start_server_subprocess
 from serving.metrics import llm_cache_counts
 from serving.schemas import RecommendRequest
+from serving.server_process import start_server_subprocess
 from serving.service import Recommender
 
 # bound each two-tower fit so `make demo` stays within minutes on 2 cores, by the deterministic logit

@@ -1,7 +1,7 @@
 """The ``recsys`` console script: prepare, train, eval, serve, recommend, bench, demo.
 
 Every command is a thin wrapper over a library function (``jobs.train``,
-``jobs.evaluate``, ``serving.run``, the bench modules), so the same work is callable from
+``jobs.evaluation.evaluate``, ``serving.run``, the bench modules), so the same work is callable from
 Python and tests. Errors in user input exit with code 2 and one line naming the problem
 (``common.fail``, and ``common.UserErrorGroup`` for what a library call raises on bad input).
 """
@@ -44,9 +44,9 @@ STAGES_HELP = ("Stages to train, comma-separated, from recall,recall_holdout,coa
 
 def _prepare(data: Path | None, fmt: str | None, artifacts: Path, k_core: int | None, users: int | None,
              items: int | None, settings: Settings, force: bool = False, catalog: str | None = None) -> Split:
-    """The split of ``artifacts`` (``jobs.train.prepare``: an option left unset keeps the value the
+    """The split of ``artifacts`` (``jobs.prepare.prepare``: an option left unset keeps the value the
     split was prepared with, when it was prepared from the same dataset); exit 2 on bad data."""
-    from jobs.train import prepare  # lazy: keeps `recsys --help` fast
+    from jobs.prepare import prepare  # lazy: keeps `recsys --help` fast
     from offline.schema import DataError  # lazy: keeps `recsys --help` fast
 
     synthetic = {} if data is not None else {"n_users": users, "n_items": items, "seed": settings.seed}
@@ -83,7 +83,7 @@ def train(
     out: c.OutOpt = None,
 ) -> None:
     """Train the cascade's stages in order (artifacts reused unless --force)."""
-    from jobs.fit_report import training_warnings  # lazy: keeps `recsys --help` fast
+    from jobs.evaluation.fit_report import training_warnings  # lazy: keeps `recsys --help` fast
     from jobs.train import DEFAULT_STAGES, STAGE_ORDER, train_stages  # lazy: keeps `recsys --help` fast
 
     settings = c.load_settings(config)
@@ -109,7 +109,7 @@ def evaluate(
     seeds: Annotated[int, typer.Option(min=1, help="Train and evaluate N times (seeds s, s+1, ... in "
                                        "<artifacts>/seed-<s>/, one split); report mean, sd, per seed.")] = 1,
     cold_items: Annotated[bool, typer.Option(help="Also train a cascade without the items first seen after a "
-                                                  "cutoff and report their slice (jobs.cold_items; not with "
+                                                  "cutoff and report their slice (jobs.evaluation.cold_items; not with "
                                                   "--seeds).")] = True,
     cold_share: Annotated[float, typer.Option(min=0.01, max=0.5, help="Share of items made new by the cutoff.")]
     = 0.1,
@@ -124,11 +124,9 @@ def evaluate(
     Prints a summary (per stage NDCG@10 and Recall@10 with 95% CIs, candidate recall, users evaluated
     and left out, warnings); the full report goes to --out.
     """
-    from jobs.baselines import baseline_warnings  # lazy: keeps `recsys --help` fast
-    from jobs.eval_summary import summary  # lazy: keeps `recsys --help` fast
-    from jobs.evaluate import evaluate_pipeline, require_bootstrap_users  # lazy: keeps `recsys --help` fast
-    from jobs.fit_report import fit_summary, training_warnings  # lazy: keeps `recsys --help` fast
-    from jobs.train import DEFAULT_STAGES, train_stages  # lazy: keeps `recsys --help` fast
+    from jobs.evaluation.eval_summary import summary  # lazy: keeps `recsys --help` fast
+    from jobs.evaluation.evaluate import require_bootstrap_users  # lazy: keeps `recsys --help` fast
+    from jobs.train import DEFAULT_STAGES  # lazy: keeps `recsys --help` fast
 
     settings = c.load_settings(config)
     art = c.artifact_dir(settings, data, artifacts)
@@ -139,25 +137,13 @@ def evaluate(
         c.fail(str(exc))
     wanted = DEFAULT_STAGES + (("llm",) if _llm_enabled(settings) else ())
     if seeds > 1:
-        from jobs.seeds import evaluate_seeds  # lazy: keeps `recsys --help` fast
+        from jobs.evaluation.seeds import evaluate_seeds  # lazy: keeps `recsys --help` fast
 
         report = evaluate_seeds(settings, art, split, n_seeds=seeds, stages=wanted, phase=phase, retrain=retrain)
         runs = {f"seed {s}": r for s, r in report["per_seed"].items()}
     else:
-        train_report = train_stages(settings, art, split, stages=wanted, force=retrain)
-        report = evaluate_pipeline(settings, art, split, phase=phase)
-        report["timings"]["train_s"] = {k: v.get("seconds") for k, v in train_report.items()}
-        report["recall_train"] = fit_summary(train_report)
-        report["warnings"] = training_warnings(settings, train_report) + baseline_warnings(report)
-        if cold_items:
-            from jobs.cold_items import clockless, cold_item_report  # lazy: keeps `recsys --help` fast
-
-            if clockless(split):
-                report["cold_items"] = {"skipped": CLOCKLESS_NOTE}
-                report["warnings"].append(CLOCKLESS_NOTE)
-            else:
-                report["cold_items"] = cold_item_report(settings, art, split, share=cold_share, phase=phase)
-                report["warnings"] += report["cold_items"]["warnings"]  # every fit the eval makes is checked
+        report = _evaluate_once(settings, art, split, wanted, phase=phase, retrain=retrain,
+                                cold_share=cold_share if cold_items else None)
         runs = {"": report}
     out = out or art / f"eval_{phase}.json"
     c.write_report(report, out, settings=settings, data=data, seeds=[settings.seed + i for i in range(seeds)],
@@ -165,6 +151,33 @@ def evaluate(
     if not json_out:
         typer.echo(summary(report, out))
     _warn_and_guard(runs)
+
+
+
+def _evaluate_once(settings: Settings, art: Path, split: Split, wanted: tuple[str, ...], *, phase: Literal["valid", "test"],
+                   retrain: bool, cold_share: float | None) -> dict[str, Any]:
+    """Train (or reuse) ``wanted``, evaluate on ``phase``; with ``cold_share``, the cold-item slice too.
+    The report carries the training times, the two-tower fits and every warning."""
+    from jobs.evaluation.baselines import baseline_warnings  # lazy: keeps `recsys --help` fast
+    from jobs.evaluation.evaluate import evaluate_pipeline  # lazy: keeps `recsys --help` fast
+    from jobs.evaluation.fit_report import fit_summary, training_warnings  # lazy: keeps `recsys --help` fast
+    from jobs.train import train_stages  # lazy: keeps `recsys --help` fast
+
+    train_report = train_stages(settings, art, split, stages=wanted, force=retrain)
+    report = evaluate_pipeline(settings, art, split, phase=phase)
+    report["timings"]["train_s"] = {k: v.get("seconds") for k, v in train_report.items()}
+    report["recall_train"] = fit_summary(train_report)
+    report["warnings"] = training_warnings(settings, train_report) + baseline_warnings(report)
+    if cold_share is not None:
+        from jobs.evaluation.cold_items import clockless, cold_item_report  # lazy: keeps `recsys --help` fast
+
+        if clockless(split):
+            report["cold_items"] = {"skipped": CLOCKLESS_NOTE}
+            report["warnings"].append(CLOCKLESS_NOTE)
+        else:
+            report["cold_items"] = cold_item_report(settings, art, split, share=cold_share, phase=phase)
+            report["warnings"] += report["cold_items"]["warnings"]  # every fit the eval makes is checked
+    return report
 
 
 CLOCKLESS_NOTE = ("the cold-item protocol was skipped: this dataset's timestamps only order each user's events "
@@ -245,7 +258,7 @@ def demo(
 ) -> None:
     """Synthetic data -> train every stage -> start the server -> send a request -> stop."""
     from cli.demo import run_demo  # lazy: keeps `recsys --help` fast
-    from jobs.train import SYNTHETIC_DEFAULTS  # lazy: keeps `recsys --help` fast
+    from jobs.prepare import SYNTHETIC_DEFAULTS  # lazy: keeps `recsys --help` fast
 
     settings = c.load_settings(config)
     art = c.artifact_dir(settings, None, artifacts)

@@ -1,4 +1,4 @@
-"""``recsys bench soak``: hold a concurrency against the server for a while (``serving.soak``).
+"""``recsys bench soak``: hold a concurrency against the server for a while (``bench.soak``).
 
 ``cli.bench`` registers the command on its ``bench`` group.
 """
@@ -23,8 +23,8 @@ def bench_soak(
     out: c.OutOpt = None,
 ) -> None:
     """Soak the server on loopback: errors, p50/p99 per window, server RSS at start and end (JSON)."""
+    from bench.soak import soak  # lazy: keeps `recsys --help` fast
     from offline.split import Split  # lazy: keeps `recsys --help` fast
-    from serving.soak import soak  # lazy: keeps `recsys --help` fast
 
     settings, art = c.trained(config, data, artifacts)
     split = Split.load(art / "split")

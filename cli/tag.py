@@ -117,7 +117,7 @@ def tag(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, 
                    f"see `recsys tag {ctx.invoked_subcommand} --help`")
         return
     from jobs.tagging.generate import TaggerSettings  # lazy: keeps `recsys --help` fast
-    from jobs.tagging.run import tag_catalog  # lazy: keeps `recsys --help` fast
+    from jobs.tagging.run import TagOptions, tag_catalog  # lazy: keeps `recsys --help` fast
 
     settings = c.load_settings(config)
     try:  # checked first: resolving the model may convert a GGUF backbone (seconds, and a progress bar)
@@ -129,11 +129,11 @@ def tag(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, 
                             precision=precision, max_new_tokens=max_new_tokens, threads=threads)
     model_dir = _model_dir(settings, root, model)
     try:
-        summary = tag_catalog(split, model_dir, root, tagger, engine=engine,
+        summary = tag_catalog(split, model_dir, root, tagger, TagOptions(engine=engine,
                               chunk_size=chunk_size, batch_size=batch_size or (64 if method == "logits" else 16),
                               limit=limit, ray_address=ray_address,
                               ray_concurrency=ray_concurrency, fresh=fresh, prompt=template,
-                              method=method, seed=settings.seed, shots=shots)
+                              method=method, seed=settings.seed, shots=shots))
     except (ValueError, OSError) as exc:  # bad input, stale parts, a model that cannot load (nothing lost)
         c.fail(str(exc))
     c.write_report(summary, out)
@@ -236,12 +236,12 @@ def cold_items(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt =
                    "--rerank-users", min=10, help="text+llm_rerank: valid users its fusion gate is fitted on, and "
                    "warm-item test users measured beside every cold-item user (seeded samples).")] = 150,
                ) -> None:
-    """The cold-item slice with each item-side source alone: text, LLM tags, LLM embedding (jobs.cold_sources).
+    """The cold-item slice with each item-side source alone: text, LLM tags, LLM embedding (jobs.evaluation.cold_sources).
 
     Tags the cold split's catalog by logits and trains the embedding projection first (new items'
     labels and interactions kept out), then a two-tower with and one without text.
     """
-    from jobs.cold_sources import cold_source_report  # lazy: keeps `recsys --help` fast
+    from jobs.evaluation.cold_sources import cold_source_report  # lazy: keeps `recsys --help` fast
 
     data, config, artifacts, out = _shared(ctx, data=data, config=config, artifacts=artifacts, out=out)
     settings = c.load_settings(config)
@@ -275,8 +275,7 @@ def bench_logits(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt
                  shots: Annotated[int, typer.Option("--shots", min=0)] = 0,
                  max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=8)] = 128) -> None:
     """Logits tagging of the whole catalog per backbone beside the generation path, in one run."""
-    from jobs.tagging.bench_logits import compare_taggers  # lazy: keeps `recsys --help` fast
-
+    from bench.tagging_logits import compare_taggers  # lazy: keeps `recsys --help` fast
     from jobs.tagging.generate import TaggerSettings  # lazy: keeps `recsys --help` fast
     from offline.loaders import load_dataset  # lazy: keeps `recsys --help` fast
 

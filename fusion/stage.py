@@ -16,31 +16,27 @@ shifts the ranking smoothly instead of falling off a cliff. With no weighted sta
 current order is kept.
 
 Weights come from ``artifact_dir/fusion/<key>/weights.json`` written by ``save_weights`` after
-``tune_fusion_weights`` (grid search maximising NDCG@10 on the valid split; the gate,
-``jobs.fusion_gate.fit_gate``, serves coarse's order unless the best mixture or another stage
-alone, chosen on one half of the valid users, beats it on the other half with a CI above
-zero), where ``<key>`` is ``weights_key_for`` (computed from the settings by
+the gate (``fusion.train.gate_weights``: a grid search maximising NDCG@10 on the valid split,
+served only when the best mixture or another stage alone, chosen on one half of the valid
+users, beats coarse's order on the other half with a CI above zero), where ``<key>`` is ``weights_key_for`` (computed from the settings by
 ``cascade.registry.weights_key``): the scored stages plus a digest of the depths and rule
 sets they were tuned under. Without weights tuned for this exact pipeline, ``FusionConfig.weights`` when set, else the most refined scored stage's order
 alone (no signal, no mixture).
 
-Deliberately left out: collecting the per-user valid candidates (the evaluator does it with
-``FusionExample.from_candidates``) and learning-to-rank fusion.
+Deliberately left out: tuning the weights (``fusion.train``) and learning-to-rank fusion.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from offline.metrics import ndcg_at_ranks
 from recsys.atomic import atomic_write_text
 from recsys.config import POLICY_KINDS, StageSpec
 from recsys.contract import Candidates, Request
@@ -242,83 +238,3 @@ def load_weights(directory: Path, which: str = "checked") -> dict[str, float] | 
         raise ValueError(f"{path}: expected {{'weights': {{stage: weight}}}}")
     key = "grid_best" if which == "grid_best" and isinstance(data.get("grid_best"), dict) else "weights"
     return {str(k): float(v) for k, v in data[key].items()}
-
-
-# -- tuning --------------------------------------------------------------------------------
-class FusionExample(NamedTuple):
-    """One valid user: the candidates' score columns and which candidates are relevant."""
-
-    columns: dict[str, np.ndarray]
-    relevant: np.ndarray  # bool mask aligned with the columns (all False: target not recalled)
-
-    @classmethod
-    def from_candidates(cls, candidates: Candidates, targets: np.ndarray | Sequence[int],
-                        stages: Sequence[str] = FUSED_STAGES) -> FusionExample:
-        columns = {s: np.asarray(candidates.scores[s]) for s in stages if s in candidates.scores}
-        return cls(columns=columns, relevant=np.isin(candidates.items, np.asarray(targets, dtype=np.int64)))
-
-
-def simplex_grid(stages: Sequence[str], step: float = 0.1) -> list[dict[str, float]]:
-    """Every weight vector on ``stages`` with entries in multiples of ``step`` summing to 1."""
-    units = round(1.0 / step)
-    if units < 1 or abs(units * step - 1.0) > 1e-9:
-        raise ValueError(f"step must divide 1 evenly, got {step}")
-    grid = []
-    for combo in itertools.product(range(units + 1), repeat=len(stages)):
-        if sum(combo) == units:
-            grid.append({s: c / units for s, c in zip(stages, combo, strict=True)})
-    return grid
-
-
-def ndcg_at_k(examples: Sequence[FusionExample], grid: Sequence[Mapping[str, float]], k: int = 10,
-              method: Normalisation = "linear", rrf_k: float = 60.0) -> np.ndarray:
-    """Mean NDCG@k of fusing with each weight vector of ``grid`` (one value per grid point).
-
-    Ranking matches ``FusionStage``: descending final score, ties kept in candidate order.
-    Examples whose relevant items were not recalled count as 0.
-    """
-    if not examples:
-        raise ValueError("ndcg_at_k: no examples")
-    stages = _stages_of(examples, grid)
-    W = np.array([[float(g.get(s, 0.0)) for s in stages] for g in grid])  # [G, S]
-    total = np.zeros(len(grid))
-    for ex in examples:
-        rel = np.flatnonzero(ex.relevant)
-        if len(rel) == 0:
-            continue
-        n = len(ex.relevant)
-        R = np.zeros((len(stages), n))
-        present = np.zeros(len(stages), dtype=bool)
-        for j, s in enumerate(stages):
-            col = ex.columns.get(s)
-            if col is not None and not np.isnan(np.asarray(col, dtype=np.float64)).all():
-                R[j], present[j] = rank_normalise(col, method, rrf_k), True
-        Wp = W * present
-        F = Wp @ R  # [G, n]; dividing by sum(Wp) would not change any order
-        F[Wp.sum(axis=1) == 0] = rank_normalise(-np.arange(n, dtype=np.float64))
-        f_rel = F[:, rel][:, :, None]  # [G, m, 1]
-        before = np.arange(n)[None, None, :] < rel[None, :, None]
-        rank = (F[:, None, :] > f_rel).sum(-1) + ((F[:, None, :] == f_rel) & before).sum(-1)
-        dcg = ndcg_at_ranks(rank, k).sum(axis=1)  # each relevant item's 1/log2(rank+2) term
-        total += dcg / ndcg_at_ranks(np.arange(min(len(rel), k)), k).sum()  # / the ideal DCG
-    return total / len(examples)
-
-
-def tune_fusion_weights(examples: Sequence[FusionExample], grid: Sequence[Mapping[str, float]] | None = None,
-                        *, k: int = 10, step: float = 0.1, method: Normalisation = "linear",
-                        rrf_k: float = 60.0) -> dict[str, float]:
-    """The grid point with the best mean NDCG@k (the first one on ties).
-
-    ``grid`` defaults to ``simplex_grid`` over the stages present in ``examples`` with ``step``.
-    """
-    if grid is None:
-        grid = simplex_grid(_stages_of(examples, ()), step)
-    if not grid:
-        raise ValueError("tune_fusion_weights: empty grid")
-    scores = ndcg_at_k(examples, grid, k, method, rrf_k)
-    return {s: float(w) for s, w in grid[int(np.argmax(scores))].items()}
-
-
-def _stages_of(examples: Sequence[FusionExample], grid: Sequence[Mapping[str, float]]) -> list[str]:
-    names = {s for ex in examples for s in ex.columns} | {s for g in grid for s in g}
-    return [s for s in FUSED_STAGES if s in names] + sorted(names - set(FUSED_STAGES))

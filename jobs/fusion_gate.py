@@ -1,12 +1,13 @@
 """The fusion gate: which weights fusion serves, tuned on the *valid* phase (never test).
 
 ``tune_fusion`` captures every eligible valid user's candidates where fusion reads them
-(``fit_gate``) and ``gate_weights`` decides: coarse's order unless a challenger -- another
+(``fit_gate``) and hands them to the fusion stage's training (``fusion.train.fit_weights``), whose
+gate decides: coarse's order unless a challenger -- another
 stage alone, the LLM's included, or the grid's best mixture -- chosen on one seeded half of
 the users beats it on the other half with a paired CI above zero. Users whose valid item
 trained the served LLM are left out (``llm_trained_users``).
 
-Deliberately left out: measuring the served pipeline (``jobs.evaluate``).
+Deliberately left out: measuring the served pipeline (``jobs.evaluation.evaluate``).
 """
 
 from __future__ import annotations
@@ -18,26 +19,13 @@ import numpy as np
 
 from cascade.registry import build_pipeline, weights_key
 from cascade.settings import Settings
-from fusion.stage import (
-    FUSED_STAGES,
-    FusionExample,
-    Normalisation,
-    ndcg_at_k,
-    save_weights,
-    tune_fusion_weights,
-)
-from jobs.cascade_run import SCORED, K, requests_for_user
+from fusion.stage import save_weights
+from fusion.train import FusionExample, fit_weights
+from jobs.evaluation.cascade_run import requests_for_user
 from llm_rerank.meta import read_train_meta
-from offline.protocol import (
-    GATE_MIN_USERS,
-    SALT_FUSION,
-    SALT_FUSION_GATE,
-    gate_halves,
-    gate_verdict,
-    user_sample,
-)
+from offline.protocol import SALT_FUSION, user_sample
 from offline.split import Split
-from recsys.contract import Candidates
+from recsys.contract import Candidates, ServedModel
 from recsys.progress import progress_bar
 
 
@@ -90,77 +78,16 @@ def fit_gate(pipeline: Any, split: Split, requests: list[Any], settings: Setting
         pipeline.run(req, until=before, observe=lambda name, c: captured.append(c) if name == before else None)
     targets = [int(split.valid[r.user_idx]) for r in requests]
     examples = [FusionExample.from_candidates(c, [t]) for c, t in zip(captured, targets, strict=True)]
-    fusion = settings.fusion
-    gate = gate_weights(examples, step=fusion.tune_step, method=fusion.normalisation, rrf_k=fusion.rrf_k,
-                        seed=settings.seed)
-    return {**gate, "valid_ndcg@10": float(ndcg_at_k(examples, [gate["weights"]], K, fusion.normalisation,
-                                                         fusion.rrf_k)[0]),
-            "captured": captured}
+    return {**fit_weights(examples, settings.fusion, settings.seed), "captured": captured}
 
 
-
-
-def gate_weights(examples: list[FusionExample], *, step: float = 0.1, method: Normalisation = "linear",
-                 rrf_k: float = 60.0, seed: int = 0) -> dict[str, Any]:
-    """The weights the gate serves: the light path's own order (coarse's, else recall's) unless
-    a challenger -- the grid's best mixture or another stage alone, the LLM's included -- beats
-    it with a paired-bootstrap 95% CI above zero.
-
-    The users are split in two seeded halves. The grid search and the choice of the best
-    challenger read the first half only; the paired CI is taken on the second, which played no
-    part in the choice. Testing the best of the grid's many weight vectors on the users that
-    picked it would favour whichever one fitted their noise best (the winner's curse): a grid
-    search always finds *some* mixture a hair better on the users it searched (measured on
-    ML-100K: +0.001 on valid, -0.0055 on test), and on a 150-user sample the best single
-    stage by point estimate was recall (0.139 against coarse's 0.132, CIs overlapping); an
-    expensive LLM stage must earn its place rather than win a tie. Fewer than 20 users per
-    half never replace the incumbent.
-
-    Returns ``weights``, ``single_stage_valid_ndcg`` (every user), ``grid_best`` (first half)
-    and ``mixture_check`` (what was compared, on how many users, the CI and the verdict).
-    """
-    if not examples:
-        raise ValueError("gate_weights: no examples")
-    present = {s for ex in examples for s in ex.columns}
-    single = {s: float(ndcg_at_k(examples, [{s: 1.0}], K, method, rrf_k)[0]) for s in FUSED_STAGES if s in present}
-    if not single:
-        raise ValueError(f"gate_weights: no example carries a fused stage's scores ({', '.join(FUSED_STAGES)})")
-    light = [s for s in SCORED if s in single and s != "llm"]
-    incumbent = light[-1] if light else max(reversed(list(single)), key=lambda s: single[s])
-    alone = {incumbent: 1.0}
-    chosen_on, tested_on = gate_halves(len(examples), seed, salt=SALT_FUSION_GATE)
-    choose, confirm = [examples[i] for i in chosen_on], [examples[i] for i in tested_on]
-    if len(single) == 1:
-        return {"weights": alone, "single_stage_valid_ndcg": single, "grid_best": alone,
-                "mixture_check": {"kept": f"{incumbent} alone (the only stage)"}}
-    if len(choose) < GATE_MIN_USERS:
-        return {"weights": alone, "single_stage_valid_ndcg": single, "grid_best": alone,
-                "mixture_check": {"kept": f"{incumbent} alone ({len(examples)} users are too few to test a "
-                                          f"challenger on; the gate needs {2 * GATE_MIN_USERS})"}}
-    grid_best = tune_fusion_weights(choose, k=K, step=step, method=method, rrf_k=rrf_k)
-    challengers = [{s: 1.0} for s in single if s != incumbent]
-    if sum(w > 0 for w in grid_best.values()) > 1:  # a mixture (one stage alone is already a challenger)
-        challengers.append(grid_best)
-    picked = ndcg_at_k(choose, challengers, K, method, rrf_k)
-    best = challengers[int(np.argmax(picked))]
-    a = np.array([ndcg_at_k([ex], [alone], K, method, rrf_k)[0] for ex in confirm])
-    b = np.array([ndcg_at_k([ex], [best], K, method, rrf_k)[0] for ex in confirm])
-    boot = gate_verdict(a, b, seed)
-    name = next(iter(best)) if len(best) == 1 else "mixture"
-    check = {"vs": incumbent, "challenger": name, "chosen_on_users": len(choose), "tested_on_users": len(confirm),
-             "mean": round(boot["mean"], 5), "ci95": [round(x, 5) for x in boot["ci95"]]}
-    if boot["wins"]:
-        check["kept"] = name if name == "mixture" else f"{name} alone"
-        return {"weights": best, "single_stage_valid_ndcg": single, "grid_best": grid_best, "mixture_check": check}
-    check["kept"] = f"{incumbent} alone ({name} not significantly better on the held half)"
-    return {"weights": alone, "single_stage_valid_ndcg": single, "grid_best": grid_best, "mixture_check": check}
 
 
 def llm_trained_users(pipeline: Any) -> set[int]:
     """Users whose valid item trained the served LLM (``valid_users`` in its ``train_meta.json``)."""
     held: set[int] = set()
     for spec, stage in pipeline.stages:
-        location = getattr(stage, "model_location", "")
+        location = stage.model_location if isinstance(stage, ServedModel) else ""
         meta = read_train_meta(location) if spec.kind == "llm" and spec.enabled and location else None
         if meta is not None:
             held.update(int(u) for u in meta.get("valid_users", []))

@@ -7,8 +7,8 @@ which turns it into one score per candidate, higher is better:
   whole-prefix LRU ``PrefixCache``, or the two-tier block cache ``llm_rerank.prefix_kv`` that
   replaces it), the optional ``DynamicBatcher`` that merges concurrent requests into shared
   forward passes, and the verbalizer maths from logits (``listwise_from_logits``,
-  ``pointwise_from_logits``). Jobs that need the model itself (``jobs.llm_probe``,
-  ``jobs.llm_perf``) read ``model``, ``pad_id``, ``scorer``, ``blocks`` and ``batcher`` here.
+  ``pointwise_from_logits``). Jobs that need the model itself (``bench.llm_backbones``,
+  ``bench.llm_stage``) read ``model``, ``pad_id``, ``scorer``, ``blocks`` and ``batcher`` here.
 - ``RemoteBackend``: an OpenAI-compatible server (vLLM, or ``serving.llm_worker``) through
   ``llm_rerank.remote.RemoteLLM``; each call's timeout is the smaller of ``http_timeout_s`` and
   what is left of the request's budget.
@@ -44,7 +44,6 @@ from llm_rerank.forward import (
 from llm_rerank.prompt import PromptBuilder, PromptParts
 from llm_rerank.remote import RemoteLLM
 from recsys.contract import Request, StageError
-from recsys.redis_state import DEFAULT_SOCKET_TIMEOUT_S, connect
 
 if TYPE_CHECKING:
     from llm_rerank.prefix_kv import BlockPrefixCache
@@ -103,13 +102,11 @@ class LocalBackend:
 
     @classmethod
     def from_config(cls, cfg: LLMConfig, model: Any, pad_id: int, *, stage: str = "llm",
-                    kv_namespace: str = "", redis_url: str | None = None,
-                    redis_socket_timeout_s: float = DEFAULT_SOCKET_TIMEOUT_S) -> LocalBackend:
+                    kv_namespace: str = "", redis_client: Any = None) -> LocalBackend:
         """The backend ``cfg`` describes around a loaded ``model``. ``kv_namespace`` keys the block cache
         (weights digest, prompt version, precision: blocks of another model must never match);
-        ``redis_url`` serves its tier 2 unless ``cfg.kv.tier2_url`` is set."""
-        blocks = (block_cache(model, cfg.kv, kv_namespace, redis_url, redis_socket_timeout_s)
-                  if cfg.kv.enabled else None)
+        ``redis_client`` serves its tier 2."""
+        blocks = block_cache(model, cfg.kv, kv_namespace, redis_client) if cfg.kv.enabled else None
         return cls(model, pad_id, scoring=cfg.scoring, batch_size=cfg.batch_size,
                    prefix_cache_size=cfg.prefix_cache_size, blocks=blocks, batching=cfg.batching, stage=stage)
 
@@ -172,17 +169,14 @@ class LocalBackend:
             self.batcher = None
 
 
-def block_cache(model: Any, kv: KVCacheConfig, namespace: str, redis_url: str | None = None,
-                redis_socket_timeout_s: float = DEFAULT_SOCKET_TIMEOUT_S) -> BlockPrefixCache:
-    """The two-tier block prefix cache of ``model``; without a reachable Redis URL, tier 1 only."""
+def block_cache(model: Any, kv: KVCacheConfig, namespace: str, redis_client: Any = None) -> BlockPrefixCache:
+    """The two-tier block prefix cache of ``model``: tier 2 in ``redis_client`` when ``kv.tier2`` asks for
+    it (a client its caller opened, ``cascade.registry.kv_tier2_client``), else tier 1 only."""
     from llm_rerank.prefix_kv import BlockPrefixCache  # lazy: imports torch
 
-    client = None
-    if kv.tier2:
-        try:
-            client = connect(kv.tier2_url or redis_url, redis_socket_timeout_s)
-        except ValueError as exc:
-            log.warning("LLM KV tier 2 off: %s", exc)
+    client = redis_client if kv.tier2 else None
+    if kv.tier2 and client is None:
+        log.warning("LLM KV tier 2 off: no Redis client (set settings.redis_url, REDIS_URL or llm.kv.tier2_url)")
     return BlockPrefixCache.build(model, block_tokens=kv.block_tokens, tier1_bytes=kv.tier1_bytes,
                                   namespace=namespace, redis_client=client, kv_dtype=kv.kv_dtype,
                                   prefix=kv.tier2_prefix, ttl_s=kv.tier2_ttl_s,
@@ -224,8 +218,7 @@ class RemoteBackend:
 
 
 def build_backend(cfg: LLMConfig, model: Any = None, pad_id: int = 0, *, stage: str = "llm",
-                  kv_namespace: str = "", redis_url: str | None = None,
-                  redis_socket_timeout_s: float = DEFAULT_SOCKET_TIMEOUT_S) -> ScoringBackend:
+                  kv_namespace: str = "", redis_client: Any = None) -> ScoringBackend:
     """The backend ``cfg.backend`` names: ``http`` talks to ``cfg.base_url`` (``model`` unused), ``local``
     scores with ``model`` (``LocalBackend.from_config``). Called by ``LLMRerankStage.load``."""
     if cfg.backend == "http":
@@ -233,4 +226,4 @@ def build_backend(cfg: LLMConfig, model: Any = None, pad_id: int = 0, *, stage: 
     if model is None:
         raise ValueError(f"stage {stage!r}: backend 'local' needs a loaded model (got None)")
     return LocalBackend.from_config(cfg, model, pad_id, stage=stage, kv_namespace=kv_namespace,
-                                    redis_url=redis_url, redis_socket_timeout_s=redis_socket_timeout_s)
+                                    redis_client=redis_client)

@@ -21,7 +21,7 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 
 class AdaptConfig(BaseModel):
-    """The LoRA domain-adaptation job (``jobs.llm_adapt.train_llm``)."""
+    """The LoRA domain-adaptation job (``llm_rerank.adapt.train_llm``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -33,7 +33,7 @@ class AdaptConfig(BaseModel):
     positives: Literal["valid", "train"] = Field(
         "valid", description="Where training positives come from: 'valid' = the valid item of valid_share of the "
         "users (the cascade never trained on it; those users are left out of fusion tuning), 'train' = the last "
-        "train item (the cascade has seen it; see jobs.llm_adapt).")
+        "train item (the cascade has seen it; see llm_rerank.adapt).")
     valid_share: float = Field(0.5, gt=0, lt=1, description="Share of users whose valid item trains the LLM.")
     keep_candidate_order: bool | None = Field(
         None, description="Listwise: keep the candidate stage's order (positive at its rank) or shuffle; None = "

@@ -11,7 +11,7 @@
   ``llm.detail_chars`` together. A product's title alone is often cut before it says what the
   product is for; its category and brand say it in a few tokens.
 
-The stage (``LLMRerankStage.load``) and the adaptation job (``jobs.llm_adapt``) build their
+The stage (``LLMRerankStage.load``) and the adaptation job (``llm_rerank.adapt``) build their
 item texts here, so adapted and served prompts read the same text.
 
 Deliberately left out: sanitising and tokenizing the text (``llm_rerank.prompt``).

@@ -1,4 +1,4 @@
-"""The adaptation report saved beside a merged model: written by ``jobs.llm_adapt``, read by the stage."""
+"""The adaptation report saved beside a merged model: written by ``llm_rerank.adapt``, read by the stage."""
 
 from __future__ import annotations
 

@@ -212,7 +212,7 @@ class RequestPrompts:
     profile, then the candidates' titles in the given order, listwise or pointwise (``LLMConfig``).
 
     Called per request by ``LLMRerankStage.build_prompt`` (with the builder of the template it
-    serves) and per example by ``jobs.llm_adapt``, which therefore trains on the served prompts.
+    serves) and per example by ``llm_rerank.adapt``, which therefore trains on the served prompts.
     """
 
     builder: PromptBuilder

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from redis import Redis
 
 from llm_rerank.backbone import load_model, resolve_model, resolve_precision, weights_digest
 from llm_rerank.backends import LocalBackend, ScoringBackend, build_backend
@@ -50,7 +51,6 @@ from recsys.config import StageSpec
 from recsys.contract import Candidates, Request, StageError
 from recsys.manifest import verify_directory
 from recsys.pipeline import STAGE_SWAP
-from recsys.redis_state import DEFAULT_SOCKET_TIMEOUT_S
 
 
 class LLMRerankStage:
@@ -59,18 +59,18 @@ class LLMRerankStage:
     reads: tuple[str, ...] = ("coarse",)
 
     def __init__(self, spec: StageSpec | None, config: LLMConfig, *, artifacts_root: Path,
-                 redis_url: str | None = None, redis_socket_timeout_s: float = DEFAULT_SOCKET_TIMEOUT_S):
+                 redis: Redis | None = None):
         """``config`` is ``settings.llm`` (``spec.params`` override its keys; no ``spec``: a stage named
         "llm" outside a pipeline, for the training and benchmark jobs). ``artifacts_root`` is where
-        ``resolve_model`` looks for a downloaded base model; ``redis_url`` (``Settings.resolve_redis_url``)
-        and ``redis_socket_timeout_s`` serve tier 2 of the KV cache unless ``kv.tier2_url`` is set."""
+        ``resolve_model`` looks for a downloaded base model; ``redis`` serves tier 2 of the KV cache
+        (``cascade.registry.kv_tier2_client``: the serving worker's own client, so both share one
+        connection pool); the stage never opens a connection itself."""
         self.name: str = spec.name if spec is not None else "llm"
         self.writes: tuple[str, ...] = (self.name,)
         params = dict(spec.params) if spec is not None else {}
         self.cfg: LLMConfig = config.with_overrides(params)
         self.artifacts_root = Path(artifacts_root)
-        self.redis_url = redis_url
-        self.redis_socket_timeout_s = redis_socket_timeout_s
+        self.redis = redis
         self.backend: ScoringBackend | None = None  # built by load(): llm_rerank.backends
         self.prompts: PromptBuilder | None = None
         self.titles: np.ndarray = np.zeros(0, dtype=object)
@@ -112,7 +112,7 @@ class LLMRerankStage:
         # any template, so the template is not in the namespace
         backend = build_backend(self.cfg, model, pad_token_id(tokenizer), stage=self.name,
                                 kv_namespace=f"{self._weights}-{PROMPT_VERSION}|{self.precision}",
-                                redis_url=self.redis_url, redis_socket_timeout_s=self.redis_socket_timeout_s)
+                                redis_client=self.redis)
         self.attach(backend, tokenizer, titles)
         self.model_location = location
 
@@ -127,8 +127,8 @@ class LLMRerankStage:
         self._weights = self._weights or "unversioned"
 
     def local(self) -> LocalBackend:
-        """The in-process model's backend, for jobs that need the model itself (``jobs.llm_probe``,
-        ``jobs.llm_perf``); ``ValueError`` with ``backend: http``, whose model lives in the server."""
+        """The in-process model's backend, for jobs that need the model itself (``bench.llm_backbones``,
+        ``bench.llm_stage``); ``ValueError`` with ``backend: http``, whose model lives in the server."""
         backend = self._backend()
         if not isinstance(backend, LocalBackend):
             raise ValueError(f"stage {self.name!r}: llm.backend is {self.cfg.backend!r}, whose model runs in "

@@ -13,7 +13,7 @@ Everything is computed in float64 and returned as float32; the torch path's floa
 to about 1e-7 (``tests/llm_rerank/test_verbalizer_scores.py``).
 
 Deliberately left out: gathering the verbalizer values (each backend's own business) and losses
-for training (``jobs.llm_adapt`` keeps those in torch, for the gradients).
+for training (``llm_rerank.adapt`` keeps those in torch, for the gradients).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def listwise_scores(letters: ArrayLike) -> np.ndarray:
 def zscore(scores: ArrayLike) -> np.ndarray:
     """Per-request standardised scores (float32; NaN -> the lowest score; constant -> zeros).
 
-    The residual term of listwise training and serving (``AdaptConfig.residual``, ``jobs.llm_adapt``): it makes the
+    The residual term of listwise training and serving (``AdaptConfig.residual``, ``llm_rerank.adapt``): it makes the
     coarse margin comparable across requests whatever its scale.
     """
     s = np.asarray(scores, dtype=np.float64)

@@ -108,7 +108,7 @@ class Split:
 
     @property
     def unseen_items(self) -> np.ndarray:
-        """Items whose interactions training must not see (the new items of ``jobs.cold_items``);
+        """Items whose interactions training must not see (the new items of ``jobs.evaluation.cold_items``);
         steps that learn from valid items skip the users whose valid item is one of them."""
         return np.asarray(self.protocol.get("cold_items", {}).get("items", []), dtype=np.int64)
 

@@ -84,7 +84,7 @@ MIN_EVENTS = 5  # every user survives a 5-core filter and a leave-one-out split
 # Above this many items a user's events are drawn from a pool: this many items drawn (Gumbel-top-k)
 # from the user's taste + popularity, plus their follow-ups (so a sequel stays reachable). Each
 # event then costs O(pool) instead of O(n_items); what stays O(n_items) per user is the vectorised
-# affinity and the pool draw (jobs.scaling times generation apart from the system). A user never
+# affinity and the pool draw (bench.scaling times generation apart from the system). A user never
 # needs more than ~100 distinct items. Smaller catalogs (the default) use every item.
 POOL_ITEMS = 1500
 START_TS = 1_546_300_800  # 2019-01-01 UTC

@@ -14,7 +14,7 @@ report's ``stopped_by`` names what ended a fit, ``converged`` whether early stop
 ``settings`` each training setting's value and why (``training_settings``). Bit-for-bit
 deterministic for a given seed and thread count, on a busy machine as on a quiet one, unless an
 opt-in wall-clock cap (``max_train_s``, off by default) stops a fit first (``stopped_by:
-max_train_s``; ``jobs.fit_report.training_warnings`` then says so).
+max_train_s``; ``jobs.evaluation.fit_report.training_warnings`` then says so).
 
 Reproducibility: the fit runs under ``torch.use_deterministic_algorithms``. Without it, two fits
 of the same seed on 2 threads gave the same epochs and metrics but item vectors up to 4.6e-7

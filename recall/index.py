@@ -10,7 +10,7 @@ product (cosine similarity), row ``i`` of the vectors being catalog item ``i``:
   ``M`` links per node, ``efConstruction`` / ``efSearch`` beam widths.
 
 The default parameters reach recall@100 >= 0.95 against exact search on a clustered 1M x 64
-catalog (see ``recall.bench``). faiss is imported inside functions, never at module import.
+catalog (see ``bench.recall_index``). faiss is imported inside functions, never at module import.
 
 Deliberately left out: GPU indexes, quantised storage (PQ/SQ) and filtered search; excluded
 items are removed by the caller (``recall.channels.merge_channels``).

@@ -1,1 +1,1 @@
-"""HTTP serving: the FastAPI app factory, routes and the serving benchmark."""
+"""HTTP serving: the FastAPI app factory, routes, and a server process for benchmarks and tests."""

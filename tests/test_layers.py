@@ -4,7 +4,8 @@ Bottom to top (``README.md``, "Layout"): the core (``recsys``: stage contract, p
 runner, digests, the Redis connection) → data (``offline``: schema, loaders, protocol, split,
 metrics, bootstrap, the tag store) → the stages (``recall``, then ``coarse_rank``, ``llm_rerank``,
 ``rules``, ``fusion``) → the composition root (``cascade``: settings and the stage registry) →
-``serving`` → ``jobs`` (training, evaluation, tagging, A/B, benchmarks) → ``cli``.
+``serving`` → ``jobs`` (preparation, training, evaluation, tagging, A/B) → ``bench`` (benchmarks and
+probes) → ``cli``.
 Imports inside functions count too: a lazy import still ties two packages together.
 """
 
@@ -23,6 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("cascade",),
     ("serving",),
     ("jobs",),
+    ("bench",),
     ("cli",),
 ]
 LEVEL = {pkg: level for level, pkgs in enumerate(LAYERS) for pkg in pkgs}

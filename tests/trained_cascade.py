@@ -16,7 +16,8 @@ from typing import Any
 import yaml
 
 from cascade.settings import Settings
-from jobs.train import prepare, train_stages
+from jobs.prepare import prepare
+from jobs.train import train_stages
 
 TINY_CONFIG: dict[str, Any] = {
     "recall": {"dim": 16, "max_len": 10, "n_blocks": 1, "n_heads": 1, "max_epochs": 4, "eval_every": 2,

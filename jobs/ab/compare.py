@@ -1,6 +1,6 @@
 """Offline A/B: two pipeline configs ranked on the same test users, differences with paired CIs.
 
-Both pipelines answer every user's test request through ``jobs.cascade_run.run_cascade``
+Both pipelines answer every user's test request through ``jobs.evaluation.cascade_run.run_cascade``
 (the foundation's protocol: leave-one-out, full catalog, history excluded), so the per-user
 metrics pair up and ``offline.bootstrap.paired_bootstrap`` gives 95% CIs and p-values of
 ``B - A``. Per variant: NDCG@10, Recall@10, MRR@10, catalog coverage, intra-list diversity
@@ -11,7 +11,7 @@ suffix, rebuilt with the stage's own prompt builder; 0 when no LLM stage runs).
 
 Coverage is a catalog-level figure (not a per-user mean), so its difference has no CI.
 Per variant, ``lists`` counts the users served an empty or short final list
-(``jobs.cascade_run.list_completeness``, as ``recsys eval`` reports it); a metric no user
+(``jobs.evaluation.cascade_run.list_completeness``, as ``recsys eval`` reports it); a metric no user
 defines is ``None``; a bootstrap p-value of 0 (no resample on the other side of 0) is
 reported as the estimator's resolution ``2 / n_boot`` with ``p_value_is_bound: true``.
 
@@ -37,11 +37,13 @@ import numpy as np
 from cascade.registry import build_pipeline, check_trained_on_split, trained_under_other_settings
 from cascade.settings import Settings
 from jobs.ab.split_check import check_same_split
-from jobs.cascade_run import list_completeness, requests_for, run_cascade
+from jobs.evaluation.cascade_run import list_completeness, requests_for, run_cascade
+from llm_rerank.stage import LLMRerankStage
 from offline.baselines import evaluate_rankings_per_user
 from offline.bootstrap import MIN_USERS, paired_bootstrap
 from offline.metrics import PAD, coverage, intra_list_diversity, novelty
 from offline.split import Phase, Split
+from recsys.contract import PromptBuilding
 from recsys.pipeline import Pipeline
 
 K = 10
@@ -70,9 +72,9 @@ def llm_cost(pipeline: Any, split: Split, run: dict[str, Any], phase: Phase) -> 
             continue
         status = run["status"].get(spec.name, {})
         calls += status.get("ok", 0) + status.get("fallback", 0)
-        if not hasattr(stage, "build_prompt") or calls == 0:
+        if not isinstance(stage, PromptBuilding) or calls == 0:
             continue
-        n_cands = getattr(getattr(stage, "cfg", None), "candidates", None)
+        n_cands = stage.cfg.candidates if isinstance(stage, LLMRerankStage) else None
         for req, kept in zip(requests_for(split, phase), run["kept"].get(spec.name, []), strict=False):
             if len(kept) == 0:
                 continue

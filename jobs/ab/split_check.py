@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from jobs.train import DEFAULT_CATALOG, DEFAULT_K_CORE, recorded_source
+from jobs.prepare import DEFAULT_CATALOG, DEFAULT_K_CORE, recorded_source
 from offline.split import split_id
 
 # option -> (its CLI flag, its value when the record lacks it)

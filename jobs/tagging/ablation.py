@@ -1,4 +1,4 @@
-"""What the LLM tagging outputs add to the pipeline: ``jobs.evaluate.evaluate_pipeline`` per variant.
+"""What the LLM tagging outputs add to the pipeline: ``jobs.evaluation.evaluate.evaluate_pipeline`` per variant.
 
 Variants (same trained artifacts, same split and phase):
 
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from cascade.settings import Settings
-from jobs.evaluate import evaluate_pipeline
+from jobs.evaluation.evaluate import evaluate_pipeline
 
 VARIANTS = ("base", "llm_channel", "tagged_rules", "tag_features", "all")
 _SWAPS = {"base": (), "llm_channel": ("llm_channel",), "tagged_rules": ("tagged_rules",),

@@ -13,7 +13,8 @@ with the held-out list as ``holdout.json`` beside the weights: swapped in with t
 (``jobs.tagging.staging``), so a run that dies never leaves an old model with a new list.
 
 Training runs under bf16 autocast by default (about 2x faster than fp32 on this CPU; the LoRA
-weights and the optimiser stay fp32). Deliberately left out: checkpoint/resume (a run takes
+weights and the optimiser stay fp32), in the loop every LLM-side job shares
+(``llm_rerank.training_loop``). Deliberately left out: checkpoint/resume (a run takes
 minutes), hyper-parameter search.
 """
 
@@ -30,8 +31,10 @@ import pandas as pd
 from jobs.tagging.prompt import prompt_description, render_prompt, target_completion
 from jobs.tagging.staging import staged_dir
 from llm_rerank.backbone import load_model, native_bf16
+from llm_rerank.training_loop import LoraSpec, attach_lora, run_steps
 from recsys.atomic import atomic_write_json
-from recsys.progress import progress_bar
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,6 @@ def adapt_tagger(base_dir: str, items: pd.DataFrame, categories: list[str], excl
     """Fine-tune ``base_dir`` with LoRA on the catalog minus ``exclude``; save merged to ``out_dir``,
     with ``holdout`` (the record of ``exclude``) as ``out_dir/holdout.json`` in the same set."""
     import torch  # lazy: heavy (torch)
-    from peft import LoraConfig, get_peft_model  # lazy: imports torch and transformers
 
     t0 = time.perf_counter()
     torch.manual_seed(settings.seed)
@@ -94,26 +96,17 @@ def adapt_tagger(base_dir: str, items: pd.DataFrame, categories: list[str], excl
     if settings.max_items is not None:
         train_idx = np.sort(rng.permutation(train_idx)[: settings.max_items])
     examples = build_examples(tok, items, categories, train_idx, domain, settings.max_genres)
-    lora = LoraConfig(task_type="CAUSAL_LM", r=settings.lora_r, lora_alpha=settings.lora_alpha, lora_dropout=0.0,
-                      target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    model = get_peft_model(model, lora)
-    model.train()
+    model = attach_lora(model, LoraSpec(settings.lora_r, settings.lora_alpha, 0.0, LORA_TARGETS))
     optim = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=settings.lr)
     autocast = native_bf16() if settings.autocast_bf16 is None else settings.autocast_bf16
     order = [rng.permutation(len(examples)) for _ in range(settings.epochs)]
     steps = [o[i : i + settings.batch_size] for o in order for i in range(0, len(o), settings.batch_size)]
-    losses = []
-    for step in (bar := progress_bar(steps, desc="tag adapt", enabled=progress)):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            loss = _batch_loss(model, [examples[i] for i in step], pad)
-        optim.zero_grad()
-        loss.backward()
-        optim.step()
-        losses.append(float(loss.detach()))
-        bar.set_postfix(loss=f"{np.mean(losses[-10:]):.3f}")
+    losses = run_steps(optim, steps, lambda _, step: _batch_loss(model, [examples[i] for i in step], pad),
+                       desc="tag adapt", progress=progress, autocast=autocast)
     merged: Any = model.merge_and_unload()
     report = {"base": base_dir, "train_items": len(examples), "held_out_items": int(len(exclude)),
               "steps": len(steps), "loss_first": losses[0], "loss_last10": float(np.mean(losses[-10:])),
+              "losses": losses,
               "seconds": time.perf_counter() - t0, "settings": asdict(settings)}
     with staged_dir(Path(out_dir)) as tmp:
         merged.save_pretrained(tmp)

@@ -27,6 +27,7 @@ import numpy as np
 
 from jobs.tagging.catalog import require_same_items
 from jobs.tagging.staging import staged_dir
+from llm_rerank.training_loop import epoch_means, run_steps
 from offline.tag_store import load_tags
 from recall.index import ItemIndex
 from recsys.atomic import atomic_write_json
@@ -78,7 +79,6 @@ def build_mlp(in_dim: int, settings: EmbedSettings, mean: np.ndarray, std: np.nd
 def train_projection(hidden: np.ndarray, pairs: np.ndarray, settings: EmbedSettings) -> tuple[Any, list[float]]:
     """Fit the MLP by symmetric in-batch InfoNCE on ``pairs``; (model, mean loss per epoch)."""
     import torch  # lazy: heavy (torch)
-    import torch.nn.functional as F  # lazy: heavy (torch)
 
     torch.manual_seed(settings.seed)
     rng = np.random.default_rng(settings.seed)
@@ -86,25 +86,27 @@ def train_projection(hidden: np.ndarray, pairs: np.ndarray, settings: EmbedSetti
     mean, std = hidden.mean(0), hidden.std(0) + 1e-6
     model = build_mlp(hidden.shape[1], settings, mean, std)
     optim = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=1e-4)
-    curve = []
-    for _ in range(settings.epochs):
-        order = rng.permutation(len(pairs))
-        losses = []
-        for start in range(0, len(order), settings.batch_size):
-            batch = pairs[order[start : start + settings.batch_size]]
-            a, b = model(x[batch[:, 0]]), model(x[batch[:, 1]])
-            logits = a @ b.T / settings.tau
-            # Repeated items inside a batch are false negatives; mask every off-diagonal duplicate.
-            same = torch.as_tensor(batch[:, 1][None, :] == batch[:, 1][:, None]) & ~torch.eye(len(batch), dtype=torch.bool)
-            logits = logits.masked_fill(same, float("-inf"))
-            target = torch.arange(len(batch))
-            loss = (F.cross_entropy(logits, target) + F.cross_entropy(logits.T, target)) / 2
-            optim.zero_grad()
-            loss.backward()
-            optim.step()
-            losses.append(float(loss.detach()))
-        curve.append(float(np.mean(losses)))
+    steps = [order[start : start + settings.batch_size] for order in
+             (rng.permutation(len(pairs)) for _ in range(settings.epochs))
+             for start in range(0, len(order), settings.batch_size)]
+    losses = run_steps(optim, steps, lambda _, step: _info_nce(model, x, pairs[step], settings.tau),
+                       desc="tag embed", progress=False)
+    curve = epoch_means(losses, len(steps) // settings.epochs)
     return model.eval(), curve
+
+
+def _info_nce(model: Any, x: Any, batch: np.ndarray, tau: float) -> Any:
+    """Symmetric in-batch InfoNCE of the pairs ``batch`` (rows of item indices into ``x``)."""
+    import torch  # lazy: heavy (torch)
+    import torch.nn.functional as F  # lazy: heavy (torch)
+
+    a, b = model(x[batch[:, 0]]), model(x[batch[:, 1]])
+    logits = a @ b.T / tau
+    # Repeated items inside a batch are false negatives; mask every off-diagonal duplicate.
+    same = torch.as_tensor(batch[:, 1][None, :] == batch[:, 1][:, None]) & ~torch.eye(len(batch), dtype=torch.bool)
+    logits = logits.masked_fill(same, float("-inf"))
+    target = torch.arange(len(batch))
+    return (F.cross_entropy(logits, target) + F.cross_entropy(logits.T, target)) / 2
 
 
 def train_embeddings(split: Any, tags_dir: Path, settings: EmbedSettings) -> dict[str, Any]:

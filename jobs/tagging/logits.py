@@ -19,7 +19,7 @@ bounds, and assembles each document in schema order and validates it; a free-tex
 token budget cut short is closed and kept (its record says so), an empty one becomes the title.
 
 Deliberately left out: parts and files (``jobs.tagging.run``), the comparison report
-(``jobs.tagging.bench_logits``).
+(``bench.tagging_logits``).
 """
 
 from __future__ import annotations

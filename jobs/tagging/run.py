@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -126,25 +127,51 @@ def heldout_for(split: Any, out: Path, seed: int, model_dir: str | None = None) 
     return held
 
 
-def tag_catalog(split: Any, model_dir: str, artifact_dir: Path, settings: TaggerSettings, *,
-                engine: Engine = "local", chunk_size: int = 64, batch_size: int = 16, limit: int | None = None,
-                ray_address: str | None = None, ray_concurrency: int = 1, ray_cpus: int = 2,
-                fresh: bool = False, progress: bool = True, prompt: PromptTemplate | None = None,
-                method: Method = "generate", seed: int = 42, shots: int = 0) -> dict[str, Any]:
-    """Tag ``split.items`` (first ``limit`` rows if given) with ``model_dir``; the summary dict.
+@dataclass(frozen=True)
+class TagOptions:
+    """How one tagging run goes: the method, the engine and its parallelism, the chunking, a limit.
+
+    ``limit`` tags the first rows only; ``fresh`` clears the parts first; ``prompt`` is the prompt
+    document the re-ranker serves (default ``llm_rerank.template.DEFAULT``); ``seed`` draws the
+    held-out items and the few-shot examples (``shots``, logits only).
+    """
+
+    method: Method = "generate"
+    engine: Engine = "local"
+    chunk_size: int = 64
+    batch_size: int = 16
+    limit: int | None = None
+    ray_address: str | None = None
+    ray_concurrency: int = 1
+    ray_cpus: int = 2
+    fresh: bool = False
+    progress: bool = True
+    prompt: PromptTemplate | None = None
+    seed: int = 42
+    shots: int = 0
+
+    def __post_init__(self) -> None:
+        if self.method not in ("generate", "logits"):
+            raise ValueError(f"method must be 'generate' or 'logits', got {self.method!r}")
+        if self.engine not in ("local", "ray"):
+            raise ValueError(f"engine must be 'local' or 'ray', got {self.engine!r}")
+        if self.method == "logits" and self.engine != "local":
+            raise ValueError(f"method 'logits' runs on the local engine only, got engine={self.engine!r}")
+
+
+def tag_catalog(split: Any, model_dir: str, artifact_dir: Path, settings: TaggerSettings,
+                options: TagOptions | None = None) -> dict[str, Any]:
+    """Tag ``split.items`` (first ``options.limit`` rows if given) with ``model_dir``; the summary dict.
 
     ``method="logits"`` (``jobs.tagging.logits``) scores closed fields from label logits and
     generates only free text; it calibrates on the items outside ``heldout_for`` and always
     retags every item of the run (its thresholds need all of them), replacing the parts on disk
     as one set once it has them; it refuses a ``limit`` that would replace parts past it.
     """
-    template = prompt or DEFAULT
-    if method not in ("generate", "logits"):
-        raise ValueError(f"method must be 'generate' or 'logits', got {method!r}")
-    if engine not in ("local", "ray"):
-        raise ValueError(f"engine must be 'local' or 'ray', got {engine!r}")
-    if method == "logits" and engine != "local":
-        raise ValueError(f"method 'logits' runs on the local engine only, got engine={engine!r}")
+    opts = options or TagOptions()
+    template = opts.prompt or DEFAULT
+    method, engine, seed, progress = opts.method, opts.engine, opts.seed, opts.progress
+    chunk_size, batch_size = opts.chunk_size, opts.batch_size
     check_model_dir(model_dir)
     categories = catalog_categories(split.items["categories"])
     schema = concrete_schema(categories)
@@ -153,19 +180,21 @@ def tag_catalog(split: Any, model_dir: str, artifact_dir: Path, settings: Tagger
     version = job_version(model_dir, schema, settings, chunk_size, batch_size, split.items["item_id"], template,
                           items=split.items)
     if method == "logits":
-        version.update({"method": "logits", "label_prompt_version": LABEL_PROMPT_VERSION, "shots": shots})
-    job = TagJob(out, split.items, version, chunk_size, batch_size, limit)
+        version.update({"method": "logits", "label_prompt_version": LABEL_PROMPT_VERSION, "shots": opts.shots})
+    job = TagJob(out, split.items, version, chunk_size, batch_size, opts.limit)
     held: np.ndarray | None  # read before any tagging: a model adapted on another catalog is refused first
     if method == "logits":
-        _refuse_a_limit_that_replaces_more(job, fresh)
+        _refuse_a_limit_that_replaces_more(job, opts.fresh)
         held = heldout_for(split, out, seed, model_dir)
         t0 = time.perf_counter()
-        n_tagged, extra = job.stop, _tag_logits(job, model_dir, schema, settings, template, held, seed, shots, progress)
+        n_tagged, extra = job.stop, _tag_logits(job, model_dir, schema, settings, template, held, seed, opts.shots,
+                                                progress)
     else:
         held = current_holdout(split, out, model_dir)
         t0 = time.perf_counter()
-        n_tagged, extra = _tag_generate(job, model_dir, schema, settings, template, fresh, progress, engine=engine,
-                                        address=ray_address, concurrency=ray_concurrency, num_cpus=ray_cpus)
+        n_tagged, extra = _tag_generate(job, model_dir, schema, settings, template, opts.fresh, progress,
+                                        engine=engine, address=opts.ray_address, concurrency=opts.ray_concurrency,
+                                        num_cpus=opts.ray_cpus)
     seconds = time.perf_counter() - t0
     frame = finalize(job)
     summary = summarise(frame, split.items.iloc[: len(frame)], categories, held, seconds, n_tagged)

@@ -60,7 +60,7 @@ def detect_format(path: Path) -> str:
 
 
 # Raised whenever a loader reads the same files differently (a parsing fix): a split prepared by an
-# older revision is then prepared again (``jobs.train.prepare``), never reused with the old reading.
+# older revision is then prepared again (``jobs.prepare.prepare``), never reused with the old reading.
 # 2: items.csv categories quoted twice or given as a JSON list, '::' files read as UTF-8 where valid.
 LOADER_REVISION = 2
 

@@ -6,7 +6,7 @@ faiss index, a missing file), then records
 
 - ``recsys recommend`` on that copy (a real subprocess, so an abort or a segfault would show as
   its exit status): the exit code and the last line of its standard error;
-- against a live server (``serving.bench.start_server_subprocess``: real uvicorn, started once on a
+- against a live server (``serving.server_process.start_server_subprocess``: real uvicorn, started once on a
   good copy), the damage applied under it: ``POST /admin/reload``'s status and detail, whether the
   next answer still comes from the previous versions, ``/readyz``'s status and body, and whether
   the process is still up; the file is then restored for the next case;
@@ -38,8 +38,8 @@ from pydantic import SecretStr
 from cascade.settings import Settings
 from offline.split import Split
 from recsys.manifest import MANIFEST_FILE, MARKER_FILE, write_manifest
-from serving.bench import REPO_ROOT, free_port, start_server_subprocess
 from serving.run import APP_FACTORY, server_env
+from serving.server_process import REPO_ROOT, free_port, start_server_subprocess
 
 ADMIN_KEY = "reliability-report-admin-key"
 

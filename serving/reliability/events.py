@@ -40,7 +40,8 @@ from cascade.settings import Settings
 from offline.split import Split
 from recsys.event_ledger import LEDGER_NAME
 from recsys.experiments import ExperimentsConfig
-from serving.bench import APP_FACTORY, start_server_subprocess
+from serving.run import APP_FACTORY
+from serving.server_process import start_server_subprocess
 
 NAMESPACE = "reliability"
 RECSYS = str(Path(sys.executable).with_name("recsys"))

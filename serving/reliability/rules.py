@@ -39,7 +39,7 @@ import httpx
 from cascade.settings import Settings
 from offline.split import Split
 from recsys.documents import read_document
-from serving.bench import REPO_ROOT, free_port, start_server_subprocess
+from serving.server_process import REPO_ROOT, free_port, start_server_subprocess
 
 PUBLISH_EVERY_S = 0.05
 NOTE = "Reliability check: rule set B."

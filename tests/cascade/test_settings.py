@@ -194,7 +194,7 @@ def test_the_largest_seed_trains_everywhere_and_seed_runs_may_not_pass_it(tmp_pa
     import numpy as np
     import torch
 
-    from jobs.seeds import seed_dirs
+    from jobs.evaluation.seeds import seed_dirs
 
     top = Settings.build({"seed": MAX_SEED}).seed
     np.random.default_rng(top)

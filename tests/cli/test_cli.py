@@ -290,10 +290,10 @@ def _fake_training_and_eval(monkeypatch: pytest.MonkeyPatch, empty_for_seeds: se
     seeds trained, in order."""
     import numpy as np
 
-    import jobs.evaluate
-    import jobs.seeds
+    import jobs.evaluation.evaluate
+    import jobs.evaluation.seeds
     import jobs.train
-    from jobs.cascade_run import list_completeness
+    from jobs.evaluation.cascade_run import list_completeness
 
     trained: list[int] = []
 
@@ -305,9 +305,9 @@ def _fake_training_and_eval(monkeypatch: pytest.MonkeyPatch, empty_for_seeds: se
         served = np.full(split.n_users, 0 if settings.seed in empty_for_seeds else 10)
         return {"lists": list_completeness({"served": served, "short_reasons": {}}), "timings": {}}
 
-    for module in (jobs.train, jobs.seeds):
+    for module in (jobs.train, jobs.evaluation.seeds):
         monkeypatch.setattr(module, "train_stages", train_stages)
-    for module in (jobs.evaluate, jobs.seeds):
+    for module in (jobs.evaluation.evaluate, jobs.evaluation.seeds):
         monkeypatch.setattr(module, "evaluate_pipeline", evaluate_pipeline)
     return trained
 

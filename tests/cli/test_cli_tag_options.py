@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from jobs.train import prepare
+from jobs.prepare import prepare
 
 runner = CliRunner()
 

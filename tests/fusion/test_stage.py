@@ -10,13 +10,9 @@ from cascade.registry import weights_key
 from cascade.settings import Settings
 from fusion.stage import (
     FusionConfig,
-    FusionExample,
     FusionStage,
-    ndcg_at_k,
     rank_normalise,
     save_weights,
-    simplex_grid,
-    tune_fusion_weights,
 )
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request, Stage
@@ -142,48 +138,6 @@ def test_invalid_weights_are_refused_by_name(tmp_path):
     with pytest.raises(ValidationError):
         save_weights(tmp_path, {"recall": float("nan")})
     assert not (tmp_path / "weights.json").exists()
-
-
-def test_simplex_grid():
-    assert simplex_grid(["recall", "coarse"], 0.5) == [
-        {"recall": 0.0, "coarse": 1.0}, {"recall": 0.5, "coarse": 0.5}, {"recall": 1.0, "coarse": 0.0}]
-    assert len(simplex_grid(["recall", "coarse", "llm"], 0.1)) == 66
-    with pytest.raises(ValueError, match="step must divide 1"):
-        simplex_grid(["recall"], 0.3)
-
-
-def example(recall, coarse, relevant_pos) -> FusionExample:
-    relevant = np.zeros(len(recall), dtype=bool)
-    relevant[relevant_pos] = True
-    return FusionExample({"recall": np.array(recall, float), "coarse": np.array(coarse, float)}, relevant)
-
-
-def test_ndcg_per_grid_point_by_hand():
-    # A: recall puts the target first, coarse last; B, C: the opposite (3 candidates)
-    exs = [example([3, 2, 1], [1, 2, 3], 0), example([3, 2, 1], [1, 2, 3], 2), example([3, 2, 1], [1, 2, 3], 2)]
-    grid = [{"recall": 1.0, "coarse": 0.0}, {"recall": 0.5, "coarse": 0.5}, {"recall": 0.0, "coarse": 1.0}]
-    # rank 0 -> 1, rank 2 -> 1/log2(4) = .5; the 50/50 mix ties everything, kept in candidate order
-    assert ndcg_at_k(exs, grid, k=10).tolist() == pytest.approx([2 / 3, 2 / 3, 5 / 6])
-    assert tune_fusion_weights(exs, grid) == {"recall": 0.0, "coarse": 1.0}
-    missed = FusionExample({"recall": np.array([1.0, 2.0])}, np.zeros(2, dtype=bool))  # target not recalled
-    assert ndcg_at_k([*exs, missed], grid[2:], k=10).tolist() == pytest.approx([2.5 / 4])
-
-
-def test_tuning_finds_the_mixture_when_neither_stage_alone_is_best():
-    # recall order 0,1,2,3,4; coarse order 4,1,2,3,0; only a mix puts item 1 first:
-    # final(0) = w, final(1) = .75, final(4) = 1 - w, so 0.25 < w < 0.75 -> first grid hit is w = 0.3
-    ex = example([5, 4, 3, 2, 1], [1, 4, 3, 2, 5], 1)
-    best = tune_fusion_weights([ex], k=1, step=0.1)
-    assert best == pytest.approx({"recall": 0.3, "coarse": 0.7})
-    s = stage(weights=best)
-    out = s.run(Request(user_id="u", k=1), Candidates(items=np.arange(5), scores=dict(ex.columns)))
-    assert out.items[0] == 1  # fusion reorders only; the pipeline cuts to k
-
-
-def test_example_from_candidates():
-    ex = FusionExample.from_candidates(cands(recall=RECALL, llm=LLM), targets=[12])
-    assert sorted(ex.columns) == ["llm", "recall"]
-    assert ex.relevant.tolist() == [False, False, True, False]
 
 
 def test_stage_serves_the_checked_weights_unless_told_to_take_the_grid_best(tmp_path):

@@ -138,7 +138,7 @@ def test_concurrent_requests_build_the_prompts_one_request_alone_builds() -> Non
 
 @pytest.mark.parametrize("scoring", ["listwise", "pointwise"])
 def test_request_prompts_are_the_served_prompts_without_a_stage(tmp_path: Path, scoring: str) -> None:
-    """``jobs.llm_adapt`` trains on ``RequestPrompts`` built from ``settings.llm`` alone; the stage
+    """``llm_rerank.adapt`` trains on ``RequestPrompts`` built from ``settings.llm`` alone; the stage
     serves the same token ids (history window, titles, template, scoring mode)."""
     save_tiny_llm(tmp_path / "m")
     split = tiny_split()

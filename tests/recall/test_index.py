@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from recall.bench import clustered_vectors
+from bench.recall_index import clustered_vectors
 from recall.index import IndexArtifactError, ItemIndex, overlap_at_k, recall_against_exact
 
 KINDS = ["flat", "ivf", "hnsw"]

@@ -223,7 +223,7 @@ def test_the_held_out_copy_is_never_refit(split, tmp_path: Path):
 def test_the_refit_never_learns_a_new_item_of_the_cold_item_protocol(tmp_path: Path):
     split = valid_only_split()
     new = np.arange(30, split.n_items)
-    split.protocol = {**split.protocol, "cold_items": {"items": new.tolist()}}  # as jobs.cold_items marks them
+    split.protocol = {**split.protocol, "cold_items": {"items": new.tolist()}}  # as jobs.evaluation.cold_items marks them
     split.save(tmp_path / "split")
     train_two_tower(split, tmp_path / "recall", tiny_config(**REFIT), progress=False)
     served = RecallStage(StageSpec(name="recall", kind="recall", depth=5), RecallConfig(popularity_share=0.0,

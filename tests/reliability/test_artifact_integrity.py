@@ -30,9 +30,9 @@ from jobs.train import train_stages
 from offline.split import Split
 from recsys.manifest import MANIFEST_FILE
 from serving.app import create_app
-from serving.bench import REPO_ROOT, free_port
 from serving.reliability.artifacts import DAMAGES, cli_outcome, damage
 from serving.run import recommend_once
+from serving.server_process import REPO_ROOT, free_port
 from tests.trained_cascade import trained_with, write_config
 
 KEY = "integrity-test-admin-key"

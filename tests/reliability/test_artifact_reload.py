@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 
 from cascade.registry import STAGE_KINDS
 from offline.protocol import make_split
-from serving.bench import start_server_subprocess
+from serving.server_process import start_server_subprocess
 from tests.reliability.conftest import ADMIN_KEY, RECALL, RULES
 from tests.serving.toy import FailingStage, MissingArtifactsLLM, toy_dataset, toy_settings
 

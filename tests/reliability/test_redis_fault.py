@@ -27,8 +27,8 @@ from fastapi.testclient import TestClient
 from cascade.settings import ENV_REDIS_URL
 from recsys.redis_state import EmbeddedRedis
 from serving.app import create_app
-from serving.bench import start_server_subprocess
 from serving.run import shared_state
+from serving.server_process import start_server_subprocess
 from tests.reliability.conftest import RECALL, RULES, TOY_PAIRS
 from tests.serving.conftest import toy_pipeline
 from tests.serving.toy import toy_settings

@@ -38,8 +38,8 @@ from recsys.provenance import write_result
 from recsys.redis_state import EmbeddedRedis
 from rules.stage import RulesStage
 from serving.app import create_app
-from serving.bench import free_port
 from serving.console.pages import PAGES
+from serving.server_process import free_port
 from tests.serving.conftest import ADMIN_KEY, toy_pipeline
 from tests.serving.toy import DEFAULT_GATES, PopularityRecall, YearRerank, save_toy_split, toy_settings
 

@@ -23,7 +23,7 @@ from llm_rerank.stage import LLMRerankStage
 from recsys.config import StageSpec
 from recsys.redis_state import EmbeddedRedis
 from serving.app import create_app
-from serving.bench import free_port
+from serving.server_process import free_port
 from tests.llm_rerank.factories import save_tiny_llm
 from tests.serving.conftest import ADMIN_KEY, toy_pipeline
 from tests.serving.test_console_browser import driver, open_page, wait_for  # noqa: F401 (driver: a fixture)

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from recsys.redis_state import EmbeddedRedis
-from serving.bench import start_server_subprocess
 from serving.reliability.rules import sample_workers
+from serving.server_process import start_server_subprocess
 from tests.serving.conftest import ADMIN_KEY, RECALL, RULES
 from tests.serving.toy import DEFAULT_GATES, toy_settings
 

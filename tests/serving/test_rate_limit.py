@@ -94,7 +94,7 @@ def test_a_made_up_forwarded_for_does_not_name_a_new_client(toy_dir: Path) -> No
 
     import httpx
 
-    from serving.bench import free_port
+    from serving.server_process import free_port
 
     port, repo = free_port(), Path(__file__).resolve().parents[2]
     env = {**{k: v for k, v in os.environ.items() if k != "REDIS_URL"}, "PYTHONPATH": str(repo)}

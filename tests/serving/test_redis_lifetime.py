@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from serving.bench import free_port
+from serving.server_process import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 _SERVE = """

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from cascade.settings import ENV_REDIS_URL, Settings
-from serving.bench import REPO_ROOT, free_port
+from serving.server_process import REPO_ROOT, free_port
 from tests.trained_cascade import write_config
 
 

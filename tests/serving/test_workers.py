@@ -51,7 +51,7 @@ def _sample_both(url: str, pids: set[int], timeout_s: float = 30.0) -> list[tupl
 
 @pytest.mark.slow
 def test_rule_change_and_rollback_reach_both_workers_within_two_seconds(toy_dir: Path, tmp_path: Path) -> None:
-    from serving.bench import start_server_subprocess
+    from serving.server_process import start_server_subprocess
 
     settings = toy_settings(RECALL, RULES, admin_api_key=ADMIN_KEY)  # default 0.5 s version poll
     env = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}

@@ -15,7 +15,7 @@ from cascade.settings import Settings
 from jobs.ab.compare import PAIRED, compare_offline, paired_differences, per_user_beyond_accuracy
 from jobs.ab.report import write_offline_report
 from jobs.ab.split_check import check_same_split, split_differences
-from jobs.train import prepare
+from jobs.prepare import prepare
 from offline.split import Split, split_id
 from recsys.config import StageSpec
 from tests.serving.toy import TOY_KINDS, save_toy_split, toy_settings

@@ -10,7 +10,7 @@ import pytest
 
 from jobs.tagging.adapt import AdaptSettings
 from jobs.tagging.generate import TaggerSettings
-from jobs.tagging.run import adapt_tagger_for, tag_catalog
+from jobs.tagging.run import TagOptions, adapt_tagger_for, tag_catalog
 from tests.jobs.tagging.factories import catalog_split, prepared_again, tiny_model_dir
 
 TINY = AdaptSettings(epochs=1, batch_size=2, max_items=2, seed=0, threads=1, autocast_bf16=False)
@@ -49,8 +49,9 @@ def test_an_adaptation_that_fails_leaves_the_model_s_holdout_and_the_tag_run_sco
     assert _items(tags / "holdout.json") == held
     assert (tags / "model" / "model.safetensors").read_bytes() == weights
     assert _items(tags / "model" / "holdout.json") == held  # the list travels with the model it was made for
-    summary = tag_catalog(catalog_split(8), str(tags / "model"), tmp_path, FP32, chunk_size=4, batch_size=4,
-                          progress=False)
+    summary = tag_catalog(catalog_split(8), str(tags / "model"), tmp_path, FP32,
+                          TagOptions(chunk_size=4, batch_size=4,
+                                     progress=False))
     assert summary["items_heldout"] == 4 and summary["items_adapted_on"] == 4
 
 
@@ -59,8 +60,9 @@ def test_a_holdout_list_beside_the_model_that_is_not_its_own_is_replaced_by_the_
     tags, held = adapted
     # what a killed `recsys tag adapt --holdout 0.75` left before this change: a new list, the old model
     (tags / "holdout.json").write_text(json.dumps({"fraction": 0.75, "seed": 0, "items": [0, 1, 2, 3, 4, 5]}))
-    summary = tag_catalog(catalog_split(8), str(tags / "model"), tmp_path, FP32, chunk_size=4, batch_size=4,
-                          progress=False)
+    summary = tag_catalog(catalog_split(8), str(tags / "model"), tmp_path, FP32,
+                          TagOptions(chunk_size=4, batch_size=4,
+                                     progress=False))
     assert summary["items_heldout"] == 4
     assert _items(tags / "holdout.json") == held
 
@@ -70,6 +72,7 @@ def test_a_model_adapted_on_the_catalog_before_prepare_ran_again_is_refused_befo
     tags, _ = adapted
     with pytest.raises(ValueError, match=r"model/holdout.json: the model was adapted on another catalog .*"
                                          r"re-run `recsys tag adapt`"):
-        tag_catalog(prepared_again(catalog_split(8)), str(tags / "model"), tmp_path, FP32, chunk_size=4,
-                    batch_size=4, progress=False)
+        tag_catalog(prepared_again(catalog_split(8)), str(tags / "model"), tmp_path, FP32,
+                    TagOptions(chunk_size=4,
+                               batch_size=4, progress=False))
     assert not (tags / "parts").exists()

@@ -18,7 +18,7 @@ from jobs.tagging.embed import EmbedSettings, train_embeddings
 from jobs.tagging.generate import TaggerSettings
 from jobs.tagging.job import TagJob, finalize
 from jobs.tagging.parts import VERSION_KEY
-from jobs.tagging.run import tag_catalog
+from jobs.tagging.run import TagOptions, tag_catalog
 from jobs.tagging.schema import catalog_categories, concrete_schema, validation_errors
 from jobs.tagging.wiring import write_tagged_items
 from offline.tag_store import load_tags
@@ -43,8 +43,9 @@ def tagged(tag_runs: dict[tuple[int, int], Path], tmp_path_factory: pytest.TempP
     def tagged_copy(artifact_dir: Path, n_items: int, chunk_size: int) -> None:
         if (n_items, chunk_size) not in tag_runs:
             done = tmp_path_factory.mktemp(f"tagged-{n_items}-{chunk_size}")
-            tag_catalog(catalog_split(n_items), str(tiny_model_dir()), done, FP32, chunk_size=chunk_size,
-                        batch_size=2, progress=False)
+            tag_catalog(catalog_split(n_items), str(tiny_model_dir()), done, FP32,
+                        TagOptions(chunk_size=chunk_size,
+                                   batch_size=2, progress=False))
             tag_runs[n_items, chunk_size] = done
         shutil.copytree(tag_runs[n_items, chunk_size] / "tags", Path(artifact_dir) / "tags")
 
@@ -61,7 +62,8 @@ def _digests(tags_dir: Path) -> dict[str, str]:
 
 def test_every_item_gets_one_schema_valid_record_or_an_explicit_fallback(tmp_path):
     split = catalog_split(6)
-    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=4, batch_size=2, progress=False)
+    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32,
+                          TagOptions(chunk_size=4, batch_size=2, progress=False))
     tags, hidden, version = load_tags(tmp_path / "tags")
     assert tags["item_idx"].tolist() == list(range(6))
     assert tags["item_id"].tolist() == [f"i{i}" for i in range(6)]
@@ -81,7 +83,8 @@ def test_every_item_gets_one_schema_valid_record_or_an_explicit_fallback(tmp_pat
 def test_a_budget_too_small_for_any_json_yields_fallbacks_not_gaps(tmp_path):
     split = catalog_split(3)
     tight = TaggerSettings(precision="fp32", max_new_tokens=8, threads=1)
-    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path, tight, chunk_size=4, batch_size=3, progress=False)
+    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path, tight,
+                          TagOptions(chunk_size=4, batch_size=3, progress=False))
     tags = pd.read_parquet(tmp_path / "tags" / "tags.parquet")
     assert summary["fallbacks"] == 3 and summary["schema_valid_rate"] == 0.0
     assert tags["fallback"].all() and tags["attempts"].eq(2).all()
@@ -93,11 +96,13 @@ def test_rerun_after_losing_a_part_reproduces_identical_files(tagged, tmp_path):
     tagged(tmp_path, 6, chunk_size=2)
     before = _digests(tmp_path / "tags")
     (tmp_path / "tags" / "parts" / "chunk-00001.parquet").unlink()
-    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)
+    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32,
+                          TagOptions(chunk_size=2, batch_size=2, progress=False))
     assert summary["items_tagged_this_run"] == 2
     assert _digests(tmp_path / "tags") == before
     with pytest.raises(ValueError, match="fresh"):
-        tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=3, batch_size=2, progress=False)
+        tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32,
+                    TagOptions(chunk_size=3, batch_size=2, progress=False))
 
 
 def test_a_split_prepared_again_refuses_the_old_parts_and_the_old_tags(tagged, tmp_path):
@@ -105,14 +110,16 @@ def test_a_split_prepared_again_refuses_the_old_parts_and_the_old_tags(tagged, t
     tagged(tmp_path, 4, chunk_size=2)
     again = prepared_again(split)  # the same items, reversed: item_idx 0 is now i3
     with pytest.raises(ValueError, match=r"another catalog \(the split was prepared again\).*--fresh"):
-        tag_catalog(again, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)
+        tag_catalog(again, str(tiny_model_dir()), tmp_path, FP32,
+                    TagOptions(chunk_size=2, batch_size=2, progress=False))
     stale = str(tmp_path / "tags" / "tags.parquet")
     with pytest.raises(ValueError, match=rf"{stale}: row 0 holds the tags of item 'i0' but .* is 'i3'.*recsys tag"):
         write_tagged_items(again, tmp_path / "tags")
     with pytest.raises(ValueError, match=rf"{stale}: row 0 .*recsys tag"):
         train_embeddings(again, tmp_path / "tags", EmbedSettings(dim=8, hidden=16, epochs=1))
     assert not (tmp_path / "tags" / "items.parquet").exists() and not (tmp_path / "tags" / "embed").exists()
-    tag_catalog(again, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, fresh=True, progress=False)
+    tag_catalog(again, str(tiny_model_dir()), tmp_path, FP32,
+                TagOptions(chunk_size=2, batch_size=2, fresh=True, progress=False))
     after = load_tags(tmp_path / "tags")[0]
     assert after["item_id"].tolist() == ["i3", "i2", "i1", "i0"]
     assert write_tagged_items(again, tmp_path / "tags")["items"] == 4
@@ -120,15 +127,18 @@ def test_a_split_prepared_again_refuses_the_old_parts_and_the_old_tags(tagged, t
 
 def test_a_short_part_of_a_limit_run_is_redone_by_a_larger_run(tmp_path):
     split = catalog_split(6)
-    whole = tag_catalog(split, str(tiny_model_dir()), tmp_path / "whole", FP32, chunk_size=4, batch_size=2,
-                        progress=False)
-    limited = tag_catalog(split, str(tiny_model_dir()), tmp_path / "run", FP32, chunk_size=4, batch_size=2, limit=5,
-                          progress=False)
+    whole = tag_catalog(split, str(tiny_model_dir()), tmp_path / "whole", FP32,
+                        TagOptions(chunk_size=4, batch_size=2,
+                                   progress=False))
+    limited = tag_catalog(split, str(tiny_model_dir()), tmp_path / "run", FP32,
+                          TagOptions(chunk_size=4, batch_size=2, limit=5,
+                                     progress=False))
     assert limited["items"] == 5
     manifest = json.loads((tmp_path / "run" / "tags" / "manifest.json").read_text())
     assert {k: v["items"] for k, v in manifest["chunks"].items()} == {"chunk-00000": 4, "chunk-00001": 1}
-    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path / "run", FP32, chunk_size=4, batch_size=2,
-                          progress=False)
+    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path / "run", FP32,
+                          TagOptions(chunk_size=4, batch_size=2,
+                                     progress=False))
     assert summary["items"] == 6 and summary["items_tagged_this_run"] == 2  # chunk 1 redone whole
     assert load_tags(tmp_path / "run" / "tags")[0]["item_idx"].tolist() == list(range(6))
     assert _digests(tmp_path / "run" / "tags") == _digests(tmp_path / "whole" / "tags")
@@ -139,8 +149,9 @@ def test_a_limit_run_after_a_complete_run_keeps_every_part_and_the_whole_table(t
     split = catalog_split(6)
     tagged(tmp_path, 6, chunk_size=4)
     before = _digests(tmp_path / "tags")
-    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=4, batch_size=2, limit=5,
-                          progress=False)
+    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32,
+                          TagOptions(chunk_size=4, batch_size=2, limit=5,
+                                     progress=False))
     assert summary["items_tagged_this_run"] == 0  # chunk 1 holds items 4..5: more than the limit asks, so done
     assert summary["items"] == 6 and summary["table_written"] is True
     assert _digests(tmp_path / "tags") == before
@@ -153,8 +164,9 @@ def test_a_limit_run_short_of_the_catalog_writes_no_table_and_leaves_the_one_the
     table = _digests(tmp_path / "tags")["tags.parquet"]
     for chunk in (1, 2):
         (tmp_path / "tags" / "parts" / f"chunk-0000{chunk}.parquet").unlink()
-    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=4, batch_size=2, limit=5,
-                          progress=False)
+    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32,
+                          TagOptions(chunk_size=4, batch_size=2, limit=5,
+                                     progress=False))
     assert summary["items"] == 5 and summary["items_tagged_this_run"] == 1 and summary["table_written"] is False
     assert _digests(tmp_path / "tags")["tags.parquet"] == table
     assert len(load_tags(tmp_path / "tags")[0]) == 10
@@ -166,8 +178,9 @@ def test_a_logits_limit_run_refuses_to_replace_parts_past_its_limit(tagged, tmp_
     before = _digests(tmp_path / "tags")
     with pytest.raises(ValueError, match=r"parts: chunk-00001.parquet, chunk-00002.parquet there hold tags past "
                                          r"item 4; a --method logits run .* rerun without --limit, or with --fresh"):
-        tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, method="logits", chunk_size=4, batch_size=4,
-                    limit=5, progress=False)
+        tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32,
+                    TagOptions(method="logits", chunk_size=4, batch_size=4,
+                               limit=5, progress=False))
     assert _digests(tmp_path / "tags") == before
     assert sorted(p.name for p in (tmp_path / "tags" / "parts").iterdir()) == [
         "chunk-00000.parquet", "chunk-00001.parquet", "chunk-00002.parquet"]
@@ -185,7 +198,8 @@ def test_a_damaged_part_is_redone_and_the_files_match_an_undamaged_run(tagged, t
         part.write_bytes(b"")
     else:  # still a readable part of two rows, but not the file the manifest recorded
         pd.read_parquet(part).assign(summary="edited").to_parquet(part, index=False)
-    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)
+    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32,
+                          TagOptions(chunk_size=2, batch_size=2, progress=False))
     assert summary["items_tagged_this_run"] == 2 and list(summary["damaged_parts"]) == ["chunk-00001.parquet"]
     assert ("cannot be read" if damage != "rewritten" else "sha256") in summary["damaged_parts"]["chunk-00001.parquet"]
     assert _digests(tmp_path / "tags") == before
@@ -239,9 +253,11 @@ def test_without_its_manifest_a_part_is_checked_against_its_own_version(tagged, 
     other = TaggerSettings(precision="fp32", max_new_tokens=40, threads=1)
     with pytest.raises(ValueError, match=r"^.*parts: the parts there were made with another decoding settings than "
                                          r"this run; rerun with --fresh \(fresh=True\) to discard them and start over$"):
-        tag_catalog(split, str(tiny_model_dir()), tmp_path, other, chunk_size=2, batch_size=2, progress=False)
+        tag_catalog(split, str(tiny_model_dir()), tmp_path, other,
+                    TagOptions(chunk_size=2, batch_size=2, progress=False))
     assert _files(tags) == {k: v for k, v in before.items() if k != "manifest.json"}
-    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)
+    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32,
+                          TagOptions(chunk_size=2, batch_size=2, progress=False))
     assert summary["items_tagged_this_run"] == 0 and "damaged_parts" not in summary
     assert {k: v for k, v in _files(tags).items() if k != "summary.json"} == {
         k: v for k, v in before.items() if k != "summary.json"}  # the manifest rebuilt as it was
@@ -252,13 +268,15 @@ def test_parts_without_a_version_of_their_own_or_a_manifest_are_refused(tagged, 
     tagged(tmp_path, 4, chunk_size=2)
     tags = tmp_path / "tags"
     _strip_versions(tags / "parts")
-    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)
+    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32,
+                          TagOptions(chunk_size=2, batch_size=2, progress=False))
     assert "damaged_parts" in summary  # their sha256 changed: redone under the manifest, with their version
     _strip_versions(tags / "parts")
     (tags / "manifest.json").unlink()
     before = _files(tags)
     with pytest.raises(ValueError) as refused:
-        tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)
+        tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32,
+                    TagOptions(chunk_size=2, batch_size=2, progress=False))
     assert str(refused.value) == (
         f"{tags / 'manifest.json'} is missing, and chunk-00000.parquet, chunk-00001.parquet in {tags / 'parts'} carry "
         "no version of their own (written before parts recorded it), so what made them cannot be established; "
@@ -280,37 +298,43 @@ def test_a_manifest_of_another_shape_is_rebuilt_from_parts_that_carry_their_vers
     path = tmp_path / "tags" / "manifest.json"
     good = json.loads(path.read_text())
     path.write_text(json.dumps(MALFORMED[shape](good)))
-    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, limit=3,
-                          progress=False)
+    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32,
+                          TagOptions(chunk_size=2, batch_size=2, limit=3,
+                                     progress=False))
     assert summary["items_tagged_this_run"] == 0 and "damaged_parts" not in summary
     assert json.loads(path.read_text()) == good
     _strip_versions(tmp_path / "tags" / "parts")  # parts from before they carried a version: nothing vouches for them
     path.write_text(json.dumps(MALFORMED[shape](good)))
     with pytest.raises(ValueError, match=rf"^{path} is not a tagging manifest \(.+\), and chunk-00000.parquet, "
                                          r"chunk-00001.parquet in .* carry no version of their own .*--fresh"):
-        tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32, chunk_size=2, batch_size=2, progress=False)
+        tag_catalog(split, str(tiny_model_dir()), tmp_path, FP32,
+                    TagOptions(chunk_size=2, batch_size=2, progress=False))
 
 
 def test_a_part_renamed_in_before_its_manifest_write_is_kept_not_called_damaged(tmp_path):
     """A kill between a part's rename and the manifest write leaves a whole, correct part whose sha256 the
     manifest has not recorded: it is kept, not called damaged, deleted and redone."""
     split = catalog_split(6)
-    full = tag_catalog(split, str(tiny_model_dir()), tmp_path / "full", FP32, chunk_size=2, batch_size=2,
-                       progress=False)
+    full = tag_catalog(split, str(tiny_model_dir()), tmp_path / "full", FP32,
+                       TagOptions(chunk_size=2, batch_size=2,
+                                  progress=False))
     assert full["items_tagged_this_run"] == 6
-    tag_catalog(split, str(tiny_model_dir()), tmp_path / "run", FP32, chunk_size=2, batch_size=2, limit=3,
-                progress=False)  # parts 0 (2 items) and 1 (1 item)
+    tag_catalog(split, str(tiny_model_dir()), tmp_path / "run", FP32,
+                TagOptions(chunk_size=2, batch_size=2, limit=3,
+                           progress=False))  # parts 0 (2 items) and 1 (1 item)
     parts = tmp_path / "run" / "tags" / "parts"
     # the state a kill leaves: chunk 1 redone whole and renamed in, the manifest still the 1-item part's
     (parts / "chunk-00001.parquet").write_bytes((tmp_path / "full" / "tags" / "parts" / "chunk-00001.parquet").read_bytes())
-    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path / "run", FP32, chunk_size=2, batch_size=2,
-                          progress=False)
+    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path / "run", FP32,
+                          TagOptions(chunk_size=2, batch_size=2,
+                                     progress=False))
     assert summary["items_tagged_this_run"] == 2 and "damaged_parts" not in summary
     assert _digests(tmp_path / "run" / "tags") == _digests(tmp_path / "full" / "tags")
     # a part of the right items but of another chunk's content is still damaged
     (parts / "chunk-00002.parquet").write_bytes((parts / "chunk-00001.parquet").read_bytes())
-    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path / "run", FP32, chunk_size=2, batch_size=2,
-                          progress=False)
+    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path / "run", FP32,
+                          TagOptions(chunk_size=2, batch_size=2,
+                                     progress=False))
     assert summary["damaged_parts"] == {"chunk-00002.parquet": "its sha256 is not the one manifest.json recorded, and "
                                                               "it does not hold items 4.. of its chunk in order"}
     assert _digests(tmp_path / "run" / "tags") == _digests(tmp_path / "full" / "tags")
@@ -323,10 +347,11 @@ from offline.split import Split
 from jobs.tagging.embed import EmbedSettings, train_embeddings
 from jobs.tagging.generate import TaggerSettings
 from jobs.tagging.job import TagJob, finalize
-from jobs.tagging.run import tag_catalog
+from jobs.tagging.run import TagOptions, tag_catalog
 from jobs.tagging.wiring import write_tagged_items
 tag_catalog(Split.load(Path(sys.argv[1])), sys.argv[2], Path(sys.argv[3]),
-            TaggerSettings(precision="fp32", max_new_tokens=80, threads=1), chunk_size=2, batch_size=2, progress=False)
+            TaggerSettings(precision="fp32", max_new_tokens=80, threads=1),
+            TagOptions(chunk_size=2, batch_size=2, progress=False))
 """
 
 

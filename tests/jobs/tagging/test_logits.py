@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from jobs.tagging.generate import GrammarLogits, TaggerSettings
 from jobs.tagging.job import item_rows
 from jobs.tagging.logits import LogitTagger, greedy_continue, tag_items
-from jobs.tagging.run import tag_catalog
+from jobs.tagging.run import TagOptions, tag_catalog
 from jobs.tagging.schema import catalog_categories, concrete_schema, validation_errors
 from llm_rerank.forward import row_logits
 from offline.tag_store import load_tags
@@ -81,8 +81,9 @@ def test_free_text_from_the_item_caches_equals_running_the_items_again(arch: str
 
 def test_every_document_is_schema_valid_and_held_out_labels_are_never_read(tmp_path: Path) -> None:
     split = catalog_split(12)
-    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path / "a", SETTINGS, method="logits", chunk_size=5,
-                          batch_size=4, progress=False)
+    summary = tag_catalog(split, str(tiny_model_dir()), tmp_path / "a", SETTINGS,
+                          TagOptions(method="logits", chunk_size=5,
+                                     batch_size=4, progress=False))
     tags, hidden, version = load_tags(tmp_path / "a" / "tags")
     schema = concrete_schema(catalog_categories(split.items["categories"]))
     assert summary["schema_valid_rate"] == 1.0 and summary["fallbacks"] == 0 and summary["method"] == "logits"
@@ -100,7 +101,7 @@ def test_every_document_is_schema_valid_and_held_out_labels_are_never_read(tmp_p
     (tmp_path / "b" / "tags").mkdir(parents=True)
     (tmp_path / "b" / "tags" / "holdout.json").write_text((tmp_path / "a" / "tags" / "holdout.json").read_text())
     scrambled = tag_catalog(type(split)(**{**split.__dict__, "items": items}), str(tiny_model_dir()), tmp_path / "b",
-                            SETTINGS, method="logits", chunk_size=5, batch_size=4, progress=False)
+                            SETTINGS, TagOptions(method="logits", chunk_size=5, batch_size=4, progress=False))
     assert scrambled["thresholds"]["genres"] == summary["thresholds"]["genres"]
     pd.testing.assert_series_equal(load_tags(tmp_path / "b" / "tags")[0]["raw"], tags["raw"])
 
@@ -131,9 +132,11 @@ def test_few_shot_examples_come_from_known_rows_only_and_sit_in_the_cached_instr
 def test_bad_requests_fail_with_a_clear_message(tmp_path: Path) -> None:
     split = catalog_split(4)
     with pytest.raises(ValueError, match="method must be 'generate' or 'logits'"):
-        tag_catalog(split, str(tiny_model_dir()), tmp_path, SETTINGS, method="bogus", progress=False)  # type: ignore[arg-type]
+        tag_catalog(split, str(tiny_model_dir()), tmp_path, SETTINGS,
+                    TagOptions(method="bogus", progress=False))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="local engine only"):
-        tag_catalog(split, str(tiny_model_dir()), tmp_path, SETTINGS, method="logits", engine="ray", progress=False)
+        tag_catalog(split, str(tiny_model_dir()), tmp_path, SETTINGS,
+                    TagOptions(method="logits", engine="ray", progress=False))
     schema = concrete_schema(["A", "B"])
     schema["properties"]["score"] = {"type": "number"}
     with pytest.raises(ValueError, match="'score' is neither closed"):
@@ -154,7 +157,7 @@ def test_real_smollm2_tags_movies_with_schema_valid_documents(tmp_path: Path) ->
     """The real backbone and tokenizer: multi-token genres are read whole, every document validates."""
     split = catalog_split(6)
     summary = tag_catalog(split, str(CONVERTED), tmp_path, TaggerSettings(precision="fp32", max_new_tokens=24,
-                          threads=2), method="logits", chunk_size=6, batch_size=3, progress=False)
+                          threads=2), TagOptions(method="logits", chunk_size=6, batch_size=3, progress=False))
     assert summary["schema_valid_rate"] == 1.0 and summary["items"] == 6
     tags = load_tags(tmp_path / "tags")[0]
     schema = concrete_schema(catalog_categories(split.items["categories"]))

@@ -38,8 +38,9 @@ class RecordingTagger(Tagger):
 def tag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prompt: PromptTemplate | None) -> tuple[dict, str]:
     RecordingTagger.seen = []
     monkeypatch.setattr(run, "Tagger", RecordingTagger)
-    summary = run.tag_catalog(catalog_split(4), str(tiny_model_dir()), tmp_path, SETTINGS, chunk_size=2,
-                              batch_size=2, limit=2, progress=False, prompt=prompt)
+    summary = run.tag_catalog(catalog_split(4), str(tiny_model_dir()), tmp_path, SETTINGS,
+                              run.TagOptions(chunk_size=2,
+                                             batch_size=2, limit=2, progress=False, prompt=prompt))
     tok = smollm2_tokenizer()
     return summary, "\n".join(tok.decode(row) for row in RecordingTagger.seen)
 
@@ -67,8 +68,9 @@ def test_parts_of_another_prompt_are_not_mixed_in(tmp_path: Path, monkeypatch: p
     # a document that changes only the re-ranker's texts leaves the tags' version alone
     rerank_only = parse_prompt_document({"system": "You pick {domain}s for critics."})
     assert rerank_only.tagging_is_default()
-    summary = run.tag_catalog(catalog_split(4), str(tiny_model_dir()), tmp_path / "c", SETTINGS, chunk_size=2,
-                              batch_size=2, limit=2, progress=False, prompt=rerank_only)
+    summary = run.tag_catalog(catalog_split(4), str(tiny_model_dir()), tmp_path / "c", SETTINGS,
+                              run.TagOptions(chunk_size=2,
+                                             batch_size=2, limit=2, progress=False, prompt=rerank_only))
     assert summary["version"]["prompt_version"] == "t1"
 
 

@@ -5,7 +5,7 @@ import pandas as pd
 
 from jobs.tagging.embed import EmbedSettings, train_embeddings
 from jobs.tagging.generate import TaggerSettings
-from jobs.tagging.run import tag_catalog
+from jobs.tagging.run import TagOptions, tag_catalog
 from jobs.tagging.wiring import merge_tags, write_tagged_items
 from offline.tag_store import load_tagged_items
 from recall.index import ItemIndex
@@ -45,7 +45,7 @@ def test_channel_queries_with_the_recent_history_centroid():
 def test_tag_embed_merge_end_to_end_on_a_tiny_catalog(tmp_path):
     split = catalog_split(8)
     tag_catalog(split, str(tiny_model_dir()), tmp_path, TaggerSettings(precision="fp32", threads=1),
-                chunk_size=4, batch_size=4, progress=False)
+                TagOptions(chunk_size=4, batch_size=4, progress=False))
     meta = train_embeddings(split, tmp_path / "tags", EmbedSettings(dim=16, hidden=32, epochs=40, batch_size=8))
     assert meta["n_items"] == 8 and meta["loss_per_epoch"][-1] < meta["loss_per_epoch"][0]
     channel = LLMEmbeddingChannel.load(tmp_path, split.items["item_id"].tolist(), window=5)
@@ -57,7 +57,7 @@ def test_tag_embed_merge_end_to_end_on_a_tiny_catalog(tmp_path):
 def test_embed_train_replaces_its_four_outputs_as_one_set(tmp_path):
     split = catalog_split(8)
     tag_catalog(split, str(tiny_model_dir()), tmp_path, TaggerSettings(precision="fp32", threads=1),
-                chunk_size=8, batch_size=8, progress=False)
+                TagOptions(chunk_size=8, batch_size=8, progress=False))
     tags_dir = tmp_path / "tags"
     train_embeddings(split, tags_dir, EmbedSettings(dim=16, hidden=32, epochs=2, batch_size=8))
     (tags_dir / "embed" / "mlp.pt").unlink()

@@ -1,0 +1,171 @@
+"""The LLM path of ``recsys bench serve``: cold and warm prefix, per concurrency, LLM loaded.
+
+For each concurrency level, ``n_users`` users not used before in the run each send two
+``llm: true`` recommendations through ``concurrency`` client threads: first all the cold
+calls (the user's first request: only the instruction blocks it shares with other users
+can be cached), then all the warm calls (the same user and candidates again, with another
+``context`` so the result cache cannot answer: the prompt's blocks are in tier 1). Each
+phase reports the client latency, the LLM stage's own time from the answer's ``stages``,
+the answer paths (a ``fallback`` is the LLM giving up on its budget) and the
+``recsys_llm_prefix_cache_*`` counters of ``/metrics`` over the phase (two scrapes).
+
+Warm calls go only to the users whose blocks tier 1 still holds after the cold phase
+(``warm_users``): the blocks in tier 1 are the stored ones minus the evicted ones (process
+totals from ``/metrics``), the cold users the most recent of them, so the last
+``blocks held // blocks per cold user`` cold users are warm. Otherwise a phase larger than tier 1
+(``llm.kv.tier1_bytes``; 256 MiB held ~11 fp32 SmolLM2-135M prompts) measures LRU evictions,
+not the warm prefix: every warm call then misses, as the first LLM-path report did.
+
+Deliberately left out: the light path and the cache mix (``bench.serving``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import numpy as np
+
+from cascade.settings import Settings
+from llm_rerank.backbone import resolve_precision
+from serving.metrics import llm_cache_counts
+
+
+def llm_stage_names(settings: Settings) -> list[str]:
+    """The enabled stages of kind ``llm``, in pipeline order."""
+    return [spec.name for spec in settings.pipeline.stages if spec.enabled and spec.kind == "llm"]
+
+
+def served_llm_settings(settings: Settings) -> dict[str, Any]:
+    """Per enabled LLM stage, the serving options in effect (``settings.llm`` with the stage's params)."""
+    out = {}
+    for spec in settings.pipeline.stages:
+        if spec.enabled and spec.kind == "llm":
+            cfg = settings.llm.with_overrides(dict(spec.params))
+
+            out[spec.name] = {"model": cfg.model, "precision": resolve_precision(cfg.precision),
+                              "precision_setting": cfg.precision, "scoring": cfg.scoring,
+                              "candidates": cfg.candidates, "threads": cfg.threads, "budget_ms": spec.budget_ms,
+                              "kv": cfg.kv.model_dump(include={"enabled", "block_tokens", "tier1_bytes", "tier2"}),
+                              "batching": cfg.batching.enabled, "prefix_cache_size": cfg.prefix_cache_size}
+    return out
+
+
+def bench_llm_path(base_url: str, user_ids: Sequence[str], concurrencies: Sequence[int], n_users: int, *,
+                   k: int = 10, stage: str = "llm", seed: int = 0, timeout_s: float = 60.0) -> dict[str, Any]:
+    """``{"rows": [...], ...}``: per concurrency, the cold and warm phases of the module docstring."""
+    if n_users < 1 or not concurrencies or min(concurrencies) < 1:
+        raise ValueError(f"bench_llm_path: need n_users >= 1 and concurrencies >= 1; got {n_users}, {concurrencies}")
+    needed = 1 + n_users * len(concurrencies)
+    if len(user_ids) < needed:
+        raise ValueError(f"bench_llm_path: {len(user_ids)} users, need {needed} distinct ones")
+    order = [user_ids[i] for i in np.random.default_rng(seed).permutation(len(user_ids))]
+    tag = f"llm-{time.time():.0f}"
+    with httpx.Client(base_url=base_url, timeout=timeout_s) as client:  # first call: one-off allocations
+        warmup = _call(client, order[0], k, tag, "warmup", stage)
+    rows = []
+    for n, conc in enumerate(concurrencies):
+        users = order[1 + n * n_users : 1 + (n + 1) * n_users]
+        row: dict[str, Any] = {"concurrency": conc, "users": len(users)}
+        row["cold"] = _phase(base_url, users, conc, k, f"{tag}-c{conc}", "cold", stage, timeout_s)
+        warm_users = users_in_tier1(users, row["cold"]["prefix_cache"], _cache_counts(base_url))
+        row["warm_users"] = len(warm_users)
+        row["warm"] = _phase(base_url, warm_users, conc, k, f"{tag}-c{conc}", "warm", stage, timeout_s)
+        cold, warm = row["cold"]["stage_ms"]["p50_ms"], row["warm"]["stage_ms"]["p50_ms"]
+        row["warm_over_cold_stage_p50"] = round(warm / cold, 4) if cold and warm is not None else None
+        rows.append(row)
+    return {"rows": rows, "stage": stage, "k": k, "warmup_call": warmup}
+
+
+def users_in_tier1(users: Sequence[str], cold: dict[str, Any], totals: dict[str, float]) -> list[str]:
+    """The last of the cold phase's ``users`` whose prompt blocks tier 1 still holds.
+
+    ``cold``: the cold phase's counter deltas (``stored`` blocks for these users); ``totals``: the
+    process totals now. Tier 1 holds ``stored - tier1_evictions`` blocks in all, the most recent
+    ones, which are the cold users' last prompts.
+
+    >>> users_in_tier1(["a", "b", "c", "d"], {"stored": 40}, {"stored": 50, "tier1_evictions": 25})
+    ['c', 'd']
+    >>> users_in_tier1(["a", "b"], {"stored": 20}, {"stored": 20, "tier1_evictions": 0})
+    ['a', 'b']
+    """
+    per_user = cold.get("stored", 0) / len(users) if users else 0
+    if per_user <= 0:  # nothing stored (every block was already cached): all are warm
+        return list(users)
+    held = max(totals.get("stored", 0) - totals.get("tier1_evictions", 0), 0)
+    kept = min(int(held // per_user), len(users))
+    return list(users[len(users) - kept:]) if kept else []
+
+
+def latency_summary(ms: Sequence[float]) -> dict[str, float | int | None]:
+    """``{"n", "p50_ms", "p99_ms", "mean_ms"}`` of ``ms`` (None figures when empty).
+
+    >>> latency_summary([10.0, 20.0, 30.0])
+    {'n': 3, 'p50_ms': 20.0, 'p99_ms': 29.8, 'mean_ms': 20.0}
+    """
+    lat = np.asarray(ms, dtype=np.float64)
+    if not len(lat):
+        return {"n": 0, "p50_ms": None, "p99_ms": None, "mean_ms": None}
+    return {"n": len(lat), "p50_ms": round(float(np.percentile(lat, 50)), 3),
+            "p99_ms": round(float(np.percentile(lat, 99)), 3), "mean_ms": round(float(lat.mean()), 3)}
+
+
+def _phase(base_url: str, users: Sequence[str], concurrency: int, k: int, tag: str, phase: str, stage: str,
+           timeout_s: float) -> dict[str, Any]:
+    local, clients = threading.local(), []
+
+    def one(user: str) -> dict[str, Any]:
+        if not hasattr(local, "client"):  # one keep-alive connection per client thread
+            local.client = httpx.Client(base_url=base_url, timeout=timeout_s)
+            clients.append(local.client)
+        return _call(local.client, user, k, tag, phase, stage)
+
+    before = _cache_counts(base_url)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        calls = list(pool.map(one, users))
+    wall = time.perf_counter() - t0
+    for client in clients:
+        client.close()
+    after = _cache_counts(base_url)
+    ok = [c for c in calls if c["error"] is None]
+    delta = {key: after[key] - before[key] for key in after}
+    requested = delta["blocks_requested"]
+    return {
+        "client_ms": latency_summary([c["client_ms"] for c in ok]),
+        "stage_ms": latency_summary([c["stage_ms"] for c in ok if c["stage_status"] == "ok"]),
+        "paths": dict(Counter(c["path"] for c in ok)),
+        "stage_status": dict(Counter(c["stage_status"] for c in ok)),
+        "errors": dict(Counter(c["error"] for c in calls if c["error"] is not None)),
+        "rps": round(len(calls) / wall, 3) if wall > 0 else None,
+        "prefix_cache": {**{key: int(v) for key, v in delta.items()},
+                         "block_hit_rate": round((delta["tier1_hits"] + delta["tier2_hits"]) / requested, 4)
+                         if requested else None},
+    }
+
+
+def _call(client: httpx.Client, user: str, k: int, tag: str, phase: str, stage: str) -> dict[str, Any]:
+    """One ``llm: true`` recommendation: client ms, the LLM stage's trace, the answer path."""
+    body = {"user_id": user, "k": k, "llm": True, "context": {"bench_run": tag, "pass": phase}}
+    t0 = time.perf_counter()
+    try:
+        resp = client.post("/v1/recommend", json=body)
+    except httpx.HTTPError as exc:
+        return {"error": type(exc).__name__, "client_ms": None, "stage_ms": None, "stage_status": None, "path": None}
+    ms = (time.perf_counter() - t0) * 1000
+    if resp.status_code != 200:
+        return {"error": f"http_{resp.status_code}", "client_ms": ms, "stage_ms": None, "stage_status": None,
+                "path": None}
+    answer = resp.json()
+    trace = next((s for s in answer["stages"] if s["name"] == stage), {"ms": None, "status": "absent"})
+    return {"error": None, "client_ms": ms, "stage_ms": trace["ms"], "stage_status": trace["status"],
+            "path": answer["path"], "reason": trace.get("reason", "")}
+
+
+def _cache_counts(base_url: str) -> dict[str, float]:
+    return llm_cache_counts(httpx.get(base_url + "/metrics", timeout=10).text)
