@@ -3,7 +3,8 @@
 A stage never sees the whole ``Settings``: ``build_stage`` gives it its ``spec``, its own
 section (``STAGE_SECTIONS``: kind -> the ``Settings`` field, e.g. ``llm`` -> ``settings.llm``)
 and, for the kinds that need more, explicit keyword arguments computed here from the settings
-(``stage_context``: the LLM stage's artifacts root and tier-2 Redis, fusion's weights key).
+(``stage_context``: the LLM stage's artifacts root and the Redis client of its KV cache tier 2,
+fusion's weights key). A server passes its own Redis client, so the LLM stage shares its pool.
 The class behind a kind is ``STAGE_KINDS``, a table of the imported stage classes: every stage
 module is cheap to import (torch, faiss, LightGBM and transformers load inside ``load``), so the
 table costs no more than the modules' own light imports (pandas, scipy).
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
+from redis import Redis
 
 from cascade.settings import Settings
 from coarse_rank.config import TRAINING_REVISION as COARSE_TRAINING_REVISION
@@ -35,6 +37,7 @@ from recsys.contract import ArtifactSubdir, Stage, WeightsLookup
 from recsys.digest import json_sha256
 from recsys.manifest import verify_directory
 from recsys.pipeline import Pipeline
+from recsys.redis_state import connect
 from rules.stage import RulesStage
 from rules.tagged import TaggedRulesStage
 
@@ -69,16 +72,30 @@ def weights_key(settings: Settings) -> str:
     return weights_key_for(settings.pipeline.stages, settings.rules.ruleset_path)
 
 
-def _llm_context(settings: Settings) -> dict[str, Any]:
-    return {"artifacts_root": settings.artifacts_dir, "redis_url": settings.resolve_redis_url(),
-            "redis_socket_timeout_s": settings.serving.redis_socket_timeout_s}
+def kv_tier2_client(settings: Settings, shared: Redis | None = None) -> Redis | None:
+    """The Redis client of the LLM stage's KV cache tier 2: None when ``llm.kv`` does not ask for tier 2;
+    a client of ``llm.kv.tier2_url`` when set; else ``shared`` (a server's own client: one pool for the
+    online state and the cache); else a client of ``settings.resolve_redis_url()`` (a job run beside a
+    server); None without any URL (tier 1 only). Clients connect on first use."""
+    kv = settings.llm.kv
+    if not (kv.enabled and kv.tier2):
+        return None
+    if kv.tier2_url is None and shared is not None:
+        return shared
+    url = kv.tier2_url or settings.resolve_redis_url()
+    return connect(url, settings.serving.redis_socket_timeout_s) if url else None
 
 
-def _fusion_context(settings: Settings) -> dict[str, Any]:
+def _llm_context(settings: Settings, redis: Redis | None) -> dict[str, Any]:
+    return {"artifacts_root": settings.artifacts_dir, "redis": kv_tier2_client(settings, redis)}
+
+
+def _fusion_context(settings: Settings, redis: Redis | None) -> dict[str, Any]:
     return {"weights_key": weights_key(settings)}
 
 
-_CONTEXT: dict[str, Callable[[Settings], dict[str, Any]]] = {"llm": _llm_context, "fusion": _fusion_context}
+_CONTEXT: dict[str, Callable[[Settings, Redis | None], dict[str, Any]]] = {
+    "llm": _llm_context, "fusion": _fusion_context}
 
 
 def stage_section(kind: str, settings: Settings) -> BaseModel:
@@ -91,10 +108,11 @@ def stage_section(kind: str, settings: Settings) -> BaseModel:
     return section
 
 
-def stage_context(kind: str, settings: Settings) -> dict[str, Any]:
-    """The keyword arguments beyond ``(spec, section)`` a ``kind`` stage takes (none for most kinds)."""
+def stage_context(kind: str, settings: Settings, redis: Redis | None = None) -> dict[str, Any]:
+    """The keyword arguments beyond ``(spec, section)`` a ``kind`` stage takes (none for most kinds);
+    ``redis`` is the calling server's client, if any (``kv_tier2_client``)."""
     make = _CONTEXT.get(kind)
-    return make(settings) if make is not None else {}
+    return make(settings, redis) if make is not None else {}
 
 
 def stage_class(kind: str) -> type:
@@ -105,13 +123,14 @@ def stage_class(kind: str) -> type:
         raise ValueError(f"unknown stage kind {kind!r}; known kinds: {sorted(STAGE_KINDS)}") from None
 
 
-def build_stage(spec: StageSpec, settings: Settings, *, cls: type | None = None) -> Stage:
+def build_stage(spec: StageSpec, settings: Settings, *, cls: type | None = None, redis: Redis | None = None) -> Stage:
     """``Cls(spec, <its section>, **<its context>)`` for ``spec.kind``; cheap (nothing loaded yet).
 
-    ``cls`` replaces the class ``STAGE_KINDS`` names (a stand-in built the same way, in tests).
+    ``cls`` replaces the class ``STAGE_KINDS`` names (a stand-in built the same way, in tests);
+    ``redis`` is the calling server's client (``stage_context``).
     """
     cls = cls or stage_class(spec.kind)
-    stage = cls(spec, stage_section(spec.kind, settings), **stage_context(spec.kind, settings))
+    stage = cls(spec, stage_section(spec.kind, settings), **stage_context(spec.kind, settings, redis))
     if not isinstance(stage, Stage):
         raise TypeError(f"{cls.__module__}:{cls.__qualname__} does not implement recsys.contract.Stage")
     return stage
@@ -119,20 +138,21 @@ def build_stage(spec: StageSpec, settings: Settings, *, cls: type | None = None)
 
 def build_pipeline(
     settings: Settings, artifact_dir: Path, *, load: bool = True, only: tuple[str, ...] | None = None,
-    phase: Phase = "test",
+    phase: Phase = "test", redis: Redis | None = None,
 ) -> Pipeline:
     """Construct every enabled stage (disabled ones are kept, unloaded, for the trace).
 
     ``only`` keeps just the named stages (e.g. recall + coarse to produce LLM training data).
     ``phase="valid"`` builds the pipeline the jobs that tune or measure on valid items run: the
     recall stage loads the model that never learnt them and the valid-time popularity
-    (``recall.stage.RecallStage.load``); ``"test"`` is the served pipeline.
+    (``recall.stage.RecallStage.load``); ``"test"`` is the served pipeline. ``redis`` is the calling
+    server's client, shared with the stages that use Redis (``stage_context``).
     """
     pairs: list[tuple[StageSpec, Stage]] = []
     for spec in settings.pipeline.stages:
         if only is not None and spec.name not in only:
             continue
-        stage = build_stage(spec, settings)
+        stage = build_stage(spec, settings, redis=redis)
         if load and spec.enabled:
             load_stage(spec, stage, Path(artifact_dir), phase)
         pairs.append((spec, stage))

@@ -128,10 +128,9 @@ def precompute_reasons(settings: Settings, artifact_dir: Path, *, users: Sequenc
                        k: int = 10, explain_k: int | None = None) -> dict[str, Any]:
     """Write reasons for each user's current top ``explain_k`` items into the serving Redis (module
     docstring); ``users`` default every user of the split. The report counts them."""
-    rec = Recommender.load(settings, artifact_dir)
     backend = OnlineBackend.open(settings, Path(artifact_dir))
     try:
-        backend.attach(rec)
+        rec = Recommender.load(settings, artifact_dir, backend=backend)
         rec.explanations.generator()
         rec.explanations.start_loading(wait=True)
         chosen = list(users) if users is not None else [str(u) for u in Split.load(artifact_dir / "split").vocab.user_ids]

@@ -16,6 +16,7 @@ JavaScript and CSS from the pinned ``fastapi-offline`` wheel, so they work witho
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -42,6 +43,7 @@ from serving.middleware import BodySizeLimit, JsonBodyCheck, RequestContext
 from serving.rate_limit import EventRateLimit
 from serving.routes import admin, events, health, recommend
 from serving.service import Recommender, ServiceSlot
+from serving.state import CatalogState
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +52,8 @@ def create_app(settings: Settings, artifact_dir: Path, *, pipeline: Pipeline | N
     """A new app serving ``artifact_dir`` (the per-dataset root holding ``split/`` etc.)."""
     artifact_dir = Path(artifact_dir)
     metrics = ServingMetrics()
-    eager = Recommender.load(settings, artifact_dir, pipeline, metrics) if pipeline is not None else None
+    # loading eagerly (a given pipeline): an unreadable catalog fails here, as before any request
+    catalog = CatalogState.load(artifact_dir) if pipeline is not None else None
     slot = ServiceSlot()
 
     @asynccontextmanager
@@ -59,9 +62,10 @@ def create_app(settings: Settings, artifact_dir: Path, *, pipeline: Pipeline | N
         app.state.backend = backend
         try:
             async with anyio.create_task_group() as tg:
-                if eager is not None:
-                    await anyio.to_thread.run_sync(backend.attach, eager)
-                    slot.recommender = eager
+                if pipeline is not None and catalog is not None:
+                    slot.recommender = await anyio.to_thread.run_sync(functools.partial(
+                        Recommender.build, settings, catalog, pipeline, metrics, artifact_dir, backend,
+                        preload=settings.llm.explain.preload))
                 else:
                     tg.start_soon(_load_into, slot, settings, artifact_dir, backend, metrics)
                 yield
@@ -101,13 +105,9 @@ async def _load_into(
 ) -> None:
     """Load artifacts on a worker thread; record the error instead of killing the process."""
 
-    def load() -> Recommender:
-        recommender = Recommender.load(settings, artifact_dir, None, metrics)
-        backend.attach(recommender)
-        return recommender
-
     try:
-        slot.recommender = await anyio.to_thread.run_sync(load, abandon_on_cancel=True)
+        slot.recommender = await anyio.to_thread.run_sync(Recommender.load, settings, artifact_dir, None, metrics,
+                                                          backend, abandon_on_cancel=True)
         log.info("artifacts loaded from %s", artifact_dir)
     except Exception as exc:  # readiness reports it; liveness stays up so the error can be read
         # a refused file is fully said by its line; anything else keeps its traceback in the log

@@ -3,10 +3,13 @@
 ``OnlineBackend.open`` connects to ``settings.redis_url`` / ``$REDIS_URL``, or starts an
 ``EmbeddedRedis`` owned by this app when neither is set (a lone app: the CLI demo, tests);
 ``recsys serve --workers N`` starts one embedded server in the parent instead and passes
-its URL, so all workers share one state. ``attach`` wires a loaded ``Recommender`` to it (``replace`` re-wires a reloaded one):
-the ``OnlineState`` for histories/events/cache and a ``VersionWatcher`` that installs the
-active rules and prompt versions (once at once, so a new worker starts on the current
-rules, then every ``versions_poll_s``).
+its URL, so all workers share one state. Its one Redis client (one connection pool) serves the
+online state, the version store and the LLM stage's KV cache tier 2 (``serving.stage_loading``
+hands it to the pipeline builder). ``link`` gives a loaded catalog and pipeline what
+``serving.service.Recommender.build`` constructs the recommender with: the ``OnlineState`` for
+histories/events/cache and the prompt version it reports, after starting a ``VersionWatcher``
+that installs the active rules and prompt versions (once at once, so a new worker starts on the
+current rules, then every ``versions_poll_s``); a reload links the new pipeline the same way.
 
 The key namespace is ``serving.redis_namespace``, else the artifact directory's name, so
 two datasets can share one Redis. ``embedded_redis`` is the one place the embedded server's
@@ -19,7 +22,7 @@ crash); the backend of the process that runs it (its own, or the one ``recsys se
 started, found by URL) listens for restarts and then drops idle pooled sockets and closes
 its ``RedisGuard``, so answers stop being ``degraded`` as soon as the new server answers.
 Workers of ``--workers N`` (other processes) recover on their guard's next retry instead.
-``attach`` also counts the configured stages that failed to load
+``link`` also counts the configured stages that failed to load
 (``recsys_stage_load_failures_total``, see ``serving.stage_loading``).
 
 Deliberately left out: the HTTP routes using it.
@@ -28,18 +31,32 @@ Deliberately left out: the HTTP routes using it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from cascade.settings import Settings
+from recsys.contract import PromptHolder
 from recsys.event_ledger import LEDGER_NAME, LedgerWriter, read_acknowledged
+from recsys.pipeline import Pipeline
 from recsys.redis_state import EmbeddedRedis, RedisGuard, RedisUnavailable, connect
 from serving.hot_reload import PromptApplier, RulesApplier, VersionWatcher
+from serving.metrics import ServingMetrics
 from serving.online import OnlineState
-from serving.service import Recommender
 from serving.stage_loading import degraded_stages
+from serving.state import CatalogState
 from serving.versioned import VersionStore
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OnlineLink:
+    """What a served recommender is built with (``OnlineBackend.link``): its Redis state, and the
+    versions its answers report beside the stages' (the active prompt version, once one is published)."""
+
+    state: OnlineState
+    versions: Callable[[], dict[str, str]]
 
 
 def embedded_redis(settings: Settings, artifact_dir: Path) -> EmbeddedRedis:
@@ -110,13 +127,21 @@ class OnlineBackend:
             log.error("redis holds %d fewer events than this server acknowledged (up to #%d); recorded as lost in "
                       "%s:events:lost", lost, self.online.high_water, self.ns)
 
-    def attach(self, recommender: Recommender) -> None:
-        """Give ``recommender`` its online state and start watching versions (call once)."""
+    def link(self, catalog: CatalogState, pipeline: Pipeline, explanations: PromptHolder,
+             metrics: ServingMetrics) -> OnlineLink:
+        """The online state and version provider of a recommender serving ``catalog`` with ``pipeline``
+        (``serving.service.Recommender.build``), with the version watcher started on its rules and prompt
+        stages and ``explanations`` (the backbone loaded for reasons, if any). Called once at start-up and
+        once per reload: the previous pipeline's watcher stops, and the event count carries on from what
+        the previous online state acknowledged."""
         cfg = self.settings.serving
-        for failed in degraded_stages(self.settings, recommender.pipeline):
-            recommender.metrics.stage_load_failures.labels(failed.stage).inc()
+        if self.watcher is not None:
+            self.watcher.stop()  # the previous pipeline's watcher: the new one gets its own
+            self.watcher = None
+        for failed in degraded_stages(self.settings, pipeline):
+            metrics.stage_load_failures.labels(failed.stage).inc()
         online = OnlineState(
-            self.client, self.guard, self.ns, recommender.catalog.histories,
+            self.client, self.guard, self.ns, catalog.histories,
             history_max_len=cfg.history_max_len, stream_maxlen=cfg.events_stream_maxlen,
             dedup_ttl_s=cfg.event_dedup_ttl_s, unknown_history_ttl_s=cfg.unknown_history_ttl_s,
             ledger=None if self.ledger is None else LedgerWriter(self.ledger, self.ns),
@@ -128,25 +153,17 @@ class OnlineBackend:
                 online.raise_floor(read_acknowledged(self.ledger, self.ns))
             except ValueError as exc:
                 log.error("%s; events lost before this start cannot be counted", exc)
-        recommender.online = self.online = online
+        self.online = online
         self._reconcile()
-        self.rules, self.prompts = RulesApplier(recommender.pipeline), PromptApplier(recommender.pipeline)
-        self.prompts.stages.append(recommender.explanations)  # the backbone loaded for reasons, if any
+        self.rules, self.prompts = RulesApplier(pipeline), PromptApplier(pipeline, [explanations])
         prompts = self.prompts
-        recommender.extra_versions = lambda: {"prompt": prompts.applied} if prompts.applied else {}
         self.watcher = VersionWatcher(self.versions, [self.rules, self.prompts], cfg.versions_poll_s)
         try:
             self.watcher.sync_once()
         except RedisUnavailable as exc:
             log.error("starting without the stored rules/prompt versions: %s", exc)
         self.watcher.start()
-
-    def replace(self, recommender: Recommender) -> None:
-        """``attach`` a reloaded ``recommender`` in place of the current one (``serving.reload``)."""
-        if self.watcher is not None:
-            self.watcher.stop()  # the old pipeline's watcher: the new one gets its own
-            self.watcher = None
-        self.attach(recommender)
+        return OnlineLink(online, lambda: {"prompt": prompts.applied} if prompts.applied else {})
 
     def close(self) -> None:
         if self.supervisor is not None:

@@ -13,7 +13,8 @@
   cache, prompt document and hot swaps are shared), else the configured backbone loaded on a
   background thread when ``explain`` is first asked for (``llm.explain.preload``: at start-up).
   Until a model is ready, or with the ``http`` backend, reasons come from the templates. A prompt
-  document published with ``PUT /admin/prompts`` reaches that backbone too (``set_prompt_template``).
+  document published with ``PUT /admin/prompts`` reaches that backbone too (``set_prompt_template``);
+  its KV cache tier 2, when configured, uses the server's Redis client (``redis``).
 
 ``explain`` sets ``reason`` and ``reason_source`` on the first ``explain_k`` items of an answer.
 
@@ -27,6 +28,9 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from redis import Redis
+
+from cascade.registry import kv_tier2_client
 from cascade.settings import Settings
 from llm_rerank.explain import EvidenceBuilder, ReasonGenerator, ReasonWriter
 from llm_rerank.grounding import ItemFacts
@@ -48,8 +52,8 @@ class Explanations:
     """Reasons for one recommender's answers; one per ``Recommender``, shared by its request threads."""
 
     def __init__(self, settings: Settings, catalog: CatalogState, pipeline: Pipeline,
-                 artifact_dir: Path | None = None):
-        self.settings, self.catalog, self.pipeline = settings, catalog, pipeline
+                 artifact_dir: Path | None = None, redis: Redis | None = None):
+        self.settings, self.catalog, self.pipeline, self.redis = settings, catalog, pipeline, redis
         self.artifact_dir = None if artifact_dir is None else Path(artifact_dir)
         self.cfg = settings.llm.explain
         self._writer: ReasonWriter | None = None
@@ -146,7 +150,7 @@ class Explanations:
     def _load(self) -> None:
         try:
             stage = LLMRerankStage(None, self.settings.llm, artifacts_root=self.settings.artifacts_dir,
-                                   redis_url=self.settings.resolve_redis_url())
+                                   redis=kv_tier2_client(self.settings, self.redis))
             stage.load(self.artifact_dir)
         except Exception as exc:  # noqa: BLE001 (a model that fails to load leaves templates, never a crash)
             self.load_error = f"{type(exc).__name__}: {exc}"

@@ -40,7 +40,7 @@ from serving.versioned import Activation, VersionStore
 log = logging.getLogger(__name__)
 
 
-def canonical(data: dict[str, Any]) -> str:
+def document_json(data: dict[str, Any]) -> str:
     """The stored form of a validated document: compact JSON with sorted keys (``parse_document`` reads it)."""
     return json.dumps(data, sort_keys=True, separators=(",", ":"), default=str, allow_nan=False)
 
@@ -108,14 +108,16 @@ class PromptApplier:
     ``validate`` refuses an unknown key, a text out of its bounds, an unknown placeholder or a
     chat special token, with an error naming the key (the admin route answers 422); a document
     without ``version`` is named by its content hash. ``install`` hands the parsed
-    ``PromptTemplate`` to each enabled LLM stage's ``set_prompt_template``.
+    ``PromptTemplate`` to each enabled LLM stage's ``set_prompt_template``, and to each of ``also``
+    (the backbone the server loaded for reasons, ``serving.explaining.Explanations``).
     """
 
     kind = "prompts"
 
-    def __init__(self, pipeline: Pipeline):
+    def __init__(self, pipeline: Pipeline, also: Iterable[PromptHolder] = ()):
         self.stages: list[PromptHolder] = [st for spec, st in pipeline.stages
                                            if spec.kind == "llm" and spec.enabled and isinstance(st, PromptHolder)]
+        self.stages += also
         self.applied: str | None = None
         self.seq = 0
         self.installed_document: dict[str, Any] | None = None
@@ -125,7 +127,7 @@ class PromptApplier:
         template = parse_prompt_document(data, source)  # PromptError (a ValueError) naming the key
         version = template.version
         if version is None:
-            version = "sha-" + hashlib.sha256(canonical(data).encode()).hexdigest()[:12]
+            version = "sha-" + hashlib.sha256(document_json(data).encode()).hexdigest()[:12]
         check_version(self.kind, version)
         return version, template
 
@@ -188,7 +190,7 @@ class VersionWatcher:
         if doc is None:
             return
         version, _ = applier.validate(doc, f"{kind} served at start-up")
-        out = self.store.publish(kind, version, canonical(doc), floor=applier.seq, seed=True)
+        out = self.store.publish(kind, version, document_json(doc), floor=applier.seq, seed=True)
         if out.status != "kept" and found is not None:
             log.warning("%s store held %s (sequence %d), older than served %s (sequence %d): re-seeded it",
                         kind, found.version, found.seq, version, applier.seq)

@@ -13,10 +13,10 @@ accepted only when
   runs without a fail-closed stage failing and without any stage falling back on an
   error (a fallback on its time budget is fine: the machine may be busy).
 
-``swap`` then hands the new one its online state (``OnlineBackend.replace``: the active
-rules/prompt versions are installed before it serves) and replaces the slot's reference in
-one assignment, so requests in flight finish on the old pipeline and the next ones use the
-new. Anything refused raises ``ReloadRefused`` naming what was wrong; nothing is swapped.
+``swap`` then builds the served recommender from the checked catalog and pipeline on the
+worker's online state (``Recommender.build`` with ``OnlineBackend.link``: the active rules/prompt
+versions are installed before it serves) and replaces the slot's reference in one assignment,
+so requests in flight finish on the old pipeline and the next ones use the new. Anything refused raises ``ReloadRefused`` naming what was wrong; nothing is swapped.
 
 Deliberately left out: watching the artifact directory (an operator or the training job
 calls the route), reloading every worker of a multi-worker server (call each, or restart).
@@ -28,6 +28,7 @@ import logging
 from pathlib import Path
 
 from pydantic import ValidationError
+from redis import Redis
 
 from cascade.registry import StaleArtifacts, build_pipeline, check_trained_on_split
 from cascade.settings import Settings
@@ -47,8 +48,10 @@ class ReloadRefused(ValueError):
     """The new artifacts cannot serve; the message says which part and why."""
 
 
-def load_checked(settings: Settings, artifact_dir: Path, metrics: ServingMetrics | None = None) -> Recommender:
-    """A new, fully loaded and smoke-tested ``Recommender`` for ``artifact_dir``, else ``ReloadRefused``."""
+def load_checked(settings: Settings, artifact_dir: Path, metrics: ServingMetrics | None = None,
+                 redis: Redis | None = None) -> Recommender:
+    """A new, fully loaded and smoke-tested ``Recommender`` for ``artifact_dir``, else ``ReloadRefused``;
+    offline (``swap`` serves it online). ``redis`` is the worker's client, for the LLM stage's KV cache."""
 
     artifact_dir = Path(artifact_dir)
     try:
@@ -56,7 +59,7 @@ def load_checked(settings: Settings, artifact_dir: Path, metrics: ServingMetrics
     except Exception as exc:
         raise ReloadRefused(f"{artifact_dir / 'split'}: catalog unreadable: {type(exc).__name__}: {exc}") from exc
     try:
-        built = build_pipeline(settings, artifact_dir, load=False)
+        built = build_pipeline(settings, artifact_dir, load=False, redis=redis)
     except Exception as exc:
         raise ReloadRefused(f"pipeline cannot be built: {type(exc).__name__}: {exc}") from exc
     try:
@@ -103,11 +106,10 @@ def smoke_test(recommender: Recommender) -> RecommendResponse:
     return answer
 
 
-def swap(slot: ServiceSlot, backend: OnlineBackend, new: Recommender) -> Recommender | None:
-    """Give ``new`` the online state, then make it the served one; returns the one it replaced (None
-    when the first load had failed: a reload is how such a server becomes ready without a restart)."""
-    old = slot.recommender
-    backend.replace(new)
+def swap(slot: ServiceSlot, backend: OnlineBackend, checked: Recommender) -> Recommender:
+    """Serve ``checked``'s catalog and pipeline on the online state; returns the recommender now served."""
+    new = Recommender.build(checked.settings, checked.catalog, checked.pipeline, checked.metrics,
+                            checked.artifact_dir, backend)
     slot.serve(new)  # one reference assignment: in-flight requests keep the old object
     log.info("artifacts reloaded: now serving %s", new.versions())
-    return old
+    return new

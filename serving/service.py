@@ -1,7 +1,10 @@
 """Answers one recommendation request: the typed answer HTTP serves and the CLI prints.
 
 ``Recommender`` holds the loaded ``CatalogState`` and ``Pipeline`` and, when served online,
-the worker's ``OnlineState`` (Redis). ``respond`` runs one request as a list of small steps,
+the worker's ``OnlineState`` (Redis) and the versions it reports beyond the stages' (the active
+prompt), all given to its constructor: ``Recommender.build`` asks the worker's ``OnlineBackend``
+for them (``OnlineBackend.link``) before the recommender exists, so a built one is never
+rewired. ``respond`` runs one request as a list of small steps,
 top to bottom:
 
 1. assign the user's experiment arm (``recsys.experiments``, salted hash);
@@ -39,7 +42,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from pydantic import ValidationError
@@ -51,16 +54,15 @@ from recsys.digest import json_sha256
 from recsys.experiments import Assignment, ExperimentsConfig, active_experiment, assign
 from recsys.pipeline import Pipeline, PipelineResult, PipelineSnapshot
 from recsys.redis_state import RedisUnavailable
+from serving.backend import OnlineBackend
 from serving.explaining import Explanations
 from serving.metrics import ServingMetrics
+from serving.online import OnlineState
 from serving.policy import Route, choose_route, result_cache_key
 from serving.response import Served, build_response, stage_handoffs
 from serving.schemas import RecommendRequest, RecommendResponse, StageHandoff
 from serving.stage_loading import load_pipeline
 from serving.state import CatalogState
-
-if TYPE_CHECKING:
-    from serving.online import OnlineState
 
 log = logging.getLogger(__name__)
 
@@ -104,36 +106,63 @@ class PipelineRun:
 
 
 class Recommender:
-    """Loaded state plus pipeline; built once per process by the app's start-up or the CLI."""
+    """Loaded state plus pipeline; built once per process by the app's start-up or the CLI.
+
+    ``online`` is the worker's Redis state (None: offline, the split's histories and no result
+    cache); ``extra_versions`` gives the versions answers report beside the stages' (the active
+    prompt version); ``explanations`` the reason writer (built here unless given: the worker hands
+    its own, which its prompt watcher keeps on the active template).
+    """
 
     def __init__(self, settings: Settings, catalog: CatalogState, pipeline: Pipeline,
-                 metrics: ServingMetrics | None = None, artifact_dir: Path | None = None):
+                 metrics: ServingMetrics | None = None, artifact_dir: Path | None = None, *,
+                 online: OnlineState | None = None, extra_versions: Callable[[], dict[str, str]] = dict,
+                 explanations: Explanations | None = None):
         self.settings = settings
         self.catalog = catalog
         self.pipeline = pipeline
+        self.artifact_dir = artifact_dir
         self.metrics = metrics or ServingMetrics()
         self.llm_stages = frozenset(spec.name for spec, _ in pipeline.stages if spec.kind == "llm")
         self.llm_available = any(spec.kind == "llm" and spec.enabled for spec, _ in pipeline.stages)
         # enabled in the config but not in the pipeline: it failed to load (route llm_unavailable, not llm_disabled)
         self.llm_configured = any(spec.kind == "llm" and spec.enabled for spec in settings.pipeline.stages)
-        self.online: OnlineState | None = None  # attached by serving.backend when serving online
-        self.extra_versions: Callable[[], dict[str, str]] = dict  # e.g. the active prompt version
+        self.online = online
+        self.extra_versions = extra_versions
         self.experiment = active_experiment(settings)
         self.variant_pipelines = variant_pipelines(pipeline, self.experiment, settings)
         # what the answers depend on beyond the model versions: a depth, a recall param, a popularity share
         # change what is served from the same trained files, so the result cache must not mix them
         self.config_digest = settings_digest(settings)
-        self.explanations = Explanations(settings, catalog, pipeline, artifact_dir)  # loads on first use
+        # loads on first use
+        self.explanations = explanations or Explanations(settings, catalog, pipeline, artifact_dir)
 
     @classmethod
     def load(cls, settings: Settings, artifact_dir: Path, pipeline: Pipeline | None = None,
-             metrics: ServingMetrics | None = None) -> Recommender:
-        """Read the catalog from ``artifact_dir/split``; build and load the pipeline unless given."""
+             metrics: ServingMetrics | None = None, backend: OnlineBackend | None = None) -> Recommender:
+        """Read the catalog from ``artifact_dir/split``; build and load the pipeline unless given (its LLM
+        stage sharing ``backend``'s Redis client); ``build`` it on ``backend`` when given."""
         catalog = CatalogState.load(artifact_dir)
         if pipeline is None:
-            pipeline = load_pipeline(settings, Path(artifact_dir))
-        recommender = cls(settings, catalog, pipeline, metrics, Path(artifact_dir))
-        if settings.llm.explain.preload:
+            pipeline = load_pipeline(settings, Path(artifact_dir), redis=None if backend is None else backend.client)
+        return cls.build(settings, catalog, pipeline, metrics, Path(artifact_dir), backend,
+                         preload=settings.llm.explain.preload)
+
+    @classmethod
+    def build(cls, settings: Settings, catalog: CatalogState, pipeline: Pipeline, metrics: ServingMetrics | None,
+              artifact_dir: Path | None, backend: OnlineBackend | None, *, preload: bool = False) -> Recommender:
+        """A recommender over loaded ``catalog`` and ``pipeline``, served on ``backend``'s online state
+        (``OnlineBackend.link``: the active rule and prompt versions are installed before it serves)
+        when given, else offline; ``preload`` starts loading the backbone for reasons at once."""
+        if backend is None:
+            recommender = cls(settings, catalog, pipeline, metrics, artifact_dir)
+        else:
+            metrics = metrics or ServingMetrics()
+            explanations = Explanations(settings, catalog, pipeline, artifact_dir, backend.client)
+            link = backend.link(catalog, pipeline, explanations, metrics)
+            recommender = cls(settings, catalog, pipeline, metrics, artifact_dir, online=link.state,
+                              extra_versions=link.versions, explanations=explanations)
+        if preload:
             recommender.explanations.start_loading()
         return recommender
 

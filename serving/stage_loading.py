@@ -24,6 +24,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from redis import Redis
+
 from cascade.registry import build_pipeline, check_trained_on_split, trained_under_other_settings
 from cascade.settings import Settings
 from recsys.contract import Candidates, Request, StageError
@@ -65,8 +67,9 @@ class DegradedStage:
     reason: str
 
 
-def load_pipeline(settings: Settings, artifact_dir: Path) -> Pipeline:
-    """``build_pipeline`` whose LLM stages are disabled, not fatal, when their artifacts fail to load."""
+def load_pipeline(settings: Settings, artifact_dir: Path, redis: Redis | None = None) -> Pipeline:
+    """``build_pipeline`` whose LLM stages are disabled, not fatal, when their artifacts fail to load;
+    ``redis`` is the serving worker's client, shared with the LLM stage's KV cache tier 2."""
 
     if not any(s.enabled and s.kind == "llm" for s in settings.pipeline.stages):
         # light path only: per-request torch work (one user vector) is tiny; intra-op threads
@@ -74,7 +77,7 @@ def load_pipeline(settings: Settings, artifact_dir: Path) -> Pipeline:
         import torch  # lazy: imports torch
 
         torch.set_num_threads(1)
-    built = build_pipeline(settings, Path(artifact_dir), load=False)
+    built = build_pipeline(settings, Path(artifact_dir), load=False, redis=redis)
     check_trained_on_split(built, Path(artifact_dir))  # before any load: their index errors would not say why
     if stale := trained_under_other_settings(settings, Path(artifact_dir)):
         log.warning("stage(s) %s were trained under other settings than these (a recall depth, params or section, "

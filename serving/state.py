@@ -129,14 +129,15 @@ class CatalogState:
 
         ``online_history`` (the user's recent items from Redis, events included) replaces the
         split history as the model input; a known user still never gets an item from the
-        full split history, which the capped online list may have dropped.
+        full split history, which the capped online list may have dropped. ``user_id`` arrives in NFC,
+        made so once at the edge (``serving.schemas.ExternalId``); the indices answer that spelling.
         """
-        user_idx = self.user_index.get(canonical(user_id))
+        user_idx = self.user_index.get(user_id)
         common: dict[str, Any] = {"user_id": user_id, "k": k, "context": dict(context or {}), "debug": debug,
                                   "request_id": request_id, "deadline": deadline, "variant": variant}
         if user_idx is None:
             online = online_history if online_history is not None else np.zeros(0, dtype=np.int64)
-            if (known := self.outside.get(canonical(user_id))) is None:
+            if (known := self.outside.get(user_id)) is None:
                 return Request(history=online, **common)
             attrs, seen = known  # Redis never seeds an unknown user: its online list holds new events only
             return Request(history=np.concatenate([seen, online]), user_attrs=dict(attrs), **common)

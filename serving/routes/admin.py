@@ -37,7 +37,7 @@ from recsys.manifest import damaged_file
 from recsys.redis_state import RedisUnavailable
 from serving.backend import OnlineBackend
 from serving.deps import AdminDep, BackendDep, MetricsDep, RecommenderDep, SettingsDep, SlotDep
-from serving.hot_reload import PromptApplier, RulesApplier, canonical
+from serving.hot_reload import PromptApplier, RulesApplier, document_json
 from serving.reload import ReloadRefused, load_checked, swap
 from serving.schemas import RollbackRequest, VersionEntry, VersionsResponse
 from serving.versioned import PublishUnconfirmed, UnknownVersion, VersionConflict
@@ -99,7 +99,7 @@ def _publish(backend: OnlineBackend, kind: Kind, text: bytes) -> dict[str, Any]:
     except ValueError as exc:
         raise HTTPException(status_code=422, detail=str(exc)) from None
     try:
-        done = backend.versions.publish(kind, version, canonical(data), floor=applier.seq)
+        done = backend.versions.publish(kind, version, document_json(data), floor=applier.seq)
     except InvalidVersion as exc:  # the bounds rollback accepts too (serving.versioned)
         raise HTTPException(status_code=422, detail=f"{source}: {exc}") from None
     except VersionConflict as exc:
@@ -194,13 +194,13 @@ async def reload_artifacts(request: Request, backend: BackendDep, metrics: Metri
         artifact_dir = request.app.state.artifact_dir
         current = slot.recommender  # None: the first load failed, and this reload is how it recovers
         try:
-            new = await run_in_threadpool(load_checked, settings, artifact_dir, metrics)
+            checked = await run_in_threadpool(load_checked, settings, artifact_dir, metrics, backend.client)
         except ReloadRefused as exc:
             metrics.errors.labels("reload_refused").inc()
             still = "still serving the previous artifacts" if current is not None else "nothing is served yet"
             slot.refused(str(exc), damaged_file(exc))
             raise HTTPException(status_code=422, detail=f"reload refused, {still}: {exc}") from None
-        await run_in_threadpool(swap, slot, backend, new)
+        new = await run_in_threadpool(swap, slot, backend, checked)
     metrics.reloads.labels("artifacts").inc()
     return {"status": "reloaded", "artifact_dir": str(artifact_dir),
             "previous": current.versions() if current is not None else None, "versions": new.versions()}

@@ -5,8 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import redis
 
-from cascade.registry import STAGE_KINDS, STAGE_SECTIONS, build_stage, stage_context, weights_key
+from cascade.registry import (
+    STAGE_KINDS,
+    STAGE_SECTIONS,
+    build_stage,
+    kv_tier2_client,
+    stage_context,
+    weights_key,
+)
 from cascade.settings import Settings
 from recsys.config import KINDS, StageSpec
 from recsys.contract import (
@@ -64,13 +72,30 @@ def test_fusion_gets_the_weights_key_of_the_whole_pipeline() -> None:
 
 
 def test_llm_context_resolves_redis_when_the_stage_is_built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    settings = Settings.build({"artifacts_dir": str(tmp_path), "serving": {"redis_socket_timeout_s": 0.5}})
+    settings = Settings.build({"artifacts_dir": str(tmp_path), "serving": {"redis_socket_timeout_s": 0.5},
+                               "llm": {"kv": {"tier2": True}}})
     monkeypatch.setenv("REDIS_URL", "redis://env:6379/0")  # after the settings were built
-    assert stage_context("llm", settings) == {"artifacts_root": tmp_path, "redis_url": "redis://env:6379/0",
-                                              "redis_socket_timeout_s": 0.5}
+    context = stage_context("llm", settings)
+    assert set(context) == {"artifacts_root", "redis"} and context["artifacts_root"] == tmp_path
+    kwargs = context["redis"].connection_pool.connection_kwargs
+    assert (kwargs["host"], kwargs["port"], kwargs["socket_timeout"]) == ("env", 6379, 0.5)
     stage = build_stage(StageSpec(name="llm", kind="llm"), settings)
-    assert (stage.artifacts_root, stage.redis_url) == (tmp_path, "redis://env:6379/0")  # type: ignore[attr-defined]
+    assert stage.artifacts_root == tmp_path  # type: ignore[attr-defined]
+    assert stage.redis.connection_pool.connection_kwargs["host"] == "env"  # type: ignore[attr-defined]
     assert stage_context("recall", settings) == {}
+
+
+def test_a_server_shares_its_redis_client_with_the_llm_kv_cache(tmp_path: Path) -> None:
+    """One connection pool: the client a server passes is the one the LLM stage's tier 2 uses, unless
+    ``llm.kv.tier2_url`` names another Redis; without tier 2 the stage gets no client at all."""
+    shared = redis.Redis.from_url("redis://served:6379/0")
+    settings = Settings.build({"artifacts_dir": str(tmp_path), "llm": {"kv": {"tier2": True}}})
+    stage = build_stage(StageSpec(name="llm", kind="llm"), settings, redis=shared)
+    assert stage.redis is shared  # type: ignore[attr-defined]
+    elsewhere = Settings.build({"llm": {"kv": {"tier2": True, "tier2_url": "redis://kv:6379/0"}}})
+    own = kv_tier2_client(elsewhere, shared)
+    assert own is not shared and own is not None and own.connection_pool.connection_kwargs["host"] == "kv"
+    assert kv_tier2_client(Settings.build({}), shared) is None
 
 
 def test_stages_trained_on_another_split_are_named_before_anything_loads(tmp_path: Path) -> None:

@@ -51,10 +51,9 @@ def test_precomputed_reasons_are_served_from_the_cache(toy: tuple[Settings, Path
     report = precompute_reasons(settings, art, users=["u1", "u2"], k=3, explain_k=2)
     assert report["users"] == 2 and report["reasons"] == 4 and report["already_cached"] == 0
     assert len(redis.Redis.from_url(redis_url).keys(f"{art.name}:reason:*")) == 4
-    rec = Recommender.load(settings, art)
     backend = OnlineBackend.open(settings, art)
     try:
-        backend.attach(rec)
+        rec = Recommender.load(settings, art, backend=backend)
         rec.respond(RecommendRequest(user_id="u1", k=3, explain=True, explain_k=2), log_impressions=False)
         assert rec.explanations.writer(rec.online).counts["cached"] == 2
     finally:

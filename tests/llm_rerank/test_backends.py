@@ -244,12 +244,12 @@ def test_http_stage_has_no_local_model_and_local_needs_one(artifacts: Path) -> N
     stage.close()
 
 
-def test_block_cache_without_a_redis_url_serves_from_tier1_only(tiny: tuple[Any, Any],
+def test_block_cache_without_a_redis_client_serves_from_tier1_only(tiny: tuple[Any, Any],
                                                                  caplog: pytest.LogCaptureFixture) -> None:
     model, tok = tiny
     with caplog.at_level("WARNING", logger="llm_rerank.backends"):
-        blocks = block_cache(model, KVCacheConfig(tier2=True, block_tokens=8), "ns", redis_url=None)
-    assert "LLM KV tier 2 off: no Redis URL" in caplog.text  # a warning, never a failed start-up
+        blocks = block_cache(model, KVCacheConfig(tier2=True, block_tokens=8), "ns", redis_client=None)
+    assert "LLM KV tier 2 off: no Redis client" in caplog.text  # a warning, never a failed start-up
     backend = LocalBackend(model, pad_token_id(tok), blocks=blocks)
     prompts = PromptBuilder(tok)
     parts = prompts.listwise(["Toy Story (1995)"], {}, ["Scream (1996)", "Alien (1979)"])

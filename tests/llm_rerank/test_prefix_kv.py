@@ -11,6 +11,7 @@ import pytest
 import redis
 import torch
 
+from cascade.registry import stage_context
 from cascade.settings import Settings
 from llm_rerank.forward import LogitScorer, pointwise_from_logits
 from llm_rerank.prefix_kv import BlockPrefixCache, decode_block, encode_block
@@ -97,7 +98,7 @@ def test_stage_with_block_cache_survives_redis_loss(tmp_path: Path, arch: str) -
                 "model": str(tmp_path / "m"), "precision": "fp32", "scoring": "pointwise", "candidates": 4,
                 "kv": {"enabled": kv, "tier2": kv, "tier2_url": url, "block_tokens": 8}}})
             s = LLMRerankStage(StageSpec(name="llm", kind="llm"), settings.llm,
-                               artifacts_root=settings.artifacts_dir)
+                               **stage_context("llm", settings))  # tier 2: a client of kv.tier2_url
             s.load(tmp_path / "toy")
             return s
 

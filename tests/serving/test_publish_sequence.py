@@ -18,7 +18,7 @@ from recsys.pipeline import Pipeline
 from recsys.redis_state import EmbeddedRedis, RedisGuard, RedisUnavailable, connect
 from rules.stage import RulesStage
 from serving.app import create_app
-from serving.hot_reload import PromptApplier, RulesApplier, VersionWatcher, canonical
+from serving.hot_reload import PromptApplier, RulesApplier, VersionWatcher, document_json
 from serving.versioned import PublishUnconfirmed, VersionStore
 from tests.serving.conftest import ADMIN_KEY, REAL_RULES, RULES, toy_pipeline
 from tests.serving.toy import DEFAULT_GATES, PopularityRecall, toy_settings
@@ -44,7 +44,7 @@ class Worker:
     def publish(self, doc: dict) -> None:
         """What ``PUT /admin/rules`` does in this worker: store with a sequence, then install."""
         version, parsed = self.rules.validate(doc, "test")
-        done = self.store.publish("rules", version, canonical(doc), floor=self.rules.seq)
+        done = self.store.publish("rules", version, document_json(doc), floor=self.rules.seq)
         assert self.watcher.install("rules", version, parsed, doc, done.seq)
 
 
@@ -72,7 +72,7 @@ def test_a_worker_never_installs_a_lower_sequence_than_its_own(store: VersionSto
     a.watcher.sync_once()
     a.publish(BLOCK_M4)
     seq = a.rules.seq
-    version, parsed = a.rules.validate(json.loads(canonical(BLOCK_M4)) | {"version": "older"}, "test")
+    version, parsed = a.rules.validate(json.loads(document_json(BLOCK_M4)) | {"version": "older"}, "test")
     assert not a.watcher.install("rules", "older", parsed, None, seq - 1)  # e.g. a slow poll's stale read
     assert a.serves() == "block-m4" and a.rules.seq == seq
 

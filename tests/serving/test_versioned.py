@@ -9,7 +9,7 @@ import redis
 from recsys.pipeline import Pipeline
 from recsys.redis_state import RedisGuard
 from rules.stage import RulesStage
-from serving.hot_reload import PromptApplier, RulesApplier, VersionWatcher, canonical
+from serving.hot_reload import PromptApplier, RulesApplier, VersionWatcher, document_json
 from serving.versioned import UnknownVersion, VersionConflict, VersionStore
 from tests.serving.conftest import RULES, toy_pipeline
 from tests.serving.toy import DEFAULT_GATES, PopularityRecall, toy_settings
@@ -49,7 +49,7 @@ def test_watcher_seeds_the_served_rules_then_installs_and_rolls_back(store: Vers
     watcher = VersionWatcher(store, [rules, PromptApplier(pipe)], poll_s=0.1)
     watcher.sync_once()
     assert store.active("rules") == "default-3" == rules.applied  # the file's rule set, now rollback-able
-    store.publish("rules", "block-m4", canonical(BLOCK_M4))  # as another worker's PUT would
+    store.publish("rules", "block-m4", document_json(BLOCK_M4))  # as another worker's PUT would
     watcher.sync_once()
     assert pipe.stage("rules").version() == "block-m4"
     store.rollback("rules", "default-3")
@@ -70,8 +70,8 @@ def test_an_emptied_store_is_reseeded_with_what_the_worker_serves_not_the_start_
     rules, prompts = RulesApplier(pipe), PromptApplier(pipe)
     watcher = VersionWatcher(store, [rules, prompts], poll_s=0.1)
     watcher.sync_once()
-    store.publish("rules", "block-m4", canonical(BLOCK_M4))
-    store.publish("prompts", "p-7", canonical({"version": "p-7", "system": "Rank films for this user."}))
+    store.publish("rules", "block-m4", document_json(BLOCK_M4))
+    store.publish("prompts", "p-7", document_json({"version": "p-7", "system": "Rank films for this user."}))
     watcher.sync_once()
     assert pipe.stage("rules").version() == "block-m4" and prompts.applied == "p-7"
     store.client.flushall()  # what a kill -9 of the embedded redis-server leaves: nothing
