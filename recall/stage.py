@@ -85,20 +85,17 @@ class RecallStage(Backfilling, ChannelRecall):
                 raise FileNotFoundError(f"{model_dir}: the recall model in {model_dir.parent} is a refit (recall.refit) "
                                         "and the valid phase reads its early-stopped copy here, which is missing; "
                                         "retrain recall (`recsys train recall --force`)")
-        self.load_from(model_dir, Split.load(root / "split").item_popularity(phase))
+        popularity = Split.load(root / "split").item_popularity(phase)
+        model = RecallModel.load(model_dir, self.config)
+        if len(popularity) != model.n_items:
+            raise ValueError(f"{model_dir}: popularity counts {len(popularity)} items but the recall model has "
+                             f"{model.n_items}")
+        self._model, self._popularity = model, PopularityChannel(popularity)
+        self.mix = ChannelQuotas(self.config, self.depth, model.tuned_shares)
         if refit is not None and self.version() != refit:
             raise ValueError(f"{model_dir}: this early-stopped model ({self.version()}) is not the one the served "
                              f"refit model was trained after ({refit}): a retrain was interrupted between the two; "
                              "retrain recall (`recsys train recall --force`)")
-
-    def load_from(self, recall_dir: Path, popularity: np.ndarray) -> None:
-        """``load`` from one trained directory and given popularity counts per item, no split on disk."""
-        model = RecallModel.load(recall_dir, self.config)
-        if len(popularity) != model.n_items:
-            raise ValueError(f"{recall_dir}: popularity counts {len(popularity)} items but the recall model has "
-                             f"{model.n_items}")
-        self._model, self._popularity = model, PopularityChannel(popularity)
-        self.mix = ChannelQuotas(self.config, self.depth, model.tuned_shares)
 
     def with_popularity(self, popularity: np.ndarray) -> RecallStage:
         """This loaded stage (same model, index and channels, shared not copied) with other
