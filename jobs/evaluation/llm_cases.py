@@ -53,7 +53,10 @@ def candidate_source(split: Any, artifact_dir: Path, settings: Settings, phase: 
 
 
 def make_stage(settings: Settings, artifact_dir: Path, **llm: Any) -> Any:
-    stage = LLMRerankStage(None, settings.llm.with_overrides(llm), **stage_context("llm", settings))
+    """An ``LLMRerankStage`` of ``llm`` (overrides of ``settings.llm``), loaded from ``artifact_dir``; its
+    context (the KV cache's tier-2 client among it) follows the overridden section."""
+    cfg = settings.llm.with_overrides(llm)
+    stage = LLMRerankStage(None, cfg, **stage_context("llm", settings.model_copy(update={"llm": cfg})))
     stage.load(artifact_dir)
     return stage
 
