@@ -35,7 +35,7 @@ from llm_rerank.backbone import resolve_model
 from offline.metrics import PAD, per_user_metrics
 from offline.split import Split
 from recsys.contract import Request
-from recsys.redis_state import EmbeddedRedis
+from recsys.redis_server import EmbeddedRedis
 
 log = logging.getLogger(__name__)
 Case = tuple[Request, np.ndarray, int]  # request, candidate item_idx (coarse order), held-out item

@@ -48,7 +48,7 @@ import numpy as np
 
 from bench.llm_path import bench_llm_path, latency_summary, llm_stage_names, served_llm_settings
 from cascade.settings import Settings
-from recsys.redis_state import EmbeddedRedis
+from recsys.redis_server import EmbeddedRedis
 from serving.run import APP_FACTORY
 from serving.server_process import start_server_subprocess
 

@@ -26,7 +26,7 @@ import psutil
 
 from bench.serving import drive
 from cascade.settings import Settings
-from recsys.redis_state import EmbeddedRedis
+from recsys.redis_server import EmbeddedRedis
 from serving.run import APP_FACTORY
 from serving.server_process import start_server_subprocess
 

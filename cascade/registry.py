@@ -37,7 +37,7 @@ from recsys.contract import ArtifactSubdir, Stage, WeightsLookup
 from recsys.digest import json_sha256
 from recsys.manifest import verify_directory
 from recsys.pipeline import Pipeline
-from recsys.redis_state import connect
+from recsys.redis_client import connect
 from rules.stage import RulesStage
 from rules.tagged import TaggedRulesStage
 

@@ -4,7 +4,7 @@ Request-shape limits that depend on the pipeline (the largest ``k``) live in
 ``recsys.config.PipelineConfig.max_k``; this model holds what only the HTTP layer uses.
 Where Redis lives is ``settings.redis_url`` (``RECSYS_REDIS_URL``), else the plain
 ``REDIS_URL`` environment variable (``Settings.resolve_redis_url``), else an embedded server
-(``recsys.redis_state``).
+(``recsys.redis_server``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
 
-from recsys.redis_state import DEFAULT_SOCKET_TIMEOUT_S, EvictionPolicy
+from recsys.redis_client import DEFAULT_SOCKET_TIMEOUT_S
+from recsys.redis_server import EvictionPolicy
 
 EVENT_TYPES = ("impression", "click", "rating", "purchase", "add_to_cart")
 
@@ -44,7 +45,7 @@ class ServingConfig(BaseModel):
     )
     policy_salt: str = Field("recsys-llm-v1", description="Salt of the user hash; change it to reshuffle who gets the LLM.")
     result_cache_ttl_s: float = Field(30.0, ge=0, description="Result cache lifetime; 0 disables the cache.")
-    # online state (recsys.redis_state, serving.online)
+    # online state (recsys.redis_client, recsys.redis_server, serving.online_state)
     redis_namespace: str | None = Field(
         None, description="Prefix of every Redis key; None uses the artifact directory name (e.g. 'ml-100k')."
     )

@@ -109,7 +109,7 @@ class Settings(BaseSettings):
 
     def resolve_redis_url(self) -> str | None:
         """``redis_url``, else ``$REDIS_URL`` (read now, not when the settings were built), else None:
-        the caller then starts a ``recsys.redis_state.EmbeddedRedis``."""
+        the caller then starts a ``recsys.redis_server.EmbeddedRedis``."""
         return self.redis_url or os.environ.get(ENV_REDIS_URL) or None
 
     @classmethod

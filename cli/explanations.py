@@ -1,4 +1,4 @@
-"""``recsys bench explain``: reasons for recommended items, measured (``jobs.explanations``);
+"""``recsys bench explain``: reasons for recommended items, measured (``bench.explanations``);
 ``recsys tag explanations``: reasons precomputed into the serving Redis.
 
 ``cli.bench`` and ``cli.tag`` register the commands on their groups."""
@@ -22,7 +22,7 @@ def bench_explain(
     out: c.OutOpt = None,
 ) -> None:
     """Schema-valid and grounded shares, template share, extra ms per request, cache hit rate, sampled reasons."""
-    from jobs.explanations import bench_explanations  # lazy: loads torch and the serving stack
+    from bench.explanations import bench_explanations  # lazy: loads torch and the serving stack
 
     try:
         ks = [int(v) for v in explain_k.split(",") if v.strip()]
@@ -55,7 +55,7 @@ def tag_explanations(
     requests read), so a deployment serves them without waiting for the model. Run it while the
     server is stopped when the server uses the embedded Redis."""
     from jobs.explanations import precompute_reasons  # lazy: loads torch and the serving stack
-    from recsys.redis_state import StateDirInUse  # lazy: as above
+    from recsys.redis_server import StateDirInUse  # lazy: as above
 
     settings, art = c.trained(config, data, artifacts)
     chosen = None if users is None else [u.strip() for u in users.split(",") if u.strip()]

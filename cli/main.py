@@ -223,7 +223,7 @@ def serve(
     serving.admin_api_key in --config); clients send it as the X-API-Key header. Without a key
     the admin routes answer 503.
     """
-    from recsys.redis_state import StateDirInUse  # lazy: keeps `recsys --help` fast
+    from recsys.redis_server import StateDirInUse  # lazy: keeps `recsys --help` fast
     from serving.run import serve as run_server  # lazy: as above
 
     settings, art = c.trained(config, data, artifacts)

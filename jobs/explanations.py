@@ -36,7 +36,7 @@ import numpy as np
 
 from cascade.settings import Settings
 from offline.split import Split
-from serving.backend import OnlineBackend
+from serving.online_backend import OnlineBackend
 from serving.schemas import RecommendRequest
 from serving.service import Recommender
 

@@ -103,7 +103,7 @@ class KVCacheConfig(BaseModel):
     # 500-token prompt), so 16 users' warm requests all miss in `recsys bench serve` (LRU thrash)
     tier1_bytes: int = Field(1 << 30, ge=0, description="In-process LRU bound in bytes (1 GiB holds ~45 "
                              "500-token SmolLM2-135M prompts in fp32); 0 disables tier 1.")
-    tier2: bool = Field(False, description="Share blocks through Redis (recsys.redis_state.connect); off by "
+    tier2: bool = Field(False, description="Share blocks through Redis (recsys.redis_client.connect); off by "
                         "default: a 16-token block of SmolLM2-135M is 0.37 MB in bf16, ~10 MB per user's prompt.")
     tier2_url: str | None = Field(None, description="Redis URL for tier 2; None: settings.redis_url / $REDIS_URL.")
     tier2_prefix: str = Field("llmkv:", min_length=1, description="Dedicated key prefix of tier 2.")

@@ -39,7 +39,7 @@ from typing import Any
 
 import redis
 
-from recsys.redis_state import RedisGuard, RedisUnavailable
+from recsys.redis_client import RedisGuard, RedisUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from recsys.redis_state import RedisGuard, RedisUnavailable
+from recsys.redis_client import RedisGuard, RedisUnavailable
 
 log = logging.getLogger(__name__)
 

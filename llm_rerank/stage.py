@@ -18,7 +18,7 @@ in-process model itself reach it through ``local()``.
 
 The prompt's instruction and questions come from a ``llm_rerank.template.PromptTemplate``:
 ``llm.prompt`` at start-up, then whatever ``set_prompt_template`` installs (``PUT /admin/prompts``
-through ``serving.hot_reload.PromptApplier``). The swap is one assignment of a new
+through ``serving.document_reload.PromptApplier``). The swap is one assignment of a new
 ``PromptBuilder``, so a request in flight finishes on the prompt it started with; the stage
 version names the template (``p1`` = built-in, ``p1.<digest>`` otherwise).
 
@@ -152,7 +152,7 @@ class LLMRerankStage:
         return f"{self._weights}-{prompt}-{self.cfg.scoring}"
 
     def set_prompt_template(self, template: PromptTemplate | dict[str, Any]) -> None:
-        """Serve ``template`` from the next request on (called by ``serving.hot_reload.PromptApplier``,
+        """Serve ``template`` from the next request on (called by ``serving.document_reload.PromptApplier``,
         on its watcher thread or an admin request's, with a document it validated)."""
         template = parse_prompt_document(template, f"stage {self.name!r} prompt")
         prompts = self.prompts.with_template(template) if self.prompts is not None else None  # built first

@@ -3,7 +3,7 @@
 One document serves every LLM user: the re-ranker (``llm_rerank.prompt.PromptBuilder``), the
 reasons written for recommended items (``llm_rerank.explain``) and the offline tagger
 (``jobs.tagging.prompt.render_prompt``). It is what ``PUT /admin/prompts``
-publishes (``serving.hot_reload.PromptApplier``), what ``llm.prompt`` in the pipeline config
+publishes (``serving.document_reload.PromptApplier``), what ``llm.prompt`` in the pipeline config
 holds, and what ``jobs.tagging.run.tag_catalog(prompt=...)`` takes. Every field has the
 built-in text as its default, so ``PromptTemplate()`` renders exactly the prompts of
 ``PROMPT_VERSION`` p1 / t1, and a document names only what it changes:

@@ -45,7 +45,7 @@ USER_ATTRIBUTE_COLUMNS = ("age", "gender", "occupation", "zip", "risk_tolerance"
 def user_attributes(users: pd.DataFrame) -> list[dict[str, Any]]:
     """Per users-table row, the attributes a ``Request`` carries (``USER_ATTRIBUTE_COLUMNS``): the
     set ones only, as plain Python values. The one place user attributes are assembled
-    (``Split.user_attrs`` for training and eval, ``serving.state`` for serving).
+    (``Split.user_attrs`` for training and eval, ``serving.catalog_state`` for serving).
 
     >>> user_attributes(pd.DataFrame({"age": pd.array([30, None], dtype="Int64"), "zip": ["1", None]}))
     [{'age': 30, 'zip': '1'}, {}]

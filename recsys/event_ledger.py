@@ -1,6 +1,6 @@
 """The events ledger: the highest event sequence number serving acknowledged, kept outside Redis.
 
-Every entry of the event stream carries a sequence number (``serving.online``). Redis keeps
+Every entry of the event stream carries a sequence number (``serving.online_state``). Redis keeps
 the stream and its counter together, so a Redis that comes back empty, or from an older
 append-only file, holds a consistent but shorter stream: nothing inside it tells what is
 missing. Serving therefore also writes, at most once a second and at shutdown, the highest

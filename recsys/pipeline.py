@@ -53,7 +53,7 @@ from recsys.watchdog import StageAbandoned, StageWatchdog
 log = logging.getLogger(__name__)
 
 # Held while stages are pinned for a request and while several stages are swapped together
-# (serving.hot_reload), so a request sees all of a swap or none of it.
+# (serving.document_reload), so a request sees all of a swap or none of it.
 STAGE_SWAP = threading.RLock()
 
 

@@ -13,7 +13,7 @@ receives; used when a pipeline has no fusion). The default pipeline runs
 One version per answer: what a stage enforces (the rule set, the rules in force on this
 catalog, the item arrays) is one immutable ``RulesView``, replaced by one reference assignment.
 ``recsys.pipeline.Pipeline`` pins every stage once per request (``pinned``), under the lock
-``serving.hot_reload`` holds while it swaps the views of all rules stages, so the filters and the
+``serving.document_reload`` holds while it swaps the views of all rules stages, so the filters and the
 caps of one answer, and the version it reports, are always the same rule set.
 
 Deliberately left out: rule semantics (``rules.engine``) and the file format (``rules.schema``).
@@ -122,7 +122,7 @@ class RulesStage:
 
     def prepare(self, ruleset: RuleSet, items: ItemAttributes | None = None) -> RulesView:
         """The view ``ruleset`` would install (``RulesError`` when this catalog cannot judge it); installs
-        nothing, so several stages can all be checked before any of them swaps (``serving.hot_reload``)."""
+        nothing, so several stages can all be checked before any of them swaps (``serving.document_reload``)."""
         items = items if items is not None else self.items
         if items is None:
             raise RuntimeError(f"stage {self.name!r}: prepare() before load()")

@@ -37,13 +37,13 @@ from cascade.settings import Settings
 from recsys.manifest import damaged_file
 from recsys.pipeline import Pipeline, PipelineError
 from serving import console
-from serving.backend import OnlineBackend
+from serving.catalog_state import CatalogState
 from serving.metrics import ServingMetrics
 from serving.middleware import BodySizeLimit, JsonBodyCheck, RequestContext
+from serving.online_backend import OnlineBackend
 from serving.rate_limit import EventRateLimit
 from serving.routes import admin, events, health, recommend
 from serving.service import Recommender, ServiceSlot
-from serving.state import CatalogState
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ from fastapi.security import APIKeyHeader
 from pydantic import SecretStr
 
 from cascade.settings import Settings
-from serving.backend import OnlineBackend
 from serving.metrics import ServingMetrics
+from serving.online_backend import OnlineBackend
 from serving.schemas import LimitError, RecommendRequest, within_limits
 from serving.service import Recommender, ServiceSlot
 

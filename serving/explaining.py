@@ -39,11 +39,11 @@ from llm_rerank.stage import LLMRerankStage
 from offline.split import Split
 from recsys.contract import Candidates, Request
 from recsys.pipeline import Pipeline
+from serving.catalog_state import CatalogState
 from serving.schemas import RecommendResponse
-from serving.state import CatalogState
 
 if TYPE_CHECKING:
-    from serving.online import OnlineState
+    from serving.online_state import OnlineState
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ class Explanations:
         self._generator = self._wrap(stage)
 
     def set_prompt_template(self, template: Any) -> None:
-        """A published prompt document (``serving.hot_reload.PromptApplier``, which also installs it in the
+        """A published prompt document (``serving.document_reload.PromptApplier``, which also installs it in the
         pipeline's LLM stages): the backbone loaded for reasons alone serves it too, now or once loaded."""
         with self._lock:
             self._template = template

@@ -99,7 +99,7 @@ class BodyProblem(NamedTuple):
 class JsonBodyCheck:
     """Checks the bodies of ``POST`` calls under ``prefixes`` (the JSON routes) and replays them.
 
-    ``PUT /admin/{kind}`` is not covered: it takes YAML as well as JSON (``serving.hot_reload``
+    ``PUT /admin/{kind}`` is not covered: it takes YAML as well as JSON (``serving.document_reload``
     bounds it). The body is at most ``serving.max_body_bytes`` (``BodySizeLimit`` runs first),
     so buffering it here is cheap. ``on_refused(kind)`` is called for every refused body.
     The ``bodyless`` paths take no body at all: a body there is not checked as JSON (telling the

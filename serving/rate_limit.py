@@ -20,7 +20,7 @@ full bucket on its next call, never a lower limit for anyone else.
 [0.0, 0.0, 0.5]
 
 Deliberately left out: limits shared across workers (a Redis round trip per call) and limits
-on the read routes, which write nothing for unknown users (``serving.online``).
+on the read routes, which write nothing for unknown users (``serving.online_state``).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ import numpy as np
 from recsys.contract import Candidates, Request, StageTrace, WeightsLookup
 from recsys.experiments import Assignment
 from recsys.pipeline import Pipeline, PipelineResult
+from serving.catalog_state import CatalogState
 from serving.policy import RouteReason
 from serving.schemas import (
     AnswerPath,
@@ -37,7 +38,6 @@ from serving.schemas import (
     StageHandoff,
     StageInfo,
 )
-from serving.state import CatalogState
 
 HANDOFF_ITEMS = 200  # items shown per stage in a debug answer (recall's whole depth by default)
 

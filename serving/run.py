@@ -8,7 +8,7 @@ variable as a configuration key and refuses unknown ones (``cascade.settings``).
 
 Shared state across workers: ``serve`` resolves Redis before forking. Without
 ``settings.redis_url`` / ``$REDIS_URL`` (``Settings.resolve_redis_url``) it starts ONE embedded
-Redis in the parent (supervised: restarted if it dies, see ``recsys.redis_state``) and puts its
+Redis in the parent (supervised: restarted if it dies, see ``recsys.redis_server``) and puts its
 URL into the settings every worker receives; with ``workers > 1`` it also points
 ``PROMETHEUS_MULTIPROC_DIR`` at a fresh directory so ``/metrics`` aggregates all workers.
 Logs are JSON lines (``serving.logs``) in every process.
@@ -51,8 +51,8 @@ from cascade.settings import Settings
 from recsys.child_guard import die_with_parent
 from recsys.config import POLICY_KINDS
 from serving.app import create_app
-from serving.backend import embedded_redis
 from serving.logs import log_config
+from serving.online_backend import embedded_redis
 from serving.schemas import RecommendRequest, within_limits
 from serving.service import Recommender
 

@@ -53,16 +53,16 @@ from recsys.contract import Request, StageTrace
 from recsys.digest import json_sha256
 from recsys.experiments import Assignment, ExperimentsConfig, active_experiment, assign
 from recsys.pipeline import Pipeline, PipelineResult, PipelineSnapshot
-from recsys.redis_state import RedisUnavailable
-from serving.backend import OnlineBackend
+from recsys.redis_client import RedisUnavailable
+from serving.catalog_state import CatalogState
 from serving.explaining import Explanations
 from serving.metrics import ServingMetrics
-from serving.online import OnlineState
+from serving.online_backend import OnlineBackend
+from serving.online_state import OnlineState
 from serving.policy import Route, choose_route, result_cache_key
 from serving.response import Served, build_response, stage_handoffs
 from serving.schemas import RecommendRequest, RecommendResponse, StageHandoff
 from serving.stage_loading import load_pipeline
-from serving.state import CatalogState
 
 log = logging.getLogger(__name__)
 

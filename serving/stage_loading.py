@@ -10,7 +10,7 @@ CLI prints it as one line and exits 2).
 
 ``degraded_stages`` compares the configuration with the loaded pipeline: every stage the
 settings enable that the pipeline runs disabled, with the reason. ``/readyz`` lists them
-(``degraded_stages``) and ``serving.backend`` counts them in ``/metrics``
+(``degraded_stages``) and ``serving.online_backend`` counts them in ``/metrics``
 (``recsys_stage_load_failures_total{stage}``). The worker stays ready (200) on purpose: it
 answers correctly on the light path, and a 503 on every replica over an optional model would
 take the whole service out of rotation; operators alert on the list and the counter.

@@ -16,7 +16,7 @@ the active pointer to any published version. Writes are Lua scripts (atomic acro
 Sequence: every activation (publish, rollback) gets a number larger than any this Redis or the
 publishing worker has seen: ``max(stored + 1, floor + 1, Redis clock in microseconds)``. The
 clock part keeps it growing across a Redis restart that lost everything, so workers can order
-what they serve against what the store says (``serving.hot_reload``): a worker never installs a
+what they serve against what the store says (``serving.document_reload``): a worker never installs a
 lower sequence than its own, and re-seeds an emptied store (``seed``) only with the sequence of
 what it serves, which never overwrites a higher one.
 
@@ -30,7 +30,7 @@ A version is 1..``MAX_VERSION_CHARS`` characters without control characters (``V
 ``publish`` refuses any other (``InvalidVersion``) and ``POST /admin/{kind}/rollback`` accepts
 exactly the same, so every published version can be rolled back to.
 
-Deliberately left out: validation of the documents (``serving.hot_reload`` parses them with
+Deliberately left out: validation of the documents (``serving.document_reload`` parses them with
 the owners' parsers before publishing) and deleting versions (the log is an audit trail).
 """
 
@@ -43,7 +43,7 @@ from typing import Any
 import redis
 
 from recsys.documents import check_version
-from recsys.redis_state import RedisGuard, RedisUnavailable
+from recsys.redis_client import RedisGuard, RedisUnavailable
 
 KINDS = ("rules", "prompts")
 

@@ -1,6 +1,6 @@
 """The online event log as a table: read from the Redis stream, export to and load from Parquet.
 
-Serving writes every event to the stream ``{namespace}:events`` (``serving.online``): clicks
+Serving writes every event to the stream ``{namespace}:events`` (``serving.online_state``): clicks
 and other events through ``POST /v1/events``, impressions from ``POST /v1/recommend`` while an
 experiment is active. Each entry is a flat string map (``user_id``, ``item_id``, ``type``,
 ``ts``, ``seq``, its sequence number, and ``experiment``, ``variant``, ``request_id``, ``rank``

@@ -1,6 +1,6 @@
 """Is the event log whole? Counts of the events serving accepted that the stream no longer holds.
 
-Serving numbers every stream entry (``seq``, 1, 2, ...; ``serving.online``) and keeps, in
+Serving numbers every stream entry (``seq``, 1, 2, ...; ``serving.online_state``) and keeps, in
 Redis, the last number given (``{ns}:events:added``) and the ranges it acknowledged that a
 restarted or reset Redis came back without (``{ns}:events:lost``), and, outside Redis, the
 highest number it acknowledged (``recsys.event_ledger``). From those and the entries read,
@@ -29,7 +29,7 @@ from typing import Any
 import pandas as pd
 
 from jobs.ab.events import stream_name
-from recsys.redis_state import EVENTS_ADDED, EVENTS_LOST
+from recsys.redis_client import EVENTS_ADDED, EVENTS_LOST
 
 
 def _overlap(ranges: list[dict[str, int]], lo: int, hi: int) -> int:

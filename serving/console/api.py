@@ -24,11 +24,11 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 
-from recsys.redis_state import RedisUnavailable
-from serving.backend import OnlineBackend
+from recsys.redis_client import RedisUnavailable
 from serving.console.experiments import experiment_view, latest_analysis, plot_path
 from serving.console.summary import MetricsWindow, window_summary
 from serving.deps import AdminDep, BackendDep, MetricsDep, SettingsDep, SlotDep
+from serving.online_backend import OnlineBackend
 
 router = APIRouter(prefix="/console/api", tags=["console"])
 Kind = Literal["rules", "prompts"]

@@ -14,7 +14,7 @@ once, waits for the supervisor to restart it, and then
 samples ``/readyz`` on fresh connections until both workers answered: a trial *reverted* when a
 worker still serves another version once the allowance is over (expected: 0 of ``trials``). It
 runs with ``serving.redis_persist`` off by default, so the restarted Redis is empty and what keeps
-the version is the workers' activation sequences (``serving.hot_reload``), not the append-only file.
+the version is the workers' activation sequences (``serving.document_reload``), not the append-only file.
 
 Deliberately left out: writing the report (``serving.reliability.report``).
 """

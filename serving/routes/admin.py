@@ -5,7 +5,7 @@ expansion, no duplicate keys: ``recsys.documents.parse_document``), validates it
 owner's parser (``rules.schema.parse_ruleset`` plus each rules stage's ``check`` against its
 catalog; for prompts the prompt applier), stores it as a new version in Redis, makes it
 active and installs it in this worker at once; the other workers follow within
-``serving.versions_poll_s`` (``serving.hot_reload``). An invalid document is a 422 and the
+``serving.versions_poll_s`` (``serving.document_reload``). An invalid document is a 422 and the
 current version keeps serving; so is a rule set that drops a gate the served one enforces
 without ``acknowledge_dropped_gates`` (``rules.gates``). A 200 means the version is stored in
 Redis and serving in this worker; a 503 means it was not applied, or, when Redis took the
@@ -13,7 +13,7 @@ write but its answer was lost, says how to check (``serving.versioned.PublishUnc
 ``POST /admin/{kind}/rollback {"version"}`` re-activates any published version (a rollback
 that drops gates lists them in ``acknowledge_dropped_gates`` of its body). ``POST /admin/reload`` loads the artifact directory again off the
 request path and swaps the new pipeline in only if it loads and passes a smoke request
-(``serving.reload``); refused artifacts (a file whose digest differs from training's among
+(``serving.artifact_reload``); refused artifacts (a file whose digest differs from training's among
 them) are a 422 naming the reason and the old pipeline keeps serving; a worker whose first load
 failed becomes ready through it; a reload already running is a 409; it takes no body (one is a 422, not
 silently ignored). Every route needs ``X-API-Key`` (``serving.deps.admin_key``; OpenAPI
@@ -34,11 +34,11 @@ from fastapi.concurrency import run_in_threadpool
 
 from recsys.documents import InvalidVersion, parse_document
 from recsys.manifest import damaged_file
-from recsys.redis_state import RedisUnavailable
-from serving.backend import OnlineBackend
+from recsys.redis_client import RedisUnavailable
+from serving.artifact_reload import ReloadRefused, load_checked, swap
 from serving.deps import AdminDep, BackendDep, MetricsDep, RecommenderDep, SettingsDep, SlotDep
-from serving.hot_reload import PromptApplier, RulesApplier, document_json
-from serving.reload import ReloadRefused, load_checked, swap
+from serving.document_reload import PromptApplier, RulesApplier, document_json
+from serving.online_backend import OnlineBackend
 from serving.schemas import RollbackRequest, VersionEntry, VersionsResponse
 from serving.versioned import PublishUnconfirmed, UnknownVersion, VersionConflict
 

@@ -24,7 +24,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 
 from recsys.experiments import assign
-from recsys.redis_state import RedisUnavailable
+from recsys.redis_client import RedisUnavailable
 from serving.deps import MetricsDep, RecommenderDep, SettingsDep
 from serving.schemas import EventRequest, EventResponse
 

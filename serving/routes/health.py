@@ -42,7 +42,7 @@ async def readyz(request: Request, slot: SlotDep, settings: SettingsDep) -> JSON
     backend = getattr(request.app.state, "backend", None)
     redis_ok = backend is not None and not backend.guard.down
     degraded = [dataclasses.asdict(d) for d in degraded_stages(settings, slot.recommender.pipeline)]
-    supervisor = getattr(backend, "supervisor", None)  # the embedded Redis of this process, if any
+    supervisor = backend.supervisor if backend is not None else None  # this process's embedded Redis, if any
     return JSONResponse({"status": "ready", "versions": slot.recommender.versions(), "redis": redis_ok,
                          "redis_restarts": supervisor.restarts if supervisor is not None else None,
                          "degraded_stages": degraded, "reload_refused": slot.reload_refused, "pid": os.getpid()})

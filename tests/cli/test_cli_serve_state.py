@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from cascade.registry import STAGE_KINDS
 from cli.main import app
-from recsys import redis_state
-from recsys.redis_state import EmbeddedRedis
+from recsys import redis_server
+from recsys.redis_server import EmbeddedRedis
 from tests.serving.toy import TOY_KINDS, save_toy_split
 
 
@@ -22,7 +22,7 @@ def test_a_second_server_on_the_same_artifacts_is_one_error_line(tmp_path: Path,
     save_toy_split(art)
     for kind, path in TOY_KINDS.items():
         monkeypatch.setitem(STAGE_KINDS, kind, path)
-    monkeypatch.setattr(redis_state, "LOCK_WAIT_S", 0.2)
+    monkeypatch.setattr(redis_server, "LOCK_WAIT_S", 0.2)
     monkeypatch.delenv("REDIS_URL", raising=False)
     cfg = tmp_path / "toy.yaml"
     cfg.write_text("pipeline:\n  stages:\n    - {name: recall, kind: recall, on_error: fail}\n")

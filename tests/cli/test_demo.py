@@ -21,9 +21,9 @@ from llm_rerank.stage import LLMRerankStage
 from recsys.config import StageSpec
 from recsys.pipeline import Pipeline
 from serving.app import create_app
+from serving.catalog_state import CatalogState
 from serving.schemas import RecommendRequest
 from serving.service import Recommender
-from serving.state import CatalogState
 from tests.llm_rerank.factories import save_tiny_llm
 from tests.serving.conftest import toy_pipeline
 from tests.serving.toy import AudienceRules, PopularityRecall, save_toy_split, toy_settings

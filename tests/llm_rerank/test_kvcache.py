@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from llm_rerank.kvcache import RedisTier, Tier1, TwoTierCache, block_keys
-from recsys.redis_state import EmbeddedRedis
+from recsys.redis_server import EmbeddedRedis
 
 
 def test_same_prefix_same_keys_and_one_changed_token_changes_every_later_key() -> None:

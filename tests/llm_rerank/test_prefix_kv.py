@@ -19,7 +19,7 @@ from llm_rerank.prompt import PromptBuilder
 from llm_rerank.stage import LLMRerankStage
 from recsys.config import StageSpec
 from recsys.contract import Request
-from recsys.redis_state import EmbeddedRedis
+from recsys.redis_server import EmbeddedRedis
 from tests.llm_rerank.factories import (
     ANIMATION,
     ARCHITECTURES,

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from recsys import redis_state
-from recsys.redis_state import EmbeddedRedis, StateDirInUse, connect
+from recsys import redis_server
+from recsys.redis_client import connect
+from recsys.redis_server import EmbeddedRedis, StateDirInUse
 
 
 def _wait_for(check: Callable[[], bool], timeout_s: float = 20.0) -> bool:
@@ -74,7 +75,7 @@ def test_without_a_data_dir_nothing_is_kept(tmp_path: Path) -> None:
 
 
 def test_two_servers_never_share_one_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(redis_state, "LOCK_WAIT_S", 0.3)
+    monkeypatch.setattr(redis_server, "LOCK_WAIT_S", 0.3)
     first = EmbeddedRedis(tmp_path / "a", data_dir=tmp_path / "state")
     second = EmbeddedRedis(tmp_path / "b", data_dir=tmp_path / "state")
     try:
@@ -116,7 +117,7 @@ def test_a_policy_that_could_evict_versions_is_refused() -> None:
 
 _CHILD = """
 import sys, threading, time
-from recsys.redis_state import EmbeddedRedis
+from recsys.redis_server import EmbeddedRedis
 server = EmbeddedRedis(sys.argv[1], supervise=True, data_dir=sys.argv[2])
 starter = threading.Thread(target=server.start)  # a thread that ends: the server must outlive it
 starter.start(); starter.join()

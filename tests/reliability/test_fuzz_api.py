@@ -31,7 +31,7 @@ from hypothesis.errors import Unsatisfiable
 
 from cascade.registry import STAGE_KINDS
 from cascade.settings import ENV_REDIS_URL
-from recsys.redis_state import EmbeddedRedis
+from recsys.redis_server import EmbeddedRedis
 from serving.app import create_app
 from tests.reliability.conftest import ADMIN_KEY
 from tests.serving.conftest import REAL_RULES, toy_pipeline

@@ -25,7 +25,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from cascade.settings import ENV_REDIS_URL
-from recsys.redis_state import EmbeddedRedis
+from recsys.redis_server import EmbeddedRedis
 from serving.app import create_app
 from serving.run import shared_state
 from serving.server_process import start_server_subprocess

@@ -11,7 +11,7 @@ from recsys.contract import Candidates, Request
 from recsys.pipeline import Pipeline
 from rules.schema import RuleSet, parse_ruleset
 from rules.stage import RulesStage
-from serving.hot_reload import RulesApplier
+from serving.document_reload import RulesApplier
 from tests.serving.toy import PopularityRecall, save_toy_split, toy_settings
 
 RECALL = StageSpec(name="recall", kind="recall", on_error="fail")

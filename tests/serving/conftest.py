@@ -18,7 +18,7 @@ from cascade.registry import STAGE_KINDS, build_stage
 from cascade.settings import ENV_REDIS_URL, Settings
 from recsys.config import StageSpec
 from recsys.pipeline import Pipeline
-from recsys.redis_state import EmbeddedRedis
+from recsys.redis_server import EmbeddedRedis
 from rules.stage import RulesStage
 from serving.app import create_app
 from tests.serving.toy import TOY_KINDS, AudienceRules, PopularityRecall, save_toy_split, toy_settings

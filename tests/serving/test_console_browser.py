@@ -35,7 +35,7 @@ import yaml
 from recsys.config import StageSpec
 from recsys.experiments import ExperimentsConfig
 from recsys.provenance import write_result
-from recsys.redis_state import EmbeddedRedis
+from recsys.redis_server import EmbeddedRedis
 from rules.stage import RulesStage
 from serving.app import create_app
 from serving.console.pages import PAGES

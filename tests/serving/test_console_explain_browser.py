@@ -21,7 +21,7 @@ import uvicorn
 from cascade.settings import Settings
 from llm_rerank.stage import LLMRerankStage
 from recsys.config import StageSpec
-from recsys.redis_state import EmbeddedRedis
+from recsys.redis_server import EmbeddedRedis
 from serving.app import create_app
 from serving.server_process import free_port
 from tests.llm_rerank.factories import save_tiny_llm

@@ -16,9 +16,10 @@ import redis
 from jobs.ab.events import read_stream
 from jobs.ab.integrity import integrity_warning, stream_integrity
 from recsys.event_ledger import LedgerWriter, advance, read_acknowledged
-from recsys.redis_state import EmbeddedRedis, RedisGuard, connect
-from serving.online import OnlineState
-from serving.state import SplitHistories
+from recsys.redis_client import RedisGuard, connect
+from recsys.redis_server import EmbeddedRedis
+from serving.catalog_state import SplitHistories
+from serving.online_state import OnlineState
 
 
 def _state(client: redis.Redis, ns: str = "shop", ledger: LedgerWriter | None = None) -> OnlineState:

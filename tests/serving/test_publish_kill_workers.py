@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from recsys.redis_state import EmbeddedRedis
+from recsys.redis_server import EmbeddedRedis
 from serving.reliability.rules import sample_workers
 from serving.server_process import start_server_subprocess
 from tests.serving.conftest import ADMIN_KEY, RECALL, RULES

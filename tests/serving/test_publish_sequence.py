@@ -15,10 +15,11 @@ import redis
 from fastapi.testclient import TestClient
 
 from recsys.pipeline import Pipeline
-from recsys.redis_state import EmbeddedRedis, RedisGuard, RedisUnavailable, connect
+from recsys.redis_client import RedisGuard, RedisUnavailable, connect
+from recsys.redis_server import EmbeddedRedis
 from rules.stage import RulesStage
 from serving.app import create_app
-from serving.hot_reload import PromptApplier, RulesApplier, VersionWatcher, document_json
+from serving.document_reload import PromptApplier, RulesApplier, VersionWatcher, document_json
 from serving.versioned import PublishUnconfirmed, VersionStore
 from tests.serving.conftest import ADMIN_KEY, REAL_RULES, RULES, toy_pipeline
 from tests.serving.toy import DEFAULT_GATES, PopularityRecall, toy_settings

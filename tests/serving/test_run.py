@@ -11,10 +11,10 @@ from cascade.registry import STAGE_KINDS
 from recsys.contract import Candidates, StageTrace
 from recsys.pipeline import PipelineError, PipelineResult
 from serving.app import create_app
+from serving.catalog_state import CatalogState
 from serving.response import Served, answer_path, build_response
 from serving.run import ENV_ARTIFACT_DIR, recommend_once, server_env, settings_from_env
 from serving.schemas import LimitError, RecommendResponse
-from serving.state import CatalogState
 from tests.serving.conftest import DEBUG, DEBUG_KEY, RECALL
 from tests.serving.toy import FailingStage, toy_settings
 

@@ -7,9 +7,9 @@ import pytest
 import redis
 
 from recsys.pipeline import Pipeline
-from recsys.redis_state import RedisGuard
+from recsys.redis_client import RedisGuard
 from rules.stage import RulesStage
-from serving.hot_reload import PromptApplier, RulesApplier, VersionWatcher, document_json
+from serving.document_reload import PromptApplier, RulesApplier, VersionWatcher, document_json
 from serving.versioned import UnknownVersion, VersionConflict, VersionStore
 from tests.serving.conftest import RULES, toy_pipeline
 from tests.serving.toy import DEFAULT_GATES, PopularityRecall, toy_settings

@@ -11,9 +11,10 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from recsys.event_ledger import advance
-from recsys.redis_state import EmbeddedRedis, RedisGuard
-from serving.online import OnlineState
-from serving.state import SplitHistories
+from recsys.redis_client import RedisGuard
+from recsys.redis_server import EmbeddedRedis
+from serving.catalog_state import SplitHistories
+from serving.online_state import OnlineState
 
 
 def _experiment_traffic(state: OnlineState, users: int) -> None:

@@ -13,11 +13,11 @@ work on, and turns one API call into a ``recsys.contract.Request``:
 - an unknown user is a cold start: ``user_idx`` None, empty history, no attributes.
 
 Histories sit behind the small ``HistoryStore`` protocol; ``SplitHistories`` is the
-in-memory store built from the split. Online, ``serving.online`` keeps each user's recent
+in-memory store built from the split. Online, ``serving.online_state`` keeps each user's recent
 history in Redis (seeded from this store) and passes it to ``request_for``; this store is
 also what the service falls back to while Redis is down.
 
-Deliberately left out: real-time event ingestion (``serving.online``), item features
+Deliberately left out: real-time event ingestion (``serving.online_state``), item features
 (stages load their own).
 """
 

@@ -39,12 +39,13 @@ from cascade.settings import Settings
 from recsys.contract import PromptHolder
 from recsys.event_ledger import LEDGER_NAME, LedgerWriter, read_acknowledged
 from recsys.pipeline import Pipeline
-from recsys.redis_state import EmbeddedRedis, RedisGuard, RedisUnavailable, connect
-from serving.hot_reload import PromptApplier, RulesApplier, VersionWatcher
+from recsys.redis_client import RedisGuard, RedisUnavailable, connect
+from recsys.redis_server import EmbeddedRedis
+from serving.catalog_state import CatalogState
+from serving.document_reload import PromptApplier, RulesApplier, VersionWatcher
 from serving.metrics import ServingMetrics
-from serving.online import OnlineState
+from serving.online_state import OnlineState
 from serving.stage_loading import degraded_stages
-from serving.state import CatalogState
 from serving.versioned import VersionStore
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from serving.state import CatalogState, SplitHistories
+from serving.catalog_state import CatalogState, SplitHistories
 
 
 def test_known_user_gets_full_history_attrs_and_index(toy_dir: Path) -> None:

@@ -33,12 +33,12 @@ from redis import Redis
 from cascade.registry import StaleArtifacts, build_pipeline, check_trained_on_split
 from cascade.settings import Settings
 from recsys.pipeline import Pipeline, PipelineError
-from serving.backend import OnlineBackend
+from serving.catalog_state import CatalogState
 from serving.metrics import ServingMetrics
+from serving.online_backend import OnlineBackend
 from serving.schemas import RecommendRequest, RecommendResponse
 from serving.service import Recommender, ServiceSlot
 from serving.stage_loading import load_failure
-from serving.state import CatalogState
 
 log = logging.getLogger(__name__)
 _BUDGET_REASONS = ("budget overrun", "deadline")

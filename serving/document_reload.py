@@ -32,7 +32,7 @@ from llm_rerank.template import parse_prompt_document
 from recsys.contract import PromptHolder, ReloadableRules
 from recsys.documents import DocumentError, check_version, parse_document
 from recsys.pipeline import STAGE_SWAP, Pipeline
-from recsys.redis_state import RedisUnavailable
+from recsys.redis_client import RedisUnavailable
 from rules.gates import check_dropped
 from rules.schema import RuleSet, parse_ruleset
 from serving.versioned import Activation, VersionStore

@@ -55,8 +55,8 @@ import numpy as np
 import redis
 
 from recsys.event_ledger import LedgerWriter
-from recsys.redis_state import EVENTS_ADDED, EVENTS_LOST, RedisGuard
-from serving.state import HistoryStore
+from recsys.redis_client import EVENTS_ADDED, EVENTS_LOST, RedisGuard
+from serving.catalog_state import HistoryStore
 
 _PUSH = """
 local function push(key, from, to)
@@ -222,7 +222,7 @@ class OnlineState:
         """Record one event once: stream entry plus, when ``item_idx`` is given, a history append.
 
         An unknown user's history expires after ``unknown_history_ttl_s``, unless ``known``: a user the
-        catalog knows outside the split (``serving.state.CatalogState.outside``) keeps it, as a split user does.
+        catalog knows outside the split (``serving.catalog_state.CatalogState.outside``) keeps it, as a split user does.
         """
         seed = self._seed(user_idx) if item_idx is not None else []
         stream, added, lost = self._stream_keys()

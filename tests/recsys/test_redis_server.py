@@ -1,3 +1,5 @@
+"""The embedded Redis server (``recsys.redis_server``): restarts, supervision, its process's lifetime."""
+
 from __future__ import annotations
 
 import os
@@ -9,20 +11,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from recsys.redis_state import DEFAULT_SOCKET_TIMEOUT_S, EmbeddedRedis, RedisGuard, RedisUnavailable, connect
+from recsys.redis_client import connect
+from recsys.redis_server import EmbeddedRedis
 from tests.serving.toy import toy_settings
-
-
-def test_redis_url_prefers_settings_then_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    settings = toy_settings()  # built before the variable is set: it is read when the URL is resolved
-    monkeypatch.setenv("REDIS_URL", "redis://env:6379/0")
-    assert settings.resolve_redis_url() == "redis://env:6379/0"
-    configured = settings.model_copy(update={"redis_url": "redis://cfg:1/2"})
-    assert configured.resolve_redis_url() == "redis://cfg:1/2"
-    monkeypatch.delenv("REDIS_URL")
-    assert settings.resolve_redis_url() is None
-    with pytest.raises(ValueError, match="no Redis URL"):
-        connect(settings.resolve_redis_url(), DEFAULT_SOCKET_TIMEOUT_S)
 
 
 def test_embedded_server_stops_and_restarts_on_the_same_socket(tmp_path) -> None:
@@ -38,38 +29,6 @@ def test_embedded_server_stops_and_restarts_on_the_same_socket(tmp_path) -> None
         assert client.get("k") is None  # no persistence: a restart is an empty Redis
     finally:
         server.close()
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_guard_backs_off_exponentially_then_recovers() -> None:
-    clock, calls = Clock(), []
-
-    def down() -> int:
-        calls.append(clock.now)
-        raise redis.exceptions.ConnectionError("refused")
-
-    guard = RedisGuard(min_s=1.0, max_s=3.0, clock=clock)
-    with pytest.raises(RedisUnavailable, match="refused"):
-        guard.call(down)
-    with pytest.raises(RedisUnavailable, match="next retry"):
-        guard.call(down)  # within 1 s: skipped without touching Redis
-    assert calls == [100.0] and guard.down
-    clock.now = 101.0
-    with pytest.raises(RedisUnavailable):
-        guard.call(down)  # second failure: wait 2 s
-    clock.now = 102.5
-    with pytest.raises(RedisUnavailable, match="next retry"):
-        guard.call(down)
-    clock.now = 103.0
-    assert guard.call(lambda: 7) == 7 and not guard.down
-    assert calls == [100.0, 101.0]
 
 
 def test_embedded_redis_starts_from_a_relative_work_dir(tmp_path, monkeypatch):
@@ -133,28 +92,12 @@ def test_stop_is_not_a_crash_and_unsupervised_servers_stay_down(tmp_path) -> Non
         plain.close()
 
 
-def test_guard_reset_closes_the_breaker_at_once() -> None:
-    clock = Clock()
-    guard = RedisGuard(min_s=1.0, max_s=3.0, clock=clock)
-
-    def down() -> int:
-        raise redis.exceptions.ConnectionError("refused")
-
-    for _ in range(3):
-        clock.now += 5
-        with pytest.raises(RedisUnavailable):
-            guard.call(down)
-    assert guard.down
-    guard.reset()  # e.g. the supervisor restarted Redis: no need to sit out the 3 s backoff
-    assert not guard.down and guard.call(lambda: 7) == 7
-
-
 def test_a_process_that_exits_without_stop_takes_its_embedded_redis_along(tmp_path) -> None:
     """`kill -TERM` of `recsys serve` used to leave redis-server orphaned (parent pid 1)."""
     import subprocess
     import sys
 
-    code = ("from recsys.redis_state import EmbeddedRedis\n"
+    code = ("from recsys.redis_server import EmbeddedRedis\n"
             f"r = EmbeddedRedis({str(tmp_path / 'x')!r}, supervise=True); r.start(); print(r.proc.pid, flush=True)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     pid = int(out.stdout.split()[0])

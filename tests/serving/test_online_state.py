@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import redis
 
-from recsys.redis_state import RedisGuard, RedisUnavailable
-from serving.online import OnlineState
-from serving.state import SplitHistories
+from recsys.redis_client import RedisGuard, RedisUnavailable
+from serving.catalog_state import SplitHistories
+from serving.online_state import OnlineState
 
 
 @pytest.fixture

