@@ -22,6 +22,7 @@ Deliberately left out: what the rows say and how a JSON text becomes a served re
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Sequence
@@ -51,8 +52,6 @@ def check_deadline(deadline: float) -> None:
 
 
 def _schema_key(schema: dict[str, Any]) -> str:
-    import json
-
     return json.dumps(schema, sort_keys=True)
 
 
