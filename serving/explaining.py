@@ -131,7 +131,7 @@ class Explanations:
     def _wrap(self, stage: LLMRerankStage) -> ReasonGenerator | None:
         try:
             return ReasonGenerator(stage, self.cfg, self.settings.llm.domain)
-        except (ValueError, ImportError) as exc:  # the http backend, or no grammar engine: templates
+        except (ValueError, ImportError) as exc:  # no model in reach, or no grammar engine: templates
             self.load_error = f"{type(exc).__name__}: {exc}"
             log.warning("reasons from templates only: %s", self.load_error)
             return None
