@@ -227,7 +227,7 @@ class ReloadableRules(Protocol):
     stage before ``install`` on any (so all stages take the rule set or none does), and reads
     ``ruleset_path`` to re-seed an empty version store. The evaluator reads ``active`` and
     ``skipped`` for the cost of each rule. ``Any`` stands for ``rules.schema.RuleSet``,
-    ``rules.catalog.Resolution`` and ``rules.stage.RulesView``.
+    ``rules.attribute_coverage.Resolution`` and ``rules.stage.RulesView``.
     """
 
     @property

@@ -12,7 +12,7 @@ as it would in production.
 
 The slices, over that cascade's test requests: **cold item** (the user's test item is new), and
 **warm item** (it is not). Per slice and stage: NDCG@10, Recall@10, users, and the paired CI of
-each stage against the one before it (``jobs.evaluation.evaluate.slice_table``). A new item can only be
+each stage against the one before it (``jobs.evaluation.cascade_run.slice_table``). A new item can only be
 recalled through what the cascade knows of it without interactions: its text (``recall.use_text``,
 MiniLM), LLM tags, its LLM embedding; the report says which of those the configuration has on.
 
