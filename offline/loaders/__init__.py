@@ -69,8 +69,11 @@ def load_dataset(path: Path | None, fmt: str | None = None, **synthetic_kwargs: 
     """Load ``path`` in format ``fmt`` (detected when None); ``path=None`` generates the synthetic set.
 
     ``synthetic_kwargs`` (``n_users``, ``n_items``, ``seed``, ...) go to
-    ``offline.synthetic.generate`` and are refused for a real dataset.
+    ``offline.synthetic.generate`` and are refused for a real dataset. An unknown ``fmt`` is
+    refused with or without a path (no path never turns it into the synthetic set).
     """
+    if fmt is not None and fmt != SYNTHETIC and fmt not in FORMATS:
+        raise ValueError(f"unknown dataset format {fmt!r}; known: {sorted(FORMATS) + [SYNTHETIC]}")
     if path is None or fmt == SYNTHETIC:
         if path is not None:
             raise ValueError(f"format 'synthetic' takes no path, got {path}")
@@ -79,8 +82,6 @@ def load_dataset(path: Path | None, fmt: str | None = None, **synthetic_kwargs: 
         raise ValueError(f"{sorted(synthetic_kwargs)} only apply to the synthetic dataset, not to {path}")
     if fmt is None:
         fmt = detect_format(Path(path))
-    elif fmt not in FORMATS:
-        raise ValueError(f"unknown dataset format {fmt!r}; known: {sorted(FORMATS) + [SYNTHETIC]}")
     if not Path(path).is_dir():
         raise DataError(f"{path}: no such directory")
     return _loader(fmt)(Path(path).resolve())  # resolved: `--data .` names the dataset by its directory
