@@ -64,11 +64,30 @@ def render_reason(anchor_title: str, why: str, verb: str) -> str:
     return f"Because you {verb} {display_title(anchor_title, TITLE_CHARS)}, {clause}."
 
 
+_INFLECTIONS = (("ies", "y"), ("es", ""), ("s", ""), ("ed", ""), ("ed", "e"), ("ing", ""), ("ing", "e"),
+                ("ly", ""), ("er", ""), ("est", ""))
+
+
+def known_word(word: str, words: frozenset[str]) -> bool:
+    """``word`` is one of ``words`` or a regular inflection of one (a plural, a past, an -ing, an -ly form):
+    a tokenizer holds "comedy" as a whole token but rarely "comedies".
+
+    >>> known_word("comedies", frozenset({"comedy"})), known_word("tools", frozenset({"tool"}))
+    (True, True)
+    >>> known_word("bacabacuad", frozenset({"bacab"}))
+    False
+    """
+    if word in words:
+        return True
+    return any(word.endswith(end) and len(word) - len(end) + len(base) > 2 and word[:len(word) - len(end)] + base
+               in words for end, base in _INFLECTIONS)
+
+
 def clause_problems(why: str, max_chars: int, words: frozenset[str] | None = None, ask: str = "") -> list[str]:
     """What makes a schema-valid clause unfit to serve: fewer than ``MIN_CLAUSE_WORDS`` words, cut at its
     length limit, degenerate text, a
     word that is neither one of ``words`` (the tokenizer's whole-word tokens and the catalog's words)
-    nor part of one, or a clause that only echoes the request ``ask``.
+    nor a regular inflection of one (``known_word``), or a clause that only echoes the request ``ask``.
 
     >>> clause_problems("both keep a workshop organised", 75)
     []
@@ -86,7 +105,7 @@ def clause_problems(why: str, max_chars: int, words: frozenset[str] | None = Non
     if text and text in " ".join(re.findall(r"[a-z']+", ask.lower())):
         problems.append("echoes the request")
     if words is not None:
-        unknown = [w for w in re.findall(r"[a-z]+", why.lower()) if len(w) > 2 and w not in words]
+        unknown = [w for w in re.findall(r"[a-z]+", why.lower()) if len(w) > 2 and not known_word(w, words)]
         problems += [f"is not a word: {w!r}" for w in dict.fromkeys(unknown)]
     if len(why) >= max_chars - 1:
         problems.append("is cut off (the clause reached its length limit)")

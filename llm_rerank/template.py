@@ -74,8 +74,8 @@ class PromptTemplate(BaseModel):
         "Tagger request after the item's title and description.")
     explain_request: str = _text(
         "Pick the numbered {domain} from their history that best explains why this recommended {domain} "
-        "suits them, and say in a few words what the two have in common (for example: 2, both are supplies "
-        "for the same hobby).", 400,
+        "suits them, and say in a few words of your own what the two have in common: a kind, a use, a "
+        "theme or a maker.", 400,
         "Explanation request after one recommended item's facts (llm_rerank.explain); the re-ranker's "
         "instruction and the user's history come before it.")
 
