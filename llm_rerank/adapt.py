@@ -180,7 +180,7 @@ def train_llm(split: Split, candidate_stage: Stage, llm_cfg: LLMConfig, artifact
     """Fine-tune the base LLM with LoRA on ``split``'s train part; write the merged model.
 
     ``candidate_stage`` is the cascade cut the stage re-ranks (recall -> coarse), built by the
-    caller (``jobs.train``); ``artifacts_root`` is the root under which packaged backbones are converted (``models/``).
+    caller (``jobs.train``); packaged backbones are converted under ``artifacts_root``/models.
     Called by ``recsys train llm``; returns a report (steps, wall time, losses, paths).
     """
     cfg = adapt or llm_cfg.adapt
