@@ -39,6 +39,18 @@ def reason_schema(anchors: int, max_chars: int) -> dict[str, Any]:
 
 
 _CLAUSE = re.compile(r"[A-Za-z][a-z ,'-]*")
+_SELF = frozenset({"i", "i'm", "me", "my", "we", "our"})  # the writer speaking of itself ("i am not sure")
+ECHO_WORDS = 4  # a run this long of the request's own words is an echo, not a reason
+
+
+def _echoes(said: list[str], ask: list[str]) -> bool:
+    """The clause is all of the request's words, or holds ``ECHO_WORDS`` of them in a row."""
+    if " ".join(said) in " ".join(ask):
+        return True
+    runs = {tuple(ask[i:i + ECHO_WORDS]) for i in range(len(ask) - ECHO_WORDS + 1)}
+    return any(tuple(said[i:i + ECHO_WORDS]) in runs for i in range(len(said) - ECHO_WORDS + 1))
+
+
 _STUTTER = re.compile(r"([a-z]{1,3})\1{3,}")  # "wcwcwcwc": a fragment four times over
 
 
@@ -87,7 +99,8 @@ def clause_problems(why: str, max_chars: int, words: frozenset[str] | None = Non
     """What makes a schema-valid clause unfit to serve: fewer than ``MIN_CLAUSE_WORDS`` words, cut at its
     length limit, degenerate text, a
     word that is neither one of ``words`` (the tokenizer's whole-word tokens and the catalog's words)
-    nor a regular inflection of one (``known_word``), or a clause that only echoes the request ``ask``.
+    nor a regular inflection of one (``known_word``), a clause that echoes the request ``ask`` (all of it,
+    or ``ECHO_WORDS`` of its words in a row), or one in the first person.
 
     >>> clause_problems("both keep a workshop organised", 75)
     []
@@ -97,20 +110,28 @@ def clause_problems(why: str, max_chars: int, words: frozenset[str] | None = Non
     ["is not a word: 'bacabacuad'"]
     >>> clause_problems("what the two have in common", 75, ask="Say what the two have in common.")
     ['echoes the request']
+    >>> clause_problems("dear, the two have in common", 75, ask="Say what the two have in common.")
+    ['echoes the request']
+    >>> clause_problems("i am not sure about it", 75)
+    ['speaks of itself, not of the two items']
+    >>> clause_problems("the of to to to", 75)
+    ["repeats 'to'"]
     """
     problems = []
-    text = " ".join(re.findall(r"[a-z']+", why.lower()))
-    if len(text.split()) < MIN_CLAUSE_WORDS:
+    said = re.findall(r"[a-z']+", why.lower())
+    if len(said) < MIN_CLAUSE_WORDS:
         problems.append(f"says no why (a clause of fewer than {MIN_CLAUSE_WORDS} words)")
-    if text and text in " ".join(re.findall(r"[a-z']+", ask.lower())):
+    if said and _echoes(said, re.findall(r"[a-z']+", ask.lower())):
         problems.append("echoes the request")
+    if _SELF & set(said):
+        problems.append("speaks of itself, not of the two items")
     if words is not None:
         unknown = [w for w in re.findall(r"[a-z]+", why.lower()) if len(w) > 2 and not known_word(w, words)]
         problems += [f"is not a word: {w!r}" for w in dict.fromkeys(unknown)]
     if len(why) >= max_chars - 1:
         problems.append("is cut off (the clause reached its length limit)")
-    said = re.findall(r"[a-z']+", why.lower())
-    repeated = sorted({w for w in said if said.count(w) >= 3 and len(w) > 2})
+    repeated = sorted({w for w in said if said.count(w) >= 3 and len(w) > 2}
+                      | {a for a, b in zip(said, said[1:], strict=False) if a == b})  # "wow wow", "to to"
     problems += [f"repeats {w!r}" for w in repeated]
     if _STUTTER.search(why.lower()):
         problems.append("stutters (a fragment four times over)")
