@@ -70,10 +70,13 @@ def load_dataset(path: Path | None, fmt: str | None = None, **synthetic_kwargs: 
 
     ``synthetic_kwargs`` (``n_users``, ``n_items``, ``seed``, ...) go to
     ``offline.synthetic.generate`` and are refused for a real dataset. An unknown ``fmt`` is
-    refused with or without a path (no path never turns it into the synthetic set).
+    refused with or without a path, and a real format without a path too (no path never turns a
+    format into the synthetic set).
     """
     if fmt is not None and fmt != SYNTHETIC and fmt not in FORMATS:
         raise ValueError(f"unknown dataset format {fmt!r}; known: {sorted(FORMATS) + [SYNTHETIC]}")
+    if path is None and fmt not in (None, SYNTHETIC):
+        raise ValueError(f"format {fmt!r} needs a dataset directory (--data); without one the synthetic set is used")
     if path is None or fmt == SYNTHETIC:
         if path is not None:
             raise ValueError(f"format 'synthetic' takes no path, got {path}")

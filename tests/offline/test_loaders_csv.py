@@ -248,6 +248,8 @@ def test_load_dataset_dispatch_and_argument_checks(tmp_path: Path) -> None:
         load_dataset(root, fmt="ml-2m")
     with pytest.raises(ValueError, match="unknown dataset format 'nope'"):
         load_dataset(None, fmt="nope")  # no path: refused all the same, not the synthetic set
+    with pytest.raises(ValueError, match="format 'ml-100k' needs a dataset directory"):
+        load_dataset(None, fmt="ml-100k")  # a real format without its data is not the synthetic set either
     with pytest.raises(DataError, match=r"ml/u\.genre: file not found"):
         load_dataset(root, fmt="ml-100k")  # an explicit format is trusted, then its files are required
 
