@@ -60,6 +60,17 @@ def alive(pids: list[int]) -> list[int]:
     return out
 
 
+def answered(url: str, within_s: float = 120.0) -> int:
+    """The status of a recommend request, asked again while it is 503: with several workers ``/readyz``
+    answers from one of them, and another may still be loading its artifacts (503 "not ready yet")."""
+    deadline = time.monotonic() + within_s
+    while True:
+        status = httpx.post(f"{url}/v1/recommend", json={"user_id": "u001", "k": 3}, timeout=30).status_code
+        if status != 503 or time.monotonic() > deadline:
+            return status
+        time.sleep(0.2)
+
+
 def start(artifacts: Path, config: Path, workers: int) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != ENV_REDIS_URL}  # serve starts its embedded Redis
@@ -90,7 +101,7 @@ def test_a_signal_drains_and_stops_serve_with_its_documented_status(
         served: tuple[Path, Path], workers: int, sig: signal.Signals, to_group: bool) -> None:
     proc, url = start(*served, workers)
     try:
-        assert httpx.post(f"{url}/v1/recommend", json={"user_id": "u001", "k": 3}, timeout=30).status_code == 200
+        assert answered(url) == 200
         children = descendants(proc.pid)
         assert len(children) >= 1 + (workers if workers > 1 else 0)  # the embedded redis-server, the workers
         (os.killpg if to_group else os.kill)(proc.pid, sig)
