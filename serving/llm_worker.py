@@ -129,8 +129,8 @@ class LLMWorker:
             steps = [self._greedy(p, req.max_tokens, bias, k, req.return_tokens_as_token_ids,
                                   None if schema is None else _Grammar(self._compiled(schema)))
                      for p in prompts]
-            stop = {self.tok.eos_token_id}
-            steps = [[s for s in st if s[0] not in stop] if schema is not None else st for st in steps]
+            if schema is not None:  # the stop token that ends a constrained completion is not part of its text
+                steps = [[s for s in st if s[0] != self.tok.eos_token_id] for st in steps]
         for i, st in enumerate(steps):
             tokens = [t for t, _, _ in st]
             lp = None if req.logprobs is None else {

@@ -121,7 +121,6 @@ class Recommender:
         self.settings = settings
         self.catalog = catalog
         self.pipeline = pipeline
-        self.artifact_dir = artifact_dir
         self.metrics = metrics or ServingMetrics()
         self.llm_stages = frozenset(spec.name for spec, _ in pipeline.stages if spec.kind == "llm")
         self.llm_available = any(spec.kind == "llm" and spec.enabled for spec, _ in pipeline.stages)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -25,15 +24,10 @@ from llm_rerank.remote import RemoteLLM
 from llm_rerank.stage import LLMRerankStage
 from recsys.config import StageSpec
 from recsys.contract import Request, StageError
+from serving.server_process import free_port
 from tests.llm_rerank.factories import save_tiny_llm, tiny_split
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +35,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     root = tmp_path_factory.mktemp("remote")
     save_tiny_llm(root / "m")
     tiny_split().save(root / "toy" / "split")
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "serving.llm_worker", "--model", str(root / "m"), "--precision",
                              "fp32", "--port", str(port), "--name", "tiny", "--threads", "1"],
@@ -108,7 +102,7 @@ def test_json_schema_output_and_embeddings(served: tuple[str, Path]) -> None:
 
 def test_dead_server_raises_stage_error(served: tuple[str, Path]) -> None:
     _, root = served
-    stage = _stage(root, backend="http", base_url=f"http://127.0.0.1:{_free_port()}/v1", served_model="tiny",
+    stage = _stage(root, backend="http", base_url=f"http://127.0.0.1:{free_port()}/v1", served_model="tiny",
                    http_timeout_s=1.0)
     with pytest.raises(StageError, match="LLM server"):
         stage.score(Request(user_id="u0", history=np.array([1])), np.array([0, 1]))
