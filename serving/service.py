@@ -121,6 +121,7 @@ class Recommender:
         self.settings = settings
         self.catalog = catalog
         self.pipeline = pipeline
+        self.artifact_dir = artifact_dir  # a reload rebuilds the served recommender from it
         self.metrics = metrics or ServingMetrics()
         self.llm_stages = frozenset(spec.name for spec, _ in pipeline.stages if spec.kind == "llm")
         self.llm_available = any(spec.kind == "llm" and spec.enabled for spec, _ in pipeline.stages)
