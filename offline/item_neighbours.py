@@ -37,7 +37,7 @@ sequences; position decay stands in), and re-fitting at serving time.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 from scipy import sparse
@@ -109,20 +109,41 @@ def covisitation(
         raise ValueError(f"covisitation: window must be >= 1, got {window}")
     if chunk_pairs < 1 or max_entries < 1:
         raise ValueError(f"covisitation: chunk_pairs and max_entries must be >= 1, got {chunk_pairs}, {max_entries}")
-    total = sparse.csr_matrix((n_items, n_items), dtype=np.float64)  # float64: chunking does not flip ties
-    # cut the users into consecutive runs of about chunk_pairs pair entries each
+    cuts = pair_chunks(sequences, window, chunk_pairs)
+    parts = (covisit_pairs(sequences[lo:hi], n_items, window, backward) for lo, hi in itertools.pairwise(cuts))
+    return merge_pair_counts(parts, n_items, top_k=top_k, max_entries=max_entries)
+
+
+def pair_chunks(sequences: Sequence[np.ndarray], window: int, chunk_pairs: int) -> list[int]:
+    """Cut points cutting the users into consecutive runs of about ``chunk_pairs`` pair entries each.
+
+    >>> pair_chunks([np.arange(3), np.arange(3), np.arange(5)], 1, 10)
+    [0, 1, 2, 3]
+    """
     chunk_of = np.cumsum([2 * window * len(s) for s in sequences], dtype=np.int64) // chunk_pairs
-    cuts = [0, *(np.flatnonzero(np.diff(chunk_of)) + 1).tolist(), len(sequences)]
+    return [0, *(np.flatnonzero(np.diff(chunk_of)) + 1).tolist(), len(sequences)]
+
+
+def merge_pair_counts(parts: Iterable[sparse.csr_matrix], n_items: int, *, top_k: int, max_entries: int
+                      ) -> sparse.csr_matrix:
+    """The co-visitation weights from per-chunk pair sums (``covisit_pairs``), added in the order given.
+
+    The running total is float64 (chunking does not flip ties); whenever ``max_entries`` more
+    entries have come in since the last cut its rows are cut to ``PRUNE_FACTOR * top_k`` (see
+    ``covisitation``). Shared by ``covisitation`` and ``offline.distributed_counts``, whose
+    chunks are partitions of users counted on a cluster.
+    """
+    total = sparse.csr_matrix((n_items, n_items), dtype=np.float64)
     limit = max_entries
-    for lo, hi in itertools.pairwise(cuts):
-        total = total + _covisit_pairs(sequences[lo:hi], n_items, window, backward)
+    for part in parts:
+        total = total + part
         if total.nnz > limit:
             total = top_k_rows(total, PRUNE_FACTOR * top_k)
             limit = total.nnz + max_entries  # prune again once max_entries more have come in, not every chunk
     return top_k_rows(total, top_k)
 
 
-def _covisit_pairs(sequences: Sequence[np.ndarray], n_items: int, window: int, backward: float
+def covisit_pairs(sequences: Sequence[np.ndarray], n_items: int, window: int, backward: float
                    ) -> sparse.csr_matrix:
     """The summed co-visitation pairs of ``sequences`` alone (see ``covisitation``), float64 CSR."""
     owner, items = _flatten(sequences)
@@ -165,12 +186,25 @@ def item_knn(sequences: Sequence[np.ndarray], n_items: int, *, top_k: int = 200,
     """
     x = user_item_matrix(sequences, n_items)
     xt = x.T.tocsr()
-    norms = np.sqrt(np.asarray(x.sum(axis=0)).ravel())
+    return knn_weights(lambda start, stop: (xt[start:stop] @ x).toarray(), np.asarray(x.sum(axis=0)).ravel(),
+                       n_items, top_k=top_k, shrink=shrink)
+
+
+def knn_weights(gram_rows: Callable[[int, int], np.ndarray], counts: np.ndarray, n_items: int, *, top_k: int,
+                shrink: float) -> sparse.csr_matrix:
+    """``item_knn``'s weights from co-occurrence counts: ``gram_rows(start, stop)`` gives rows
+    ``start:stop`` of ``X'X`` as a dense float32 block, ``counts`` its diagonal (users per item).
+
+    Shared by ``item_knn`` (blocks of ``X'X`` computed from the user x item matrix) and
+    ``offline.distributed_counts`` (blocks of a ``X'X`` summed from per-partition counts): the
+    counts are exact integers either way, so both give the same weights bit for bit.
+    """
+    norms = np.sqrt(counts)
     block = max(1, BLOCK_CELLS // max(n_items, 1))
     parts = []
     for start in range(0, n_items, block):
         stop = min(start + block, n_items)
-        sim = (xt[start:stop] @ x).toarray()
+        sim = gram_rows(start, stop)
         sim /= norms[start:stop, None] * norms[None, :] + shrink + 1e-12
         sim[np.arange(stop - start), np.arange(start, stop)] = 0.0
         parts.append(_dense_top_k(sim, top_k))
@@ -189,7 +223,16 @@ def ease(sequences: Sequence[np.ndarray], n_items: int, *, l2: float = 500.0, to
     ``top_k`` weights per row.
     """
     x = user_item_matrix(sequences, n_items)
-    gram = (x.T @ x).toarray().astype(np.float32)
+    return ease_weights((x.T @ x).toarray().astype(np.float32), l2=l2, top_k=top_k)
+
+
+def ease_weights(gram: np.ndarray, *, l2: float, top_k: int) -> sparse.csr_matrix:
+    """EASE^R weights from the dense float32 co-occurrence counts ``X'X`` (changed in place).
+
+    Shared by ``ease`` and ``offline.distributed_counts``, whose ``X'X`` is summed from
+    per-partition counts: exact integers either way, so both give the same weights.
+    """
+    n_items = gram.shape[0]
     gram[np.diag_indices(n_items)] += l2
     p = np.linalg.inv(gram)
     del gram
