@@ -191,8 +191,12 @@ def evaluate_pipeline(
     cand_recall = stage_candidate_recall(settings, run, targets)
     report_extra.update(_diagnostics(settings, pipeline, split, phase, run, ran, deltas, n_boot, progress))
     t2 = time.perf_counter()
-    costs = policy_costs(pipeline, split, phase, per_user, n_boot=n_boot, seed=settings.seed)
+    costs, without_rules = policy_costs(pipeline, split, phase, per_user, n_boot=n_boot, seed=settings.seed)
     report_extra["policy_s"] = round(time.perf_counter() - t2, 2)
+    if without_rules is not None:
+        report_extra["baselines"]["without_rules"] = versus_best_baseline(
+            {**per_user, "final_without_rules": without_rules}, [report_extra["baselines"]["best"]],
+            "final_without_rules", K, n_boot=n_boot, seed=settings.seed)
     return {
         **report_extra,
         "dataset": split.name,
@@ -277,8 +281,10 @@ def _diagnostics(settings: Settings, pipeline: Any, split: Split, phase: Phase, 
 
 
 def policy_costs(pipeline: Any, split: Split, phase: Phase, per_user: dict[str, dict[str, np.ndarray]], *,
-                 n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
-    """What each rule and the fusion cost the served list, with paired bootstrap CIs.
+                 n_boot: int = 2000, seed: int = 0) -> tuple[dict[str, Any], dict[str, np.ndarray] | None]:
+    """What each rule and the fusion cost the served list, with paired bootstrap CIs; and the
+    per-user metrics of the final list with every rule off (None without a policy stage), against
+    which the simple baselines, which no rule constrains, are also judged.
 
     Re-runs the cascade (scorers replayed, see ``memoised``) with one rule switched off at a
     time, with every rule off, and with every rule off and fusion replaced by the most refined
@@ -302,14 +308,15 @@ def policy_costs(pipeline: Any, split: Split, phase: Phase, per_user: dict[str, 
         return _served_without(pipeline, split, phase, policies, fusions, rule_ids, fusion_off)[metric]
 
     if not policies:
-        return {"note": "no policy stage in this pipeline"}
+        return {"note": "no policy stage in this pipeline"}, None
     rules = policies[0] if isinstance(policies[0], ReloadableRules) else None
     active = rules.active if rules is not None else None
     rule_ids = [r.id for r in active.rules] if active is not None else []
     per_rule = {}
     for rid in rule_ids:
         per_rule[rid] = ci(served_without({rid}), base)  # cost = what switching it off gains back
-    no_rules = served_without(None)
+    without_rules = _served_without(pipeline, split, phase, policies, fusions, None, False)
+    no_rules = without_rules[metric]
     out: dict[str, Any] = {
         "metric": metric, "served": round(float(base.mean()), 5),
         "rules_in_force": rule_ids, "rules_skipped": dict(rules.skipped if rules is not None else {}),
@@ -328,7 +335,7 @@ def policy_costs(pipeline: Any, split: Split, phase: Phase, per_user: dict[str, 
             "rules": -out["all_rules"]["mean"], "fusion": -out["fusion"]["mean"],
             "stage_order": -stage_order["mean"],
         }
-    return out
+    return out, without_rules
 
 
 

@@ -74,6 +74,10 @@ def test_tiny_cascade_trains_evaluates_and_is_reused(tmp_path: Path, monkeypatch
     assert set(ev["stages"]) == {"popularity", "covisit_last", "ease", "popularity_recent", "recall", "coarse", "final"}
     assert ev["baselines"]["best"] in {"popularity", "covisit_last", "ease", "popularity_recent"}
     assert ev["baselines"]["verdict"] in {"beats", "ties", "loses"} and ev["baselines"]["served"] == "final"
+    free = ev["baselines"]["without_rules"]  # the same best baseline against the list no rule constrains
+    assert free["best"] == ev["baselines"]["best"] and free["served"] == "final_without_rules"
+    assert free["ndcg@10"]["mean"] - ev["baselines"]["ndcg@10"]["mean"] == pytest.approx(
+        ev["policy_costs"]["all_rules"]["mean"], abs=2e-5)
     assert set(ev["candidate_recall"]) == {"recall@200", "coarse@50"}
     assert set(ev["deltas"]) == {"coarse_vs_recall", "final_vs_coarse"}
     lo, hi = ev["deltas"]["coarse_vs_recall"]["ndcg@10"]["ci95"]

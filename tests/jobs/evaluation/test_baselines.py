@@ -70,3 +70,16 @@ def test_a_warning_says_when_the_served_order_does_not_beat_the_best_baseline() 
     tie = {"baselines": {"best": "ease", "verdict": "ties", "ndcg@10": {"mean": 0.001, "ci95": [-0.002, 0.004]}}}
     (line,) = baseline_warnings(tie)
     assert "does not beat the simple baseline 'ease'" in line and "-0.0020 to +0.0040" in line
+
+
+def test_the_warning_names_the_rules_when_the_order_beats_the_baseline_without_them() -> None:
+    section = {"best": "covisit_last", "verdict": "loses", "ndcg@10": {"mean": -0.046, "ci95": [-0.092, -0.002]}}
+    (plain,) = baseline_warnings({"baselines": section})
+    assert "rules" not in plain
+    free = {"best": "covisit_last", "verdict": "beats", "ndcg@10": {"mean": 0.018, "ci95": [0.004, 0.031]}}
+    (line,) = baseline_warnings({"baselines": {**section, "without_rules": free}})
+    assert "is below the simple baseline 'covisit_last'" in line
+    assert "with every rule off it beats it (+0.0180 (95% CI +0.0040 to +0.0310))" in line
+    tied = {**free, "verdict": "ties"}
+    (still,) = baseline_warnings({"baselines": {**section, "without_rules": tied}})
+    assert "rules" not in still
