@@ -1,7 +1,7 @@
 """The root settings object: the only place that reads the environment.
 
 ``Settings`` bundles one config model per package (``recall``, ``coarse``, ``llm``, ``rules``,
-``fusion``, ``serving``, ``experiments``) plus the pipeline's stage list; each stage is built with
+``fusion``, ``serving``, ``experiments``, ``ray``) plus the pipeline's stage list; each stage is built with
 its own section only (``cascade.registry``). Sources, highest priority first: explicit
 keyword arguments, environment variables (``RECSYS_`` prefix, ``__`` for nesting, e.g.
 ``RECSYS_SERVING__PORT=9000``), the YAML file given to ``Settings.from_yaml``, then defaults.
@@ -34,6 +34,7 @@ from coarse_rank.config import CoarseConfig, stage_subdir
 from fusion.stage import FusionConfig
 from llm_rerank.config import LLMConfig
 from recall.config import RecallConfig
+from recsys.cluster import ClusterConfig
 from recsys.config import POLICY_KINDS, PipelineConfig
 from recsys.documents import DocumentError, read_document
 from recsys.experiments import ExperimentsConfig
@@ -72,6 +73,8 @@ class Settings(BaseSettings):
     serving: ServingConfig = Field(default_factory=ServingConfig)
     fusion: FusionConfig = Field(default_factory=FusionConfig)
     experiments: ExperimentsConfig = Field(default_factory=ExperimentsConfig)
+    ray: ClusterConfig = Field(default_factory=ClusterConfig, description="Where the heavy jobs run "
+                               "(recsys.cluster); no address keeps them in this process.")
 
     @model_validator(mode="after")
     def _stage_params_resolve(self) -> Settings:
