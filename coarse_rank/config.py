@@ -71,6 +71,13 @@ class CoarseConfig(BaseModel):
         "the history, risk flags, LLM-embedding cosine with the recent history). Training then needs the "
         "item tags (jobs.coarse_tags.train_coarse_tags writes such a model to <artifact_dir>/coarse_tags).",
     )
+    llm_embedding_features: bool = Field(
+        default=False,
+        description="Add coarse_rank.llm_features.LLM_EMBEDDING_FEATURES (cosine of a candidate's LLM item "
+        "embedding with the mean of the last last_n history items', and the max over them). Training then reads "
+        "<artifact_dir>/tags/hidden.npy (`recsys tag --method embed`) and projects it without the train labels "
+        "(jobs.coarse_tags.load_llm_embeddings).",
+    )
     channel_features: bool = Field(
         default=True,
         description="Add coarse_rank.channel_features.CHANNEL_FEATURES (co-visitation and item-model scores of "

@@ -22,6 +22,8 @@ from coarse_rank.feature_tables import FeatureTables, Vocabularies
 from coarse_rank.features import FeatureBuilder, check_tags
 from coarse_rank.item_tags import PREFIX as TAG_PREFIX
 from coarse_rank.item_tags import ItemTags
+from coarse_rank.llm_features import PREFIX as LLM_PREFIX
+from coarse_rank.llm_features import ItemEmbeddings, check_embeddings
 
 ARRAYS_FILE, META_FILE = "features.npz", "features.json"
 _FOLLOW = ("follow_data", "follow_indices", "follow_indptr")
@@ -35,6 +37,7 @@ def save_builder(builder: FeatureBuilder, directory: Path) -> None:
     follow = {k: arrays.pop(k) for k in _FOLLOW}
     arrays.update(builder.tags.arrays() if builder.tags is not None else {})
     arrays.update(builder.channels.arrays() if builder.channels is not None else {})
+    arrays.update(builder.llm.arrays() if builder.llm is not None else {})
     np.savez(directory / ARRAYS_FILE, **arrays, **follow)
     vocab = builder.vocab
     meta = {"config": builder.config.model_dump(), "feature_names": builder.feature_names,
@@ -58,6 +61,7 @@ def load_builder(directory: Path) -> FeatureBuilder:
     n = len(arrays["log_pop"])
     tag_arrays = {k: arrays.pop(k) for k in [k for k in arrays if k.startswith(TAG_PREFIX)]}
     channel_arrays = {k: arrays.pop(k) for k in [k for k in arrays if k.startswith(CHANNEL_PREFIX)]}
+    llm_arrays = {k: arrays.pop(k) for k in [k for k in arrays if k.startswith(LLM_PREFIX)]}
     builder = FeatureBuilder(
         config,
         columns=(tuple(meta["score_columns"]), tuple(meta["flag_columns"])),
@@ -66,6 +70,8 @@ def load_builder(directory: Path) -> FeatureBuilder:
         tags=(check_tags(config, ItemTags.from_arrays(tag_arrays, meta.get("tags", {})), n)
               if config.tag_features else None),
         channels=ChannelTables.from_arrays(channel_arrays, n, config) if config.channel_features else None,
+        llm=(check_embeddings(config, ItemEmbeddings.from_arrays(llm_arrays, n), n)
+             if config.llm_embedding_features else None),
     )
     if builder.feature_names != meta["feature_names"]:
         raise ValueError(f"{directory / META_FILE}: feature names differ from this code's FEATURES")

@@ -5,7 +5,8 @@
 lookups, no per-candidate Python loop. NaN marks a missing value (LightGBM routes it).
 Feature names are stable for a fitted builder: the ``FEATURES`` (``coarse_rank.feature_names``), the ``TAG_FEATURES``
 when ``CoarseConfig.tag_features`` is on (looked up in ``coarse_rank.item_tags.ItemTags``,
-saved with the builder), the ``coarse_rank.channel_features`` columns when
+saved with the builder), the ``LLM_EMBEDDING_FEATURES`` when ``CoarseConfig.llm_embedding_features``
+is on (``coarse_rank.llm_features``), the ``coarse_rank.channel_features`` columns when
 ``CoarseConfig.channel_features`` is on (the default), then the recall channel columns seen at fit time
 (``recall_<channel>`` scores, ``src_<channel>`` flags as 0/1); a channel absent from a
 request reads NaN, an unknown one is ignored.
@@ -33,6 +34,7 @@ from coarse_rank.feature_columns import category_affinity, recall_columns, tag_c
 from coarse_rank.feature_names import FEATURES, INTERACTION_FEATURES, TAG_FEATURES
 from coarse_rank.feature_tables import FeatureTables, Vocabularies
 from coarse_rank.item_tags import ItemTags
+from coarse_rank.llm_features import LLM_EMBEDDING_FEATURES, ItemEmbeddings, check_embeddings
 from offline.item_neighbours import row_entries
 from offline.split import Split
 from recsys.contract import Candidates, Request
@@ -44,7 +46,8 @@ class FeatureBuilder:
 
     def __init__(self, config: CoarseConfig | None = None, *, columns: tuple[Sequence[str], Sequence[str]] = ((), ()),
                  vocab: Vocabularies | None = None, tables: FeatureTables | None = None,
-                 tags: ItemTags | None = None, channels: ChannelTables | None = None) -> None:
+                 tags: ItemTags | None = None, channels: ChannelTables | None = None,
+                 llm: ItemEmbeddings | None = None) -> None:
         """An unfitted builder (``fit`` fills it), or a fitted one from its parts
         (``coarse_rank.feature_store.load_builder``): the recall score and flag ``columns``, the
         vocabularies, the tables, the item tags and the channel tables."""
@@ -54,12 +57,14 @@ class FeatureBuilder:
         self._t = tables
         self.tags = tags
         self.channels = channels
+        self.llm = llm  # coarse_rank.llm_features, with config.llm_embedding_features
 
     @property
     def feature_names(self) -> list[str]:
         tag_names = TAG_FEATURES if self.config.tag_features else {}
         channel_names = [*CHANNEL_FEATURES, *rank_names(self.score_columns)] if self.config.channel_features else []
-        return [*FEATURES, *tag_names, *channel_names, *self.score_columns, *self.flag_columns]
+        llm_names = LLM_EMBEDDING_FEATURES if self.config.llm_embedding_features else {}
+        return [*FEATURES, *tag_names, *llm_names, *channel_names, *self.score_columns, *self.flag_columns]
 
     @property
     def tables(self) -> FeatureTables:
@@ -104,15 +109,18 @@ class FeatureBuilder:
         score_columns: Sequence[str] = (),
         flag_columns: Sequence[str] = (),
         tags: ItemTags | None = None,
+        llm: ItemEmbeddings | None = None,
     ) -> FeatureBuilder:
         """Fit on ``interactions`` (default ``split.train``; same layout, sorted by user then time).
 
         Only the item/user attribute tables of ``split`` are read besides ``interactions``.
-        ``tags`` (required exactly when ``config.tag_features``) is kept as given: its
-        embeddings must not have been trained on what the labels of ``interactions`` hold.
+        ``tags`` (required exactly when ``config.tag_features``) and ``llm`` (exactly when
+        ``config.llm_embedding_features``) are kept as given: their embeddings must not have been
+        trained on what the labels of ``interactions`` hold.
         """
         cfg, n = self.config, split.n_items
         self.tags = check_tags(cfg, tags, n)
+        self.llm = check_embeddings(cfg, llm, n)
         df = split.train if interactions is None else interactions
         users, items = df["user_idx"].to_numpy(np.int64), df["item_idx"].to_numpy(np.int64)
         if len(items) and (items.min() < 0 or items.max() >= n):
@@ -138,6 +146,7 @@ class FeatureBuilder:
             *self._follow_columns(hist, items),
             *user_columns(t, self.vocab, request, items),
             *(tag_columns(self._item_tags, hist, items, self.config.last_n) if self.config.tag_features else []),
+            *(self.llm.columns(hist, items, self.config.last_n) if self.llm is not None else []),
             *(self.channels.columns(hist, candidates, self.score_columns) if self.channels is not None else []),
             *(candidates.score(c) for c in self.score_columns),
             *(candidates.flags[f].astype(np.float32) if f in candidates.flags

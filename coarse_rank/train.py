@@ -31,6 +31,7 @@ from coarse_rank.feature_names import CATEGORICAL_FEATURES
 from coarse_rank.feature_store import save_builder
 from coarse_rank.features import FeatureBuilder, check_tags
 from coarse_rank.item_tags import ItemTags
+from coarse_rank.llm_features import ItemEmbeddings, check_embeddings
 from offline.metrics import per_user_metrics
 from offline.protocol import SALT_COARSE_TRAIN, SALT_COARSE_VALID, gate_verdict, user_sample
 from offline.split import Split
@@ -66,16 +67,20 @@ def lgbm_params(config: CoarseConfig, seed: int) -> dict[str, Any]:
 def train_coarse(
     split: Split, candidate_stage: Stage, out_dir: Path, config: CoarseConfig, *, seed: int = 42,
     progress: bool = True, tags: ItemTags | None = None, train_stage: Stage | None = None,
+    llm: ItemEmbeddings | None = None,
 ) -> dict[str, Any]:
     """Fit the ranker on ``candidate_stage``'s candidates, save it under ``out_dir``, return a report.
 
     ``tags``: the item tag tables, required exactly when ``config.tag_features`` (both feature
-    builders use them; see ``jobs.coarse_tags`` for leak-free ones). ``train_stage``: the stage
+    builders use them; see ``jobs.coarse_tags`` for leak-free ones); ``llm``: the LLM item
+    embeddings, required exactly when ``config.llm_embedding_features`` (leak-free ones from
+    ``jobs.coarse_tags.load_llm_embeddings``). ``train_stage``: the stage
     that recalls the train-phase groups when it must differ from the valid phase's (default
     ``candidate_stage``): ``jobs.train`` gives the same recall model with the counts of
     ``coarse_rank.dataset.prefix_popularity``, so no train label's own event is in its popularity.
     """
     check_tags(config, tags, split.n_items)  # fail before the slow candidate pass
+    check_embeddings(config, llm, split.n_items)
     started = time.perf_counter()
     train_stage = candidate_stage if train_stage is None else train_stage
     tr_all = build_groups(split, train_stage, "train", users=_users(split, config.max_train_users, seed,
@@ -84,8 +89,8 @@ def train_coarse(
                           progress=progress)
     scores, flags = channel_columns([tr_all, va_all])
     prefix = training_prefix(split, config.train_positions)
-    prefix_fb = FeatureBuilder(config).fit(split, prefix, score_columns=scores, flag_columns=flags, tags=tags)
-    builder = FeatureBuilder(config).fit(split, score_columns=scores, flag_columns=flags, tags=tags)
+    prefix_fb = FeatureBuilder(config).fit(split, prefix, score_columns=scores, flag_columns=flags, tags=tags, llm=llm)
+    builder = FeatureBuilder(config).fit(split, score_columns=scores, flag_columns=flags, tags=tags, llm=llm)
     tr, va = tr_all.subset(tr_all.has_positive), va_all.subset(va_all.has_positive)
     for name, g, g_all, stage in (("train", tr, tr_all, train_stage), ("valid", va, va_all, candidate_stage)):
         if len(g) == 0:
