@@ -21,7 +21,7 @@ DEFAULT_DATASETS = Path("../shared/datasets")
 def battery(
     shapes: Annotated[str | None, typer.Option(help="Comma-separated shapes (default: every shape).")] = None,
     seeds: Annotated[int, typer.Option(min=1, max=10, help="Seeds per shape (the cold-item protocol runs "
-                                                           "with 1 only).")] = 3,
+                                                           "once, for the first seed).")] = 3,
     datasets: Annotated[Path, typer.Option(help="Folder holding ml-100k/ and amazon-scientific/.")]
     = DEFAULT_DATASETS,
     work: Annotated[Path, typer.Option(help="Where shape data, artifacts and per-shape reports go.")]

@@ -109,8 +109,8 @@ def evaluate(
     seeds: Annotated[int, typer.Option(min=1, help="Train and evaluate N times (seeds s, s+1, ... in "
                                        "<artifacts>/seed-<s>/, one split); report mean, sd, per seed.")] = 1,
     cold_items: Annotated[bool, typer.Option(help="Also train a cascade without the items first seen after a "
-                                                  "cutoff and report their slice (jobs.evaluation.cold_items; not with "
-                                                  "--seeds).")] = True,
+                                                  "cutoff and report their slice (jobs.evaluation.cold_items; with --seeds, once, for the "
+                                                  "first seed).")] = True,
     cold_share: Annotated[float, typer.Option(min=0.01, max=0.5, help="Share of items made new by the cutoff.")]
     = 0.1,
     out: Annotated[Path | None, typer.Option(
@@ -141,6 +141,10 @@ def evaluate(
 
         report = evaluate_seeds(settings, art, split, n_seeds=seeds, stages=wanted, phase=phase, retrain=retrain)
         runs = {f"seed {s}": r for s, r in report["per_seed"].items()}
+        if cold_items:
+            first = runs[f"seed {settings.seed}"]
+            first["warnings"] = first.get("warnings", []) + _cold_items(report, settings, art / f"seed-{settings.seed}",
+                                                                        split, cold_share, phase)
     else:
         report = _evaluate_once(settings, art, split, wanted, phase=phase, retrain=retrain,
                                 cold_share=cold_share if cold_items else None)
@@ -169,15 +173,20 @@ def _evaluate_once(settings: Settings, art: Path, split: Split, wanted: tuple[st
     report["recall_train"] = fit_summary(train_report)
     report["warnings"] = training_warnings(settings, train_report) + baseline_warnings(report)
     if cold_share is not None:
-        from jobs.evaluation.cold_items import clockless, cold_item_report  # lazy: keeps `recsys --help` fast
-
-        if clockless(split):
-            report["cold_items"] = {"skipped": CLOCKLESS_NOTE}
-            report["warnings"].append(CLOCKLESS_NOTE)
-        else:
-            report["cold_items"] = cold_item_report(settings, art, split, share=cold_share, phase=phase)
-            report["warnings"] += report["cold_items"]["warnings"]  # every fit the eval makes is checked
+        report["warnings"] += _cold_items(report, settings, art, split, cold_share, phase)
     return report
+
+
+def _cold_items(report: dict[str, Any], settings: Settings, art: Path, split: Split, share: float,
+                phase: Literal["valid", "test"]) -> list[str]:
+    """Put the cold-item protocol's section in ``report`` (trained in ``art``); its warnings."""
+    from jobs.evaluation.cold_items import clockless, cold_item_report  # lazy: keeps `recsys --help` fast
+
+    if clockless(split):
+        report["cold_items"] = {"skipped": CLOCKLESS_NOTE}
+        return [CLOCKLESS_NOTE]
+    report["cold_items"] = cold_item_report(settings, art, split, share=share, phase=phase)
+    return list(report["cold_items"]["warnings"])  # every fit the eval makes is checked
 
 
 CLOCKLESS_NOTE = ("the cold-item protocol was skipped: this dataset's timestamps only order each user's events "

@@ -6,7 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from jobs.evaluation.battery import battery_table, log_only, long_histories, run_battery, shape_row, widened
+from jobs.evaluation.battery import (
+    battery_table,
+    generic_with_items,
+    log_only,
+    long_histories,
+    run_battery,
+    shape_row,
+    widened,
+)
 from offline.loaders import load_dataset
 
 
@@ -51,3 +59,8 @@ def test_the_shapes_built_from_ml100k(ml100k_dir: Path, tmp_path: Path) -> None:
     bare = log_only(ml100k_dir, tmp_path / "bare")
     assert sorted(p.name for p in bare.iterdir()) == ["interactions.csv"]
     assert len(load_dataset(bare).interactions) == len(base.interactions)
+    full = load_dataset(generic_with_items(ml100k_dir, tmp_path / "generic"))
+    assert sorted(p.name for p in (tmp_path / "generic").iterdir()) == ["interactions.csv", "items.csv"]
+    assert len(full.interactions) == len(base.interactions) and len(full.items) == len(base.items)
+    assert full.items.set_index("item_id")["title"].equals(base.items.set_index("item_id")["title"])
+
