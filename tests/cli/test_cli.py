@@ -344,6 +344,32 @@ def test_eval_warns_and_fails_on_empty_lists_alike_with_one_seed_or_more(
     assert res.exit_code == 0 and "error:" not in res.stderr, res.output
 
 
+def test_eval_with_seeds_runs_the_cold_item_protocol_once_for_the_first_seed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every shape of the robustness battery runs several seeds and needs the new-item slice: it is
+    measured once, in the first seed's directory, and its warnings are that seed's."""
+    import jobs.evaluation.cold_items
+
+    _fake_training_and_eval(monkeypatch, empty_for_seeds=set())
+    calls = []
+
+    def cold_item_report(settings, art, split, **kwargs):
+        calls.append((settings.seed, Path(art).name, kwargs["share"]))
+        return {"slices": {}, "warnings": ["cold: a fit was budget-stopped"]}
+
+    monkeypatch.setattr(jobs.evaluation.cold_items, "cold_item_report", cold_item_report)
+    out = tmp_path / "eval.json"
+    res = runner.invoke(app, ["eval", "--seeds", "2", "--cold-share", "0.2", "--synthetic-users", "40",
+                              "--synthetic-items", "80", "--artifacts", str(tmp_path / "art"), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert calls == [(42, "seed-42", 0.2)]
+    report = json.loads(out.read_text())
+    assert report["cold_items"]["warnings"] == ["cold: a fit was budget-stopped"]
+    assert "warning: seed 42: cold: a fit was budget-stopped" in res.stderr
+    assert "seed 43: cold" not in res.stderr
+
+
 @pytest.mark.parametrize("seeds", ["1", "2"])
 def test_eval_on_a_one_user_dataset_is_refused_before_any_training(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seeds: str
