@@ -32,7 +32,8 @@ from coarse_rank.config import TRAINING_REVISION, CoarseConfig
 from coarse_rank.item_tags import ItemTags
 from coarse_rank.train import train_coarse
 from jobs.tagging.catalog import require_same_items
-from jobs.tagging.embed import EmbedSettings, cooccurrence_pairs, train_projection
+from jobs.tagging.embed import EmbedSettings, project_hidden
+from jobs.tagging.job import require_tag_columns
 from jobs.train import holdout_recall, holdout_sequences
 from offline.split import Split, split_id
 from offline.tag_store import load_tags
@@ -51,20 +52,16 @@ def holdout_embeddings(split: Split, hidden: np.ndarray, positions: int,
 
     The InfoNCE pairs come from the training sequences cut by their last ``positions`` items;
     """
-    import torch  # lazy: heavy (torch)
-
     if len(hidden) != split.n_items:
         raise ValueError(f"{len(hidden)} pooled hidden states for a catalog of {split.n_items} items")
-    pairs = cooccurrence_pairs(holdout_sequences(split, positions)[0])
-    model, curve = train_projection(hidden, pairs, settings)
-    with torch.inference_mode():
-        vectors = model(torch.as_tensor(hidden, dtype=torch.float32)).numpy().astype(np.float32)
-    return vectors, {"pairs": len(pairs), "loss_per_epoch": curve, "holdout_positions": positions}
+    vectors, report = project_hidden(hidden, holdout_sequences(split, positions)[0], settings)
+    return vectors, {**report, "holdout_positions": positions}
 
 
 def load_item_tags(split: Split, tags_dir: Path, positions: int, settings: EmbedSettings) -> tuple[ItemTags, dict]:
     """``ItemTags`` from ``tags_dir`` with the leak-free embeddings of ``holdout_embeddings``."""
     frame, hidden, _ = load_tags(tags_dir)
+    require_tag_columns(frame, Path(tags_dir) / "tags.parquet")
     checked = ItemTags.from_tags(frame, hidden, split.n_items)  # coverage errors before any training
     require_same_items(frame["item_id"], split.items, str(Path(tags_dir) / "tags.parquet"))  # and the same items
     vectors, report = holdout_embeddings(split, hidden, positions, settings)

@@ -1,7 +1,8 @@
 """The LLM-embedding recall channel, and a recall stage that merges it with two-tower + popularity.
 
 ``LLMEmbeddingChannel`` searches the faiss index over the tagging job's 256-d item embeddings
-(``<artifact_dir>/tags/embed``, see ``jobs.tagging.embed``) with the mean of the user's
+(``<artifact_dir>/tags/embed``, see ``jobs.tagging.embed``; ``recsys tag --method embed`` makes them
+without generating tags, ``jobs.tagging.hidden_states``) with the mean of the user's
 last ``window`` history items' embeddings (item-to-item similarity, as in item-based
 collaborative filtering; the projection was trained on co-interacted items, so the mean points
 at what tends to come next). Cold users (no history) get nothing from it.
@@ -39,7 +40,8 @@ from recsys.config import StageSpec
 from recsys.contract import Candidates, Request
 
 LLM_CHANNEL = "llm_embed"
-REMEDY = "re-run `recsys tag --fresh` then `recsys tag embed-train` for this split"
+REMEDY = ("re-run `recsys tag --method embed --fresh` (or `recsys tag --fresh` then `recsys tag embed-train`) "
+          "for this split")
 
 
 def require_split_embeddings(embed_dir: Path, n_vectors: int, item_ids: Sequence[object]) -> None:

@@ -18,6 +18,7 @@ Deliberately left out: fine-tuning the LLM itself; hard-negative mining.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from jobs.tagging.catalog import require_same_items
+from coarse_rank.llm_features import ItemEmbeddings
+from jobs.tagging.catalog import catalog_digest, require_same_items
 from jobs.tagging.staging import staged_dir
 from llm_rerank.training_loop import epoch_means, run_steps
 from offline.tag_store import load_tags
@@ -107,6 +109,50 @@ def _info_nce(model: Any, x: Any, batch: np.ndarray, tau: float) -> Any:
     logits = logits.masked_fill(same, float("-inf"))
     target = torch.arange(len(batch))
     return (F.cross_entropy(logits, target) + F.cross_entropy(logits.T, target)) / 2
+
+
+def project_hidden(hidden: np.ndarray, sequences: list[np.ndarray], settings: EmbedSettings
+                   ) -> tuple[np.ndarray, dict[str, Any]]:
+    """Unit ``[n_items, dim]`` embeddings of ``hidden`` by a projection trained on the item pairs
+    consecutive in ``sequences`` only; (vectors, its report: pairs and loss per epoch).
+
+    The coarse ranker's features call it with the training sequences cut before their labels
+    (``jobs.train.holdout_sequences``), so no label's transition is in the embedding it learns from.
+    """
+    import torch  # lazy: heavy (torch)
+
+    pairs = cooccurrence_pairs(sequences)
+    model, curve = train_projection(hidden, pairs, settings)
+    with torch.inference_mode():
+        vectors = model(torch.as_tensor(hidden, dtype=torch.float32)).numpy().astype(np.float32)
+    return vectors, {"pairs": len(pairs), "loss_per_epoch": curve}
+
+
+def load_hidden(tags_dir: Path, item_ids: list[object]) -> np.ndarray:
+    """The pooled hidden states ``tags_dir/hidden.npy``, checked to be those of the catalog ``item_ids``
+    (in item_idx order) by the catalog digest ``version.json`` records; one-line errors naming the file."""
+    path, version_path = Path(tags_dir) / "hidden.npy", Path(tags_dir) / "version.json"
+    if not path.is_file() or not version_path.is_file():
+        missing = path if not path.is_file() else version_path
+        raise FileNotFoundError(f"{missing} missing: the LLM item embeddings need the items' pooled hidden states; "
+                                "run `recsys tag --method embed` (or `recsys tag`) for this split")
+    made_for = json.loads(version_path.read_text()).get("catalog")
+    if made_for != catalog_digest(item_ids):
+        raise ValueError(f"{version_path}: the hidden states were made for another catalog ({made_for}) than the "
+                         f"split's ({catalog_digest(item_ids)}): rerun `recsys tag --method embed --fresh`")
+    hidden = np.load(path)
+    if hidden.ndim != 2 or len(hidden) != len(item_ids):
+        raise ValueError(f"{path}: {hidden.shape} pooled states for {len(item_ids)} items: rerun `recsys tag`")
+    return hidden
+
+
+def coarse_item_embeddings(split: Any, tags_dir: Path, sequences: list[np.ndarray], settings: EmbedSettings
+                           ) -> ItemEmbeddings:
+    """The coarse ranker's ``ItemEmbeddings``: ``tags_dir``'s hidden states projected by ``project_hidden``
+    trained on ``sequences`` (the training sequences without the coarse ranker's labels)."""
+    hidden = load_hidden(tags_dir, split.items["item_id"].tolist())
+    vectors, _ = project_hidden(hidden, sequences, settings)
+    return ItemEmbeddings.from_vectors(vectors, split.n_items)
 
 
 def train_embeddings(split: Any, tags_dir: Path, settings: EmbedSettings) -> dict[str, Any]:

@@ -105,14 +105,23 @@ class Tagger:
         return texts, counts
 
     def pooled_states(self, texts: list[str]) -> list[np.ndarray]:
-        """Mean of the last hidden layer over each text's tokens (float32)."""
-        import torch  # lazy: heavy (torch)
+        """Mean of the last hidden layer over each text's tokens (float32; ``pooled_states``)."""
+        return pooled_states(self.model, self.tok, texts, self.settings.embed_max_tokens)
 
-        self.tok.padding_side = "right"
-        enc = self.tok(texts, return_tensors="pt", padding=True, truncation=True,
-                       max_length=self.settings.embed_max_tokens, add_special_tokens=False)
-        with torch.inference_mode():
-            hidden = self.model.model(**enc).last_hidden_state.float()
-        mask = enc["attention_mask"].unsqueeze(-1).float()
-        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
-        return [row.numpy().astype(np.float32) for row in pooled]
+
+def pooled_states(model: Any, tok: Any, texts: list[str], max_tokens: int) -> list[np.ndarray]:
+    """Mean of ``model``'s last hidden layer over each text's first ``max_tokens`` tokens (float32).
+
+    One forward pass over the batch, right-padded, padding masked out of the mean; the tagger and
+    the embedding-only job (``jobs.tagging.hidden_states``) both pool through here.
+    """
+    import torch  # lazy: heavy (torch)
+
+    tok.padding_side = "right"
+    enc = tok(texts, return_tensors="pt", padding=True, truncation=True, max_length=max_tokens,
+              add_special_tokens=False)
+    with torch.inference_mode():
+        hidden = model.model(**enc).last_hidden_state.float()
+    mask = enc["attention_mask"].unsqueeze(-1).float()
+    pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+    return [row.numpy().astype(np.float32) for row in pooled]

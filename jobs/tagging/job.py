@@ -16,7 +16,8 @@ the chunks over its first ``limit`` items: its short last part is redone by a la
 run, and a part holding more than the limit asks (finished by an earlier run) is kept.
 ``finalize`` checks the parts cover items ``0..n-1`` of the whole catalog (with their ids)
 before it writes anything, then concatenates them into ``tags.parquet`` and ``hidden.npy``
-(pooled hidden states, the cache ``jobs.tagging.embed`` trains from); while they cover fewer
+(pooled hidden states, the cache ``jobs.tagging.embed`` trains from; an embedding-only run,
+``jobs.tagging.hidden_states``, writes parts and a table of ids only); while they cover fewer
 (a ``limit`` run) it writes no table and leaves the one there alone.
 
 A run whose version (model digest, prompt version, schema hash, decoding settings, chunking,
@@ -69,6 +70,8 @@ VERSION_WORDS = {"catalog": "catalog (the split was prepared again)", "model_dig
                  "chunk_size": "chunk size", "batch_size": "batch size", "categories": "category list"}
 TAG_COLUMNS = ("item_idx", "item_id", "genres", "audience", "risk_flags", "themes", "summary", "fallback",
                "reason", "raw", "attempts", "new_tokens")
+ID_COLUMNS = ("item_idx", "item_id")
+EMBED_METHOD = "embed"  # version["method"] of an embedding-only run (jobs.tagging.hidden_states): no tag columns
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,13 @@ def job_version(model_dir: str, schema: dict[str, Any], settings: TaggerSettings
         version["item_text"] = json_sha256([[str(t), str(x or "")] for t, x in zip(items["title"], items["text"],
                                                                                    strict=True)])[:16]
     return version
+
+
+def require_tag_columns(frame: pd.DataFrame, source: Path) -> None:
+    """A ValueError naming ``source`` when its table holds ids only (an embedding-only run's)."""
+    if set(frame.columns) <= set(ID_COLUMNS):
+        raise ValueError(f"{source}: holds no tags, only the item ids of an embedding-only run (`recsys tag "
+                         "--method embed`): run `recsys tag --fresh` for tags")
 
 
 def item_rows(items: pd.DataFrame, categories: list[str], start: int, stop: int) -> list[dict[str, Any]]:
@@ -243,7 +253,8 @@ def part_frame(job: TagJob, chunk: int, results: list[dict[str, Any]]) -> pd.Dat
     frame = pd.DataFrame(results)
     frame.insert(1, "item_id", job.items["item_id"].iloc[expected].astype(str).to_numpy())
     frame["hidden"] = [np.asarray(h, dtype=np.float32).tolist() for h in frame["hidden"]]
-    return frame[list(TAG_COLUMNS) + ["hidden"]]
+    columns = ID_COLUMNS if job.version.get("method") == EMBED_METHOD else TAG_COLUMNS
+    return frame[list(columns) + ["hidden"]]
 
 
 def write_manifest(job: TagJob, parts: Path | None = None) -> dict[str, Any]:

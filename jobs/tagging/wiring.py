@@ -24,6 +24,7 @@ from typing import Any
 import pandas as pd
 
 from jobs.tagging.catalog import require_same_items
+from jobs.tagging.job import require_tag_columns
 from offline.tag_store import TAGGED_ITEMS, load_tags
 from recsys.atomic import atomic_write
 
@@ -70,6 +71,7 @@ def merge_tags(items: pd.DataFrame, tags: pd.DataFrame, source: str = "the tags 
 def write_tagged_items(split: Any, tags_dir: Path) -> dict[str, Any]:
     """Write ``tags/items.parquet`` from the split's items and ``tags/tags.parquet``; a report."""
     tags, _, version = load_tags(tags_dir)
+    require_tag_columns(tags, Path(tags_dir) / "tags.parquet")
     merged = merge_tags(split.items, tags, str(Path(tags_dir) / "tags.parquet"))
     atomic_write(Path(tags_dir) / TAGGED_ITEMS, lambda fh: merged.to_parquet(fh, index=False))
     filled = int(split.items["audience"].isna().sum() - merged["audience"].isna().sum())

@@ -45,12 +45,12 @@ def write_tags(tags_dir: Path, item_ids: list[str], fallback_every: int = 7) -> 
 
 
 def test_holdout_embeddings_never_train_on_the_label_transitions(monkeypatch):
-    import jobs.coarse_tags as coarse_tags
+    import jobs.tagging.embed as embed  # holdout_embeddings projects through embed.project_hidden
 
     split = split_from_sequences(SEQS, ITEMS, USERS)  # train sequences [0,1,2], [1,2,3], [0,2,4]
     seen = []
-    real = coarse_tags.train_projection
-    monkeypatch.setattr(coarse_tags, "train_projection", lambda h, pairs, s: (seen.append(pairs), real(h, pairs, s))[1])
+    real = embed.train_projection
+    monkeypatch.setattr(embed, "train_projection", lambda h, pairs, s: (seen.append(pairs), real(h, pairs, s))[1])
     hidden = np.random.default_rng(1).normal(size=(5, 6)).astype(np.float32)
     vectors, report = holdout_embeddings(split, hidden, 1, TINY_EMBED)
     assert seen[0].tolist() == [[0, 1], [1, 2], [0, 2]]  # labels 2, 3, 4 cut: 1->2 (u0), 2->3, 2->4 gone

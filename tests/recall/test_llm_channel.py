@@ -49,7 +49,8 @@ def test_embeddings_of_the_split_s_catalog_load_and_rank_by_item_idx(tmp_path: P
 def test_embeddings_of_the_catalog_before_prepare_ran_again_are_refused(tmp_path: Path):
     embed = _embed_dir(tmp_path, ["i0", "i1", "i2", "i3"])
     with pytest.raises(ValueError, match=rf"{embed / 'meta.json'}: the embeddings were made for another catalog "
-                                         r".*prepared again; re-run `recsys tag --fresh` then `recsys tag embed-train`"):
+                                         r".*prepared again; re-run `recsys tag --method embed --fresh` \(or `recsys tag --fresh` then "
+                                         r"`recsys tag embed-train`\)"):
         LLMEmbeddingChannel.load(tmp_path, ["i3", "i2", "i1", "i0"])  # same items, another order
 
 
