@@ -33,9 +33,10 @@ content part to stand alone (see ``recall.towers``).
 
 The items a user had before a target are no negatives for it either (``mask_history``, on by
 default): the served ranking excludes a user's history, so the loss does not spend its gradient
-pushing those down; a repeat of an earlier item stays a target. ``recall.windows.seen_pairs`` lists them as
-(target row, item) pairs, at most ``len(prior) + max_len`` per row, never a ``[rows, catalog]``
-mask. On ML-100K, 3 seeds paired: two-tower NDCG@10 0.1059 -> 0.1196 (+0.0137 +- 0.0030) and
+pushing those down; a repeat of an earlier item stays a target. The full softmax marks them in a
+``[targets, catalog]`` bool mask beside its logits of that shape (``recall.windows.seen_mask``); the
+sampled one lists them as (target row, item) pairs (``recall.windows.seen_pairs``), at most
+``len(prior) + max_len`` per row, never a mask over the catalog. On ML-100K, 3 seeds paired: two-tower NDCG@10 0.1059 -> 0.1196 (+0.0137 +- 0.0030) and
 candidate recall@200 0.8303 -> 0.8360 (+0.0057 +- 0.0016); coarse NDCG@10 +0.0029 +- 0.0035 and
 coarse@50 -0.0138 +- 0.0080 (``results/decisions/history_masked_ml100k.json``).
 
@@ -65,7 +66,14 @@ from recall.features import ItemFeatures, UserVocab
 from recall.scoring import full_ranking_metrics, user_vectors
 from recall.text import embed_items
 from recall.towers import ItemTower, UserTower
-from recall.windows import epoch_batches, seen_pairs, training_windows, trim_padding, window_lengths
+from recall.windows import (
+    epoch_batches,
+    seen_mask,
+    seen_pairs,
+    training_windows,
+    trim_padding,
+    window_lengths,
+)
 from recsys.progress import progress_bar
 
 
@@ -76,12 +84,16 @@ def batch_loss(
     mask = y >= 0
     if log_q is None:  # full softmax over the catalog; items never trained on are unknown, not negatives
         items = item_tower.all_items()
-        h = user_tower(items, x, attrs)[mask] / config.temperature  # scale [b, d], not [b, n_items]
-        logits = (h @ items.T).masked_fill(~item_tower.known[None, :], float("-inf"))
-        if config.mask_history:  # the served ranking never shows them: not negatives either
-            # in place is safe: masked_fill's backward keeps only its mask
-            logits.index_put_(seen_pairs(x, y, prior), torch.tensor(float("-inf"), dtype=logits.dtype))
-        return F.cross_entropy(logits, y[mask])
+        # the target positions' rows by index, not by boolean mask: the mask's backward is an accumulating
+        # index_put, which the deterministic kernels sort
+        rows = mask.flatten().nonzero().squeeze(1)
+        h = user_tower(items, x, attrs).flatten(0, 1).index_select(0, rows) / config.temperature  # scale [b, d]
+        unknown = ~item_tower.known
+        blocked = seen_mask(x, y, prior, len(unknown)) if config.mask_history else None  # not shown when served
+        if bool(unknown.any()):
+            blocked = unknown[None, :] if blocked is None else blocked | unknown[None, :]
+        logits = h @ items.T
+        return F.cross_entropy(logits if blocked is None else _NoNegatives.apply(logits, blocked), y[mask])
     # log_q is -inf for items never trained on: never sampled as negatives
     negatives = torch.multinomial(log_q.exp(), config.n_negatives, replacement=True, generator=gen)
     needed, local = torch.unique(torch.cat([x[x >= 0], y[mask], negatives]), return_inverse=True)
@@ -103,6 +115,25 @@ def batch_loss(
         hit = hit | seen[:, neg_local]
     return sampled_softmax(h / config.temperature, vecs[y_local], vecs[neg_local], log_q[needed[y_local]],
                            log_q[needed[neg_local]], hit)
+
+
+class _NoNegatives(torch.autograd.Function):
+    """``logits`` with the ``blocked`` entries set to -inf in place, for ``F.cross_entropy`` to read.
+
+    The backward passes the gradient through unchanged: at a blocked entry the softmax's probability
+    is exactly 0 and no target is ever blocked (a target is a known item, never in its own past), so
+    the gradient arriving there is already 0, and zeroing it again (``masked_fill``'s backward) was
+    a copy of the whole ``[targets, n_items]`` matrix for nothing. Only valid ahead of a softmax
+    cross-entropy over these logits."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
+        ctx.mark_dirty(logits)
+        return logits.masked_fill_(blocked, float("-inf"))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
 
 
 def sampled_softmax(h: torch.Tensor, positives: torch.Tensor, negatives: torch.Tensor, log_q_pos: torch.Tensor,

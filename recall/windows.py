@@ -120,3 +120,29 @@ def seen_pairs(x: torch.Tensor, y: torch.Tensor, prior: list[np.ndarray]) -> tup
     w, t, j = pair.nonzero(as_tuple=True)
     row = (target.flatten().cumsum(0) - 1).view(b, length)  # target row of each (window, position)
     return row[w, t], had[w, j]
+
+
+def seen_mask(x: torch.Tensor, y: torch.Tensor, prior: list[np.ndarray], n_items: int) -> torch.Tensor:
+    """``[targets, n_items]`` bool: row r (the r-th ``y >= 0`` in row-major order) marks the items the
+    user had before that target, the same pairs as ``seen_pairs`` as a mask over the catalog.
+
+    For the full softmax, whose logits are ``[targets, n_items]`` anyway: a running OR over the
+    window's positions is a few passes over a byte per logit, where listing the pairs compared every
+    target with every past item of its window.
+
+    >>> seen_mask(torch.tensor([[-2, 0]]), torch.tensor([[0, 2]]), [np.zeros(0, np.int64)], 3).tolist()
+    [[False, False, False], [True, False, False]]
+    """
+    b, length = x.shape
+    had = torch.zeros(b, length, n_items, dtype=torch.bool)
+    lens = [len(p) for p in prior]
+    if sum(lens):
+        had[torch.from_numpy(np.repeat(np.arange(b), lens)), 0, torch.from_numpy(np.concatenate(prior))] = True
+    w, t = (x >= 0).nonzero(as_tuple=True)
+    had[w, t, x[w, t]] = True
+    for pos in range(1, length):  # had[:, t] = everything up to position t
+        torch.logical_or(had[:, pos - 1], had[:, pos], out=had[:, pos])
+    target = y >= 0
+    seen = had[target]
+    seen[torch.arange(len(seen)), y[target]] = False  # a repeat of an earlier item stays a class
+    return seen

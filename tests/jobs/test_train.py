@@ -14,7 +14,14 @@ from coarse_rank.dataset import prefix_popularity
 from jobs.evaluation.evaluate import evaluate_pipeline
 from jobs.fusion_gate import gate_pipeline
 from jobs.prepare import prepare
-from jobs.train import DEFAULT_STAGES, holdout_recall, holdout_sequences, train_stages
+from jobs.train import (
+    DEFAULT_STAGES,
+    fit_threads,
+    fit_two_towers,
+    holdout_recall,
+    holdout_sequences,
+    train_stages,
+)
 from recall.config import EARLY_STOPPED_DIR
 from recsys.pipeline import SHORT_EXHAUSTED, SHORT_RULES, Pipeline
 
@@ -150,6 +157,28 @@ def test_user_caps_bound_every_training_time_measurement(tmp_path: Path):
     uncapped = train_stages(Settings.build(TINY), tmp_path / "all", prepare(None, tmp_path / "all", n_users=60,
                                                                           n_items=120, seed=3))
     assert uncapped["recall"]["early_stop_users"] == 60 and uncapped["fusion"]["valid_users"] == 60
+
+
+def test_two_towers_fitted_at_once_equal_those_fitted_one_after_the_other(tmp_path: Path):
+    # each child fits on the thread count given, so the models are those of a sequential fit on it
+    split = prepare(None, tmp_path / "at_once", n_users=60, n_items=120, seed=3)
+    at_once = fit_two_towers(Settings.build(TINY), tmp_path / "at_once", split, progress=False, threads=1)
+    one_thread = Settings.build({**TINY, "recall": {**TINY["recall"], "train_threads": 1}})
+    assert fit_threads(one_thread) is None
+    apart = train_stages(one_thread, tmp_path / "apart", prepare(None, tmp_path / "apart", n_users=60, n_items=120,
+                                                                  seed=3), stages=("recall", "recall_holdout"))
+    for stage, report in zip(("recall", "recall_holdout"), at_once, strict=True):
+        assert report["valid"] == apart[stage]["valid"] and report["epochs"] == apart[stage]["epochs"]
+        np.testing.assert_array_equal(np.load(tmp_path / "at_once" / stage / "item_vectors.npy"),
+                                      np.load(tmp_path / "apart" / stage / "item_vectors.npy"))
+
+
+def test_fits_run_at_once_on_half_the_cores_each_unless_threads_are_set(monkeypatch: pytest.MonkeyPatch):
+    for cores, threads in ((1, None), (2, 1), (8, 4)):
+        monkeypatch.setattr("os.sched_getaffinity", lambda _, n=cores: set(range(n)))
+        assert fit_threads(Settings.build(TINY)) == threads
+    assert fit_threads(Settings.build({**TINY, "recall": {**TINY["recall"], "train_threads": 2}})) is None
+    assert fit_threads(Settings.build({**TINY, "ray": {"address": "local:2", "num_workers": 2}})) is None
 
 
 def test_holdout_sequences_hold_out_the_last_items(tmp_path: Path):

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from recall.config import RecallConfig
 from recall.fit import batch_loss, deterministic_kernels, fit, sampled_softmax, setup_run
-from recall.windows import training_windows, trim_padding
+from recall.windows import seen_pairs, training_windows, trim_padding
 from tests.recall.two_tower_factories import successor_split, tiny_config
 
 
@@ -79,6 +79,29 @@ def test_length_buckets_train_to_the_same_quality(split, tmp_path: Path):
             results[buckets] = fit(run, cfg, seed=0, t0=time.perf_counter(), progress=False)
     assert results[True]["steps"] == results[False]["steps"]
     assert results[True]["valid"]["ndcg@10"] > 0.5 and results[False]["valid"]["ndcg@10"] > 0.5
+
+
+def test_the_full_softmax_loss_and_gradients_are_those_of_masking_its_logits_plainly(split, tmp_path: Path):
+    # unknown items and each target's past set to -inf in a copy of the logits, the target rows taken by a
+    # boolean mask: the same loss and the same gradients, bit for bit, as the loss computes them
+    cfg = tiny_config(loss="full")
+    run = setup_run(split, tmp_path, cfg, [s[s % 10 != 0] for s in split.train_sequences], None, progress=False,
+                    seed=0)
+    assert not bool(run.item_tower.known.all())
+    run.item_tower.eval()
+    run.user_tower.eval()
+    x, y, owner, start = (torch.from_numpy(a) for a in training_windows(run.seqs, cfg.max_len))
+    attrs, prior = torch.from_numpy(run.attrs[owner]), [run.seqs[o][:s] for o, s in zip(owner, start, strict=True)]
+    params = [p for tower in (run.item_tower, run.user_tower) for p in tower.parameters()]
+    loss = batch_loss(run.item_tower, run.user_tower, x, y, attrs, cfg, None, torch.Generator(), prior)
+    items, mask = run.item_tower.all_items(), y >= 0
+    logits = (run.user_tower(items, x, attrs)[mask] / cfg.temperature @ items.T).masked_fill(
+        ~run.item_tower.known[None, :], float("-inf")).index_put(seen_pairs(x, y, prior), torch.tensor(float("-inf")))
+    plain = F.cross_entropy(logits, y[mask])
+    assert loss.item() == plain.item()
+    for got, want in zip(torch.autograd.grad(loss, params, allow_unused=True),
+                         torch.autograd.grad(plain, params, allow_unused=True), strict=True):
+        assert (got is None and want is None) or torch.equal(got, want)
 
 
 def test_the_sampled_softmax_with_every_item_once_and_a_uniform_q_is_the_full_softmax():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from recall.windows import epoch_batches, seen_pairs, training_windows
+from recall.windows import epoch_batches, seen_mask, seen_pairs, training_windows
 
 
 def test_training_windows_cut_from_the_end_and_skip_empty_users():
@@ -35,6 +35,17 @@ def test_seen_pairs_list_each_targets_past_and_never_the_target_itself():
             want |= {(row, i) for i in past if i != int(y[b, t])}
             row += 1
     assert got == want
+
+
+def test_seen_mask_marks_the_pairs_seen_pairs_lists():
+    g = np.random.default_rng(1)
+    x = torch.from_numpy(g.integers(-2, 9, (5, 7)))
+    y = torch.from_numpy(g.integers(-1, 9, (5, 7)))
+    prior = [g.integers(0, 9, n) for n in (0, 3, 1, 5, 2)]
+    mask = seen_mask(x, y, prior, 9)
+    assert mask.shape == (int((y >= 0).sum()), 9)
+    assert set(zip(*[t.tolist() for t in mask.nonzero(as_tuple=True)], strict=True)) == set(
+        zip(*[t.tolist() for t in seen_pairs(x, y, prior)], strict=True))
 
 
 def test_epoch_batches_see_every_window_once_and_group_lengths_when_asked():
