@@ -16,6 +16,15 @@ totals from ``/metrics``), the cold users the most recent of them, so the last
 (``llm.kv.tier1_bytes``; 256 MiB held ~11 fp32 SmolLM2-135M prompts) measures LRU evictions,
 not the warm prefix: every warm call then misses, as the first LLM-path report did.
 
+``bench_llm_precisions`` repeats those rows with every LLM stage at each of several precisions
+(fp32, bf16, int8: SmoothQuant W8A8, calibrated first on other users' prompts unless the config
+names an ``int8_dir``), one fresh server each, the same users at each, and adds per precision the
+*forward floor* (``forward_floor``): in this process, the same model at the same precision, each of
+some validation users' warm prompts timed two ways, the whole stage call (prompt, block look-up, KV
+assembly, forward, scores) and the model's own forward pass alone over the same uncached tail with
+the same cached blocks already assembled. A warm stage figure minus the floor is what a warm
+request costs beyond its arithmetic.
+
 Deliberately left out: the light path and the cache mix (``bench.serving``).
 """
 
@@ -26,14 +35,23 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 
+from bench.llm_stage import bench_requests, ensure_calibrated
 from cascade.settings import Settings
+from jobs.evaluation.llm_cases import make_stage, set_threads, torch_threads
 from llm_rerank.backbone import resolve_precision
+from llm_rerank.kvcache import block_keys
+from offline.split import Split
 from serving.metrics import llm_cache_counts
+from serving.run import APP_FACTORY
+from serving.server_process import start_server_subprocess
+
+PRECISIONS = ("fp32", "bf16", "int8")
 
 
 def llm_stage_names(settings: Settings) -> list[str]:
@@ -169,3 +187,93 @@ def _call(client: httpx.Client, user: str, k: int, tag: str, phase: str, stage: 
 
 def _cache_counts(base_url: str) -> dict[str, float]:
     return llm_cache_counts(httpx.get(base_url + "/metrics", timeout=10).text)
+
+
+def require_llm_loaded(url: str, llm_names: Sequence[str]) -> bool:
+    """Whether the server runs its LLM stage(s); raises when one is configured but did not load."""
+    ready = httpx.get(url + "/readyz", timeout=10).json()
+    missing = [n for n in llm_names if n not in ready["versions"]]
+    if missing:
+        raise RuntimeError(f"LLM stage(s) {missing} configured but not loaded, so no row would measure them: "
+                           f"{ready.get('degraded_stages')}")
+    return bool(llm_names)
+
+
+def at_precision(settings: Settings, precision: str, int8_dir: Path | None = None) -> Settings:
+    """``settings`` with ``llm`` and every LLM stage's params at ``precision`` (int8 from ``int8_dir``)."""
+    over: dict[str, Any] = {"precision": precision}
+    if int8_dir is not None:
+        over["int8_dir"] = str(int8_dir)
+    stages = [spec.model_copy(update={"params": {**spec.params, **over}}) if spec.kind == "llm" else spec
+              for spec in settings.pipeline.stages]
+    return settings.model_copy(update={"llm": settings.llm.with_overrides(over),
+                                       "pipeline": settings.pipeline.model_copy(update={"stages": stages})})
+
+
+def bench_llm_precisions(settings: Settings, artifact_dir: Path, user_ids: Sequence[str], precisions: Sequence[str],
+                         concurrencies: Sequence[int], n_users: int, *, work_dir: Path, k: int = 10,
+                         floor_requests: int = 8, app_factory: str = APP_FACTORY, seed: int = 0) -> dict[str, Any]:
+    """``{"rows": [...], ...}``: per precision and concurrency, the cold and warm rows of ``bench_llm_path``
+    from a server at that precision, with that precision's forward floor (see the module docstring).
+
+    ``settings`` are the served ones (the caller's serving options); ``work_dir`` receives the int8
+    calibration when ``llm.int8_dir`` names none.
+    """
+    unknown = [p for p in precisions if p not in PRECISIONS]
+    names = llm_stage_names(settings)
+    if unknown or not precisions or not names:
+        raise ValueError(f"bench_llm_precisions: need an enabled LLM stage and precisions among {list(PRECISIONS)}; "
+                         f"got stages {names}, precisions {list(precisions)}")
+    split = Split.load(artifact_dir / "split")
+    cases, source = bench_requests(split, artifact_dir, settings, 2 * floor_requests, settings.llm.candidates, seed)
+    int8_dir = settings.llm.int8_dir
+    if "int8" in precisions and int8_dir is None:
+        int8_dir = work_dir / "llm_w8a8"
+        ensure_calibrated(settings, artifact_dir, int8_dir, cases[floor_requests:], settings.llm.smooth_alpha)
+    rows = []
+    for precision in precisions:
+        served = at_precision(settings, precision, int8_dir if precision == "int8" else None)
+        with start_server_subprocess(served, artifact_dir, app_factory=app_factory) as url:
+            require_llm_loaded(url, names)
+            path = bench_llm_path(url, user_ids, concurrencies, n_users, k=k, stage=names[0], seed=seed)
+        floor = forward_floor(served, artifact_dir, cases[:floor_requests])
+        for row in path["rows"]:
+            warm = row["warm"]["stage_ms"]["p50_ms"]
+            rows.append({"precision": precision, **row, "forward_floor": floor,
+                         "warm_over_floor_p50_ms": None if warm is None else round(warm - floor["floor_ms"]["p50_ms"], 3)})
+    return {"rows": rows, "floor_candidates_from": source, "int8_dir": None if int8_dir is None else str(int8_dir)}
+
+
+def forward_floor(settings: Settings, artifact_dir: Path, cases: Sequence[Any], repeats: int = 3) -> dict[str, Any]:
+    """The warm listwise request of each case in this process: the whole stage call, and the model's own
+    forward alone over the same uncached tail with the same cached blocks already assembled (the floor)."""
+    from llm_rerank.prefix_kv import assembled_cache, run_tail  # lazy: imports torch
+
+    kv = {**settings.llm.kv.model_dump(), "enabled": True, "tier2": False}  # tier 1 only: no Redis here
+    stage = make_stage(settings, artifact_dir, kv=kv, batching={"enabled": False})
+    if stage.cfg.scoring != "listwise":
+        stage.close()
+        return {"skipped": f"the floor is a listwise prompt's; llm.scoring is {stage.cfg.scoring!r}"}
+    set_threads(stage.cfg.threads)
+    blocks, model = stage.local().blocks, stage.local().model
+    warm, floor, tails, lengths = [], [], [], []
+    for request, items, _ in cases:
+        stage.score(request, items)  # cold: fills tier 1
+        parts = stage.build_prompt(request, items)
+        row = list(parts.prefix) + list(parts.suffixes[0])
+        found = blocks.cache.lookup(block_keys(row[:-1], blocks.block_tokens, blocks.namespace))
+        cached = len(found) * blocks.block_tokens
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            stage.score(request, items)
+            warm.append((time.perf_counter() - t0) * 1000)
+            cache = assembled_cache(found, len(row))
+            t0 = time.perf_counter()
+            run_tail(model, cache, row, cached)
+            floor.append((time.perf_counter() - t0) * 1000)
+        tails.append(len(row) - cached)
+        lengths.append(len(row))
+    stage.close()
+    return {"requests": len(cases), "repeats": repeats, "threads": torch_threads(),
+            "prompt_tokens_mean": round(float(np.mean(lengths)), 1), "tail_tokens_mean": round(float(np.mean(tails)), 1),
+            "stage_ms": latency_summary(warm), "floor_ms": latency_summary(floor)}

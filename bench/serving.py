@@ -46,7 +46,14 @@ from typing import Any, NamedTuple
 import httpx
 import numpy as np
 
-from bench.llm_path import bench_llm_path, latency_summary, llm_stage_names, served_llm_settings
+from bench.llm_path import (
+    bench_llm_path,
+    bench_llm_precisions,
+    latency_summary,
+    llm_stage_names,
+    require_llm_loaded,
+    served_llm_settings,
+)
 from cascade.settings import Settings
 from recsys.redis_server import EmbeddedRedis
 from serving.run import APP_FACTORY
@@ -195,17 +202,20 @@ def _send_event(client: httpx.Client, user: str, item: str, rng: np.random.Gener
 def bench_serve(
     settings: Settings, artifact_dir: Path, user_ids: Sequence[str], item_ids: Sequence[str], *,
     seconds: float = 10.0, concurrencies: Sequence[int] = (1, 4, 8), llm_concurrencies: Sequence[int] = (1, 4),
-    llm_users: int = 16, llm_shares: Sequence[float] = (0.0,), app_factory: str = APP_FACTORY, **run_kwargs: Any,
+    llm_users: int = 16, llm_shares: Sequence[float] = (0.0,), app_factory: str = APP_FACTORY,
+    llm_precisions: Sequence[str] = (), work_dir: Path | None = None, **run_kwargs: Any,
 ) -> dict[str, Any]:
     """The three sections of the module docstring against real server subprocesses sharing one Redis.
 
     ``llm`` is ``{"skipped": reason}`` when the settings enable no LLM stage; a configured LLM stage
     that fails to load raises ``RuntimeError``; ``llm_shares`` above 0 without one raise ``ValueError``.
+    ``llm_precisions`` (fp32, bf16, int8) adds ``llm_precisions``: the LLM rows again at each, one server
+    each, with the forward floor (``bench.llm_path.bench_llm_precisions``; int8 calibrated into ``work_dir``).
     """
     llm_names = llm_stage_names(settings)
-    if any(s > 0 for s in llm_shares) and not llm_names:
-        raise ValueError(f"llm_shares {list(llm_shares)} need an enabled LLM stage; the config has none "
-                         "(try configs/pipeline_llm.yaml)")
+    if (any(s > 0 for s in llm_shares) or llm_precisions) and not llm_names:
+        raise ValueError(f"llm_shares {list(llm_shares)} and llm_precisions {list(llm_precisions)} need an enabled "
+                         "LLM stage; the config has none (try configs/pipeline_llm.yaml)")
     report: dict[str, Any] = {"seconds_per_run": seconds, "served_llm": served_llm_settings(settings)}
     embedded = None if settings.resolve_redis_url() else EmbeddedRedis()
     try:
@@ -213,7 +223,7 @@ def bench_serve(
             settings = settings.model_copy(update={"redis_url": embedded.start()})
         with start_server_subprocess(_serving(settings, result_cache_ttl_s=0.0), artifact_dir,
                                      app_factory=app_factory) as url:
-            loaded = _require_loaded(url, llm_names)
+            loaded = require_llm_loaded(url, llm_names)
             report["light_nocache"] = [
                 {"concurrency": conc, **bench_run(url, user_ids, item_ids, seconds=seconds, concurrency=conc,
                                                   run_tag=f"light-c{conc}-{time.time():.0f}", llm=False,
@@ -224,11 +234,16 @@ def bench_serve(
                                                k=run_kwargs.get("k", 10), stage=llm_names[0])
             else:
                 report["llm"] = {"skipped": "no enabled LLM stage in the config (try configs/pipeline_llm.yaml)"}
+        if llm_precisions:
+            report["llm_precisions"] = bench_llm_precisions(
+                _serving(settings, result_cache_ttl_s=0.0), artifact_dir, user_ids, llm_precisions, llm_concurrencies,
+                llm_users, work_dir=work_dir or Path("/tmp/recsys-bench-serve"), k=run_kwargs.get("k", 10),
+                app_factory=app_factory)
         report["cache_mix"] = []
         for share in llm_shares:
             with start_server_subprocess(_serving(settings, llm_share=float(share)), artifact_dir,
                                          app_factory=app_factory) as url:
-                loaded = _require_loaded(url, llm_names)
+                loaded = require_llm_loaded(url, llm_names)
                 for conc in concurrencies:
                     tag = f"share{share}-c{conc}-{time.time():.0f}"
                     rep = bench_run(url, user_ids, item_ids, seconds=seconds, concurrency=conc, run_tag=tag,
@@ -247,16 +262,6 @@ def _serving(settings: Settings, **serving: Any) -> Settings:
     # one load generator stands for many clients: the per-client events limit would refuse its clicks
     serving = {"events_rate_per_s": 0.0, **serving}
     return settings.model_copy(update={"serving": settings.serving.model_copy(update=serving)})
-
-
-def _require_loaded(url: str, llm_names: Sequence[str]) -> bool:
-    """Whether the server runs its LLM stage(s); raises when one is configured but did not load."""
-    ready = httpx.get(url + "/readyz", timeout=10).json()
-    missing = [n for n in llm_names if n not in ready["versions"]]
-    if missing:
-        raise RuntimeError(f"LLM stage(s) {missing} configured but not loaded, so no row would measure them: "
-                           f"{ready.get('degraded_stages')}")
-    return bool(llm_names)
 
 
 def summarise(

@@ -63,11 +63,15 @@ def bench_serve(
     llm_share: Annotated[str, typer.Option(help="serving.llm_share of the cache-mix runs, comma-separated (one "
                                                 "server each; above 0 needs an LLM stage in --config).")] = "0",
     max_requests: Annotated[int, typer.Option(min=1, help="Cap on calls per run.")] = 200_000,
+    llm_precisions: Annotated[str, typer.Option(help="LLM precisions to serve side by side, comma-separated "
+                                                     "(fp32,bf16,int8): the LLM rows again at each, one server "
+                                                     "each, with the model's own forward time (the floor).")] = "",
     out: c.OutOpt = None,
 ) -> None:
     """Light path without the result cache, LLM path (cold and warm prefix) with the LLM loaded, cache mix.
 
-    The LLM rows need an enabled LLM stage (--config configs/pipeline_llm.yaml); see bench.serving.
+    The LLM rows need an enabled LLM stage (--config configs/pipeline_llm.yaml); see bench.serving. int8
+    is calibrated next to --out (else under /tmp/recsys-bench-serve) unless llm.int8_dir names a model.
     """
     from bench.serving import bench_serve as run  # lazy: keeps `recsys --help` fast
     from offline.split import Split  # lazy: keeps `recsys --help` fast
@@ -83,12 +87,18 @@ def bench_serve(
             or not all(0.0 <= s <= 1.0 for s in shares)):
         c.fail(f"concurrency values must be >= 1 and --llm-share values in [0, 1]; got {levels}, {llm_levels}, "
                f"{shares}")
+    precisions = [v.strip() for v in llm_precisions.split(",") if v.strip()]
+    if not set(precisions) <= {"fp32", "bf16", "int8"} or len(set(precisions)) < len(precisions):
+        c.fail(f"--llm-precisions takes fp32, bf16, int8 (each once), comma-separated; got {llm_precisions!r}")
     settings, art = c.trained(config, data, artifacts)
+    if precisions and not any(s.enabled and s.kind == "llm" for s in settings.pipeline.stages):
+        c.fail("--llm-precisions needs an enabled LLM stage in --config (try configs/pipeline_llm.yaml)")
     split = Split.load(art / "split")
     users = [str(u) for u in split.vocab.user_ids]
     items = [str(i) for i in split.vocab.item_ids]
     report = run(settings, art, users, items, seconds=seconds, concurrencies=levels, llm_concurrencies=llm_levels,
-                 llm_users=llm_users, llm_shares=shares, max_requests=max_requests)
+                 llm_users=llm_users, llm_shares=shares, max_requests=max_requests, llm_precisions=precisions,
+                 work_dir=out.parent / f"{out.stem}-work" if out is not None else None)
     report["dataset"] = art.name
     c.write_report(report, out, settings=settings, data=data)
 

@@ -126,18 +126,28 @@ def _reserved_layer_class() -> Any:
 
         @classmethod
         def holding(cls, keys: Any, values: Any, room: int) -> Any:
-            layer = cls()
+            """A copy of ``keys``/``values`` [B, H, T, D] with room for ``room`` more positions."""
             b, h, t, d = keys.shape
-            layer._k, layer._v = keys.new_empty((b, h, t + room, d)), values.new_empty((b, h, t + room, values.shape[-1]))
-            layer._k[:, :, :t], layer._v[:, :, :t] = keys, values
-            layer._n, layer.room, layer.device, layer.is_initialized = t, room, keys.device, True
-            layer.keys, layer.values = layer._k[:, :, :t], layer._v[:, :, :t]
+            k_buf, v_buf = keys.new_empty((b, h, t + room, d)), values.new_empty((b, h, t + room, values.shape[-1]))
+            k_buf[:, :, :t], v_buf[:, :, :t] = keys, values
+            return cls.over(k_buf, v_buf, t)
+
+        @classmethod
+        def over(cls, k_buf: Any, v_buf: Any, filled: int) -> Any:
+            """The buffers [B, H, T, D] themselves (no copy): their first ``filled`` positions hold
+            keys/values, the rest is room."""
+            layer = cls()
+            layer._k, layer._v = k_buf, v_buf
+            layer._n, layer.room, layer.device, layer.is_initialized = filled, k_buf.shape[2] - filled, k_buf.device, True
+            layer.keys, layer.values = k_buf[:, :, :filled], v_buf[:, :, :filled]
             return layer
 
         def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
             t = key_states.shape[-2]
             if t > self.room:
                 raise ValueError(f"reserved cache layer: {t} new tokens but room for {self.room}")
+            if key_states.dtype != self._k.dtype:  # an in-place write would cast silently
+                raise ValueError(f"reserved cache layer holds {self._k.dtype}, the model gave {key_states.dtype}")
             self._k[:, :, self._n:self._n + t] = key_states
             self._v[:, :, self._n:self._n + t] = value_states
             self._n, self.room = self._n + t, self.room - t
@@ -147,6 +157,15 @@ def _reserved_layer_class() -> Any:
     return ReservedLayer
 
 
+def reserved_cache(buffers: Sequence[tuple[Any, Any]], filled: int) -> Any:
+    """A ``DynamicCache`` over per-layer (keys, values) buffers [B, H, T, D] whose first ``filled``
+    positions are computed: the model writes the next positions into them in place, where a plain
+    cache would copy every layer's keys/values into a longer tensor at each call."""
+    from transformers import DynamicCache  # lazy: imports transformers (and torch)
+
+    cache = DynamicCache()
+    cache.layers = [_reserved_layer_class().over(k, v, filled) for k, v in buffers]
+    return cache
 
 
 class PrefixCache:
@@ -298,8 +317,7 @@ class LogitScorer:
             if use_cache and self.blocks is not None and len(parts.suffixes) == 1:
                 # one row (listwise): cache blocks over the whole prompt, as vLLM's prefix caching does,
                 # so a repeated request (same history and candidates) recomputes only its last block
-                row = list(parts.prefix) + list(parts.suffixes[0])
-                return suffix_logits(self.model, self.blocks.state(row[:-1]), [row[-1:]], self.pad_id)
+                return self.blocks.prompt_logits(list(parts.prefix) + list(parts.suffixes[0]))
             # one row and no cache to fill: a single pass over the row beats prefix pass + suffix pass
             split = use_cache and (len(parts.suffixes) > 1 or self.cache.capacity > 0)
             state = self.prefix_state(parts.prefix) if split else None

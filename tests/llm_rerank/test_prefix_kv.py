@@ -127,8 +127,14 @@ def test_listwise_row_is_block_cached_whole_and_a_repeat_recomputes_only_its_tai
     row = len(parts.prefix) + len(parts.suffixes[0])
     assert torch.allclose(cached.logits(parts), reference, atol=1e-4)
     assert blocks.stats()["stored"] == (row - 1) // 8  # candidates included, not only the prefix
-    assert torch.allclose(cached.logits(parts), reference, atol=1e-4)
+    passes: list[int] = []  # tokens per forward pass
+    hook = model.get_input_embeddings().register_forward_hook(lambda _m, args, _out: passes.append(args[0].shape[1]))
+    try:
+        assert torch.allclose(cached.logits(parts), reference, atol=1e-4)
+    finally:
+        hook.remove()
     assert blocks.stats()["tier1_hits"] == (row - 1) // 8 and blocks.stats()["stored"] == (row - 1) // 8
+    assert passes == [row - (row - 1) // 8 * 8]  # one pass: the tokens after the cached blocks, the last included
 
 
 def test_gemma3_sliding_window_really_cuts_the_test_prompts() -> None:
@@ -163,6 +169,6 @@ def test_lm_head_runs_only_at_scoring_positions(arch: str) -> None:
         rows.clear()
         blocks = BlockPrefixCache.build(model, block_tokens=8, namespace="head")
         LogitScorer(model, tok.pad_token_id, blocks=blocks).logits(builder.listwise(HORROR[:3], ATTRS, ANIMATION))
-        assert rows == [1, 1]  # the block pass over the row, then its last token
+        assert rows == [1]  # one pass over the row's uncached tokens, logits at its last one only
     finally:
         hook.remove()
