@@ -9,7 +9,7 @@ The seed is not here: trainers take the root ``Settings.seed``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -91,6 +91,12 @@ class CoarseConfig(BaseModel):
         "INTERACTION_FEATURES) are hidden in training, as they are for a new item at serving, so the ranker learns "
         "to order new items by their recall score and content. 0 = off; null = chosen on the valid groups among "
         "coarse_rank.train.COLD_ITEM_DROPOUTS, served over 0 only beyond its paired CI (coarse_rank.train.choose_dropout).")
+    new_items: Literal["auto", "recall_place", "model"] = Field(
+        default="auto", description="Where an item the fitted tables hold no interaction of goes: 'recall_place' = "
+        "the position recall ranked it at among the request's candidates, the known items keeping the ranker's "
+        "order (coarse_rank.new_items); 'model' = where the ranker's score puts it (below items with evidence); "
+        "'auto' = whichever training chose on the valid groups (recall_place only beyond its paired CI). Changes "
+        "nothing on a request without such an item.")
     channel_window: int = Field(default=10, ge=1, le=50, description="Co-visitation window of the channel features.")
     channel_last_n: int = Field(default=10, ge=1, le=200, description="Recent items the co-visitation feature reads.")
     item_model_last_n: int = Field(default=50, ge=1, le=10_000, description="Recent items the item-model feature reads.")
@@ -112,3 +118,13 @@ def stage_subdir(stage: str, params: dict[str, Any]) -> str:
     if set(params) - {"subdir"} or not isinstance(subdir, str) or not subdir or Path(subdir).name != subdir:
         raise ValueError(f"stage {stage!r}: params must be at most {{subdir: <directory name>}}, got {params}")
     return subdir
+
+
+def served_placement(setting: str, chosen: str | None) -> str:
+    """The new-item placement a coarse stage serves: the setting, or with ``auto`` what training chose
+    (``model`` for a ranker trained before the choice existed).
+
+    >>> served_placement("auto", "recall_place"), served_placement("auto", None), served_placement("model", "recall_place")
+    ('recall_place', 'model', 'model')
+    """
+    return (chosen or "model") if setting == "auto" else setting

@@ -13,15 +13,17 @@ Deliberately left out: training (``coarse_rank.train``) and fallbacks on error o
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from coarse_rank.config import CoarseConfig, stage_subdir
+from coarse_rank.config import CoarseConfig, served_placement, stage_subdir
 from coarse_rank.feature_store import load_builder
 from coarse_rank.features import FeatureBuilder
+from coarse_rank.new_items import recall_places, unknown_mask
 from recsys.config import StageSpec
 from recsys.contract import ArtifactSubdir, Candidates, Request, StageError
 from recsys.manifest import verify_directory
@@ -50,6 +52,8 @@ class CoarseStage(ArtifactSubdir):
         self.subdir = stage_subdir(spec.name, dict(spec.params))
         self._booster: Any = None
         self._builder: FeatureBuilder | None = None
+        self._known = np.zeros(0, dtype=bool)
+        self._new_items = "model"
         self._version = "unloaded"
 
     def load(self, artifact_dir: Any) -> None:
@@ -74,6 +78,9 @@ class CoarseStage(ArtifactSubdir):
                 f"{directory}: model.txt features {names[:3]}... differ from features.json {builder.feature_names[:3]}..."
             )
         self._booster, self._builder = booster, builder
+        self._known = builder.known_items()  # items with an interaction in the fitted tables
+        chosen = json.loads((directory / "meta.json").read_text()).get("report", {}).get("new_items", {})
+        self._new_items = served_placement(self.config.new_items, chosen.get("chosen"))
         self._version = hashlib.sha256(model_text.encode()).hexdigest()[:12]
 
     def version(self) -> str:
@@ -89,9 +96,14 @@ class CoarseStage(ArtifactSubdir):
             raise StageError(f"stage {self.name!r}: load(artifact_dir) was not called")
         x = self._builder.transform_many(requests, candidates)
         scores = self._booster.predict(x, num_threads=self.num_threads) if len(x) else np.zeros(0)
+        known = self._known
         out, start = [], 0
         for cands in candidates:
             part = scores[start:start + len(cands)]
             start += len(cands)
+            if self._new_items == "recall_place":
+                unknown = unknown_mask(cands.items, known)
+                if unknown.any():
+                    part = recall_places(part, cands.score("recall").astype(np.float64), unknown)
             out.append(cands.with_scores(self.name, part))
         return out

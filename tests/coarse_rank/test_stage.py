@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 
 import numpy as np
 import pytest
@@ -19,8 +20,9 @@ from tests.coarse_rank.conftest import TOY_CONFIG
 from tests.coarse_rank.toy import PopularityStage
 
 
-def loaded(root, depth=None) -> CoarseStage:
-    stage = build_stage(StageSpec(name="coarse", kind="coarse", depth=depth), Settings.build())
+def loaded(root, depth=None, new_items="auto") -> CoarseStage:
+    stage = build_stage(StageSpec(name="coarse", kind="coarse", depth=depth),
+                        Settings.build({"coarse": {"new_items": new_items}}))
     assert isinstance(stage, CoarseStage) and isinstance(stage, Stage)
     stage.load(root)
     return stage
@@ -85,3 +87,28 @@ def test_unloaded_and_missing_artifacts(tmp_path):
         stage.run(Request(user_id="x"), Candidates(items=np.array([1])))
     with pytest.raises(FileNotFoundError, match="coarse/meta.json"):
         stage.load(tmp_path)
+
+
+def test_an_item_without_interactions_keeps_its_recall_place(trained, valid_groups):
+    """A new item (none of its interactions in the fitted tables, or past the fitted catalog) is put
+    where recall ranked it; the known items keep the model's order; with new_items='model' nothing
+    moves, and 'auto' serves what training chose (the toy's valid groups hold no new item: the model)."""
+    stage, as_model = loaded(trained[0], new_items="recall_place"), loaded(trained[0], new_items="model")
+    req, cands = valid_groups.requests[0], valid_groups.candidates[0]
+    recall_order = cands.sorted_by("recall").items
+    new = int(recall_order[2])  # recall's third candidate, whatever the model thinks of it
+    for s in (stage, as_model):
+        s._known = s._known.copy()
+        s._known[new] = False
+    model_order = as_model.run(req, cands).items
+    out = stage.run(req, cands)
+    assert out.items[2] == new and model_order[2] != new
+    np.testing.assert_array_equal(out.items[out.items != new], model_order[model_order != new])
+    auto = loaded(trained[0])
+    assert auto._new_items == "model"
+    meta = json.loads((trained[0] / "coarse" / "meta.json").read_text())
+    assert meta["report"]["new_items"] == {"chosen": "model",
+                                           "why": "no valid group holds an item without interactions"}
+    # an item id past the fitted tables (added to the catalog after training) counts as new
+    stage._known = stage._known[:new]
+    assert stage.run(req, cands).items[2] == new
