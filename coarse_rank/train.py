@@ -32,6 +32,7 @@ from coarse_rank.feature_store import save_builder
 from coarse_rank.features import FeatureBuilder, check_tags
 from coarse_rank.item_tags import ItemTags
 from coarse_rank.llm_features import ItemEmbeddings, check_embeddings
+from coarse_rank.new_items import placed_scores
 from offline.metrics import per_user_metrics
 from offline.protocol import SALT_COARSE_TRAIN, SALT_COARSE_VALID, gate_verdict, user_sample
 from offline.split import Split
@@ -104,6 +105,7 @@ def train_coarse(
     chosen, dropout_choice = choose_dropout(dropouts, [f.pred for f in fits], va, config.eval_at, seed)
     booster, best, pred, cold_rows, n_train_rows = (fits[chosen].booster, fits[chosen].best, fits[chosen].pred,
                                                     fits[chosen].cold_rows, fits[chosen].n_rows)
+    new_items = choose_placement(config.new_items, pred, va, builder.known_items(), config.eval_at, seed)
     gain = booster.feature_importance(importance_type="gain", iteration=best)
     top = np.argsort(-gain, kind="stable")[:10]
     report = {
@@ -116,6 +118,7 @@ def train_coarse(
         "n_train_rows": n_train_rows,
         "cold_item_training": cold_rows,
         "cold_item_dropout": dropout_choice,
+        "new_items": new_items,
         "n_features": len(builder.feature_names),
         "best_iteration": best,
         **_valid_ndcg(va, pred, config.eval_at, n_users=len(va_all)),
@@ -175,6 +178,27 @@ def choose_dropout(dropouts: Sequence[float], preds: Sequence[np.ndarray], va: Q
         chosen = best if check["wins"] else 0
     out["chosen"] = dropouts[chosen]
     return chosen, out
+
+
+def choose_placement(setting: str, pred: np.ndarray, va: QueryGroups, known: np.ndarray, k: int, seed: int
+                     ) -> dict[str, Any]:
+    """Where the served ranker puts items without interactions (``coarse_rank.new_items``), as a report.
+
+    With ``auto``: recall's place when it beats the model's order on the valid groups beyond the
+    paired bootstrap CI (``offline.protocol.gate_verdict``), else the model's; the model's when no
+    valid group holds such an item. Any other setting is served as it is.
+    """
+    if setting != "auto":
+        return {"chosen": setting, "why": "coarse.new_items"}
+    placed, groups = placed_scores(pred, [c.items for c in va.candidates],
+                                   [c.score("recall") for c in va.candidates], known)
+    if groups == 0:
+        return {"chosen": "model", "why": "no valid group holds an item without interactions"}
+    model, recall = _per_group_ndcg(va, pred, k), _per_group_ndcg(va, placed, k)
+    check = gate_verdict(model, recall, seed)
+    return {"chosen": "recall_place" if check["wins"] else "model", "groups_with_new_items": groups,
+            "valid_ndcg": {"model": round(float(model.mean()), 5), "recall_place": round(float(recall.mean()), 5)},
+            "gate": {key: check[key] for key in ("mean", "ci95", "p_value")}}
 
 
 def _per_group_ndcg(va: QueryGroups, pred: np.ndarray, k: int) -> np.ndarray:
