@@ -1,11 +1,12 @@
 """``recsys tag``: LLM tagging of the catalog, its adaptation, the embedding job and the ablation.
 
-    recsys tag --data DIR --out FILE.json [--method generate|logits] [--engine local|ray] [--ray-address ADDR]
+    recsys tag --data DIR --out FILE.json [--method generate|logits|embed] [--engine local|ray] [--ray-address ADDR]
     recsys tag bench-logits --data DIR --out FILE.json [--backbones smollm2-135m-instruct,gemma3-270m]
     recsys tag adapt --data DIR [--holdout 0.5] [--epochs 2]
     recsys tag embed-train --data DIR [--epochs 30]
     recsys tag merge-items --data DIR
     recsys tag ablation --data DIR --out FILE.json [--variants base,tag_features] [--retrain-coarse-tags]
+    recsys tag embedding-eval --data DIR --out FILE.json [--seeds 3] [--llm-share 0.2]
 
 Outputs live in ``<artifact_dir>/tags/`` (see ``jobs.tagging.run``). ``recsys tag`` uses the
 adapted model in ``tags/model`` when ``recsys tag adapt`` has made one, else the base LLM.
@@ -100,10 +101,11 @@ def tag(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, 
         prompt: Annotated[Path | None, typer.Option(
             "--prompt", help="Prompt document (YAML/JSON, the schema PUT /admin/prompts takes; default "
             "llm.prompt from the config, else the built-in prompt).")] = None,
-        method: Annotated[Literal["generate", "logits"], typer.Option(
+        method: Annotated[Literal["generate", "logits", "embed"], typer.Option(
             "--method", help="generate: the JSON document generated under the schema grammar; logits: closed "
             "fields from label logits (thresholds calibrated on the items outside tags/holdout.json), only "
-            "free text generated (jobs.tagging.logits).")] = "generate",
+            "free text generated (jobs.tagging.logits); embed: no tags, only the pooled hidden states of "
+            "each item's llm.item_text and their 256-d projection (jobs.tagging.hidden_states).")] = "generate",
         shots: Annotated[int, typer.Option(
             "--shots", min=0, help="logits: known items shown with their genres in the cached instruction.")] = 0,
         ) -> None:
@@ -128,6 +130,13 @@ def tag(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, 
     tagger = TaggerSettings(domain=settings.llm.domain,
                             precision=precision, max_new_tokens=max_new_tokens, threads=threads)
     model_dir = _model_dir(settings, root, model)
+    if method == "embed":
+        if engine != "local":
+            c.fail("--method embed runs on the local engine only")
+        summary = _embed(settings, split, model_dir, root, precision=precision, threads=threads,
+                         batch_size=batch_size or 32, chunk_size=chunk_size, limit=limit, fresh=fresh)
+        c.write_report(summary, out)
+        return
     try:
         summary = tag_catalog(split, model_dir, root, tagger, TagOptions(engine=engine,
                               chunk_size=chunk_size, batch_size=batch_size or (64 if method == "logits" else 16),
@@ -137,6 +146,22 @@ def tag(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, 
     except (ValueError, OSError) as exc:  # bad input, stale parts, a model that cannot load (nothing lost)
         c.fail(str(exc))
     c.write_report(summary, out)
+
+
+def _embed(settings: Settings, split: Any, model_dir: str, root: Path, *, precision: str, threads: int | None,
+           batch_size: int, chunk_size: int, limit: int | None, fresh: bool) -> dict[str, Any]:
+    """``recsys tag --method embed``: ``jobs.tagging.hidden_states.embed_catalog`` over ``llm.item_text``."""
+    from jobs.tagging.embed import EmbedSettings  # lazy: keeps `recsys --help` fast
+    from jobs.tagging.hidden_states import HiddenSettings, embed_catalog  # lazy: keeps `recsys --help` fast
+    from llm_rerank.item_text import item_labels  # lazy: keeps `recsys --help` fast
+
+    texts = [str(t) for t in item_labels(split.items, settings.llm)]
+    try:
+        return embed_catalog(split, model_dir, root, texts, HiddenSettings(precision=precision, threads=threads),
+                             embed=EmbedSettings(seed=settings.seed), chunk_size=chunk_size, batch_size=batch_size,
+                             limit=limit, fresh=fresh)
+    except (ValueError, OSError) as exc:  # stale parts, a model that cannot load (nothing lost)
+        return c.fail(str(exc))
 
 
 @tag_app.command("adapt")
@@ -219,6 +244,30 @@ def ablation(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = N
     except (ValueError, FileNotFoundError) as exc:
         c.fail(str(exc))
     c.write_report(report, out)
+
+
+@tag_app.command("embedding-eval")
+def embedding_eval(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None,
+                   artifacts: c.ArtifactsOpt = None, out: c.OutOpt = None,
+                   seeds: Annotated[int, typer.Option("--seeds", min=1, max=10,
+                                                      help="Coarse seeds s, s+1, ... (s = the config's seed).")] = 3,
+                   llm_share: Annotated[float, typer.Option("--llm-share", min=0.0, max=1.0)] = 0.2) -> None:
+    """The LLM item embeddings as a recall channel and as coarse features, each alone against the cascade
+    without them: one recall fit, a coarse ranker per seed and variant (jobs.tagging.embedding_eval).
+
+    Needs tags/embed (`recsys tag --method embed`); trains the two-towers first when they are missing.
+    """
+    from jobs.tagging.embedding_eval import embedding_report  # lazy: keeps `recsys --help` fast
+
+    data, config, artifacts, out = _shared(ctx, data=data, config=config, artifacts=artifacts, out=out)
+    settings = c.load_settings(config)
+    split, root = _split(settings, data, artifacts)
+    chosen = tuple(range(settings.seed, settings.seed + seeds))
+    try:
+        report = embedding_report(settings, root, split, seeds=chosen, llm_share=llm_share)
+    except (ValueError, OSError) as exc:  # no embeddings, a directory in the way
+        c.fail(str(exc))
+    c.write_report(report, out, settings=settings, data=data, seeds=chosen)
 
 
 @tag_app.command("cold-items")
