@@ -38,6 +38,7 @@ from jobs.evaluation.cascade_run import (
     run_cascade,
     slice_table,
 )
+from jobs.evaluation.cluster_run import per_user_pass
 from offline.baselines import evaluate_rankings_per_user, popularity_rankings
 from offline.bootstrap import MIN_USERS, paired_bootstrap
 from offline.metrics import candidate_recall, coverage, summarize
@@ -179,7 +180,7 @@ def evaluate_pipeline(
     pipeline = memoised(build_pipeline(settings, artifact_dir, phase=phase))  # policy passes replay the scorers
     load_s = time.perf_counter() - t0
     t1 = time.perf_counter()
-    run = run_cascade(pipeline, split, phase, progress)
+    run = per_user_pass(pipeline, settings, artifact_dir, split, phase, progress)  # on settings.ray when set
     eval_s = time.perf_counter() - t1
     targets = split.targets(phase)
     per_user, report_extra = _per_user_metrics(settings, split, phase, run, n_boot)
