@@ -30,6 +30,7 @@ Deliberately left out: the light path and the cache mix (``bench.serving``).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import Counter
@@ -41,12 +42,13 @@ from typing import Any
 import httpx
 import numpy as np
 
-from bench.llm_stage import bench_requests, ensure_calibrated
+from bench.llm_stage import ensure_calibrated
 from cascade.settings import Settings
 from jobs.evaluation.llm_cases import make_stage, set_threads, torch_threads
 from llm_rerank.backbone import resolve_precision
 from llm_rerank.kvcache import block_keys
 from offline.split import Split
+from recsys.contract import Request
 from serving.metrics import llm_cache_counts
 from serving.run import APP_FACTORY
 from serving.server_process import start_server_subprocess
@@ -224,8 +226,7 @@ def bench_llm_precisions(settings: Settings, artifact_dir: Path, user_ids: Seque
     if unknown or not precisions or not names:
         raise ValueError(f"bench_llm_precisions: need an enabled LLM stage and precisions among {list(PRECISIONS)}; "
                          f"got stages {names}, precisions {list(precisions)}")
-    split = Split.load(artifact_dir / "split")
-    cases, source = bench_requests(split, artifact_dir, settings, 2 * floor_requests, settings.llm.candidates, seed)
+    cases = popular_cases(Split.load(artifact_dir / "split"), 2 * floor_requests, settings.llm.candidates, seed)
     int8_dir = settings.llm.int8_dir
     if "int8" in precisions and int8_dir is None:
         int8_dir = work_dir / "llm_w8a8"
@@ -241,7 +242,24 @@ def bench_llm_precisions(settings: Settings, artifact_dir: Path, user_ids: Seque
             warm = row["warm"]["stage_ms"]["p50_ms"]
             rows.append({"precision": precision, **row, "forward_floor": floor,
                          "warm_over_floor_p50_ms": None if warm is None else round(warm - floor["floor_ms"]["p50_ms"], 3)})
-    return {"rows": rows, "floor_candidates_from": source, "int8_dir": None if int8_dir is None else str(int8_dir)}
+    return {"rows": rows, "floor_candidates_from": "popularity",
+            "int8_dir": None if int8_dir is None else str(int8_dir)}
+
+
+def popular_cases(split: Split, n: int, candidates: int, seed: int) -> list[tuple[Request, np.ndarray, int]]:
+    """``n`` validation users, each with the ``candidates`` most popular items outside their history.
+
+    Popularity, not the cascade's coarse cut (``bench.llm_stage.bench_requests``): that may retrain
+    stale stages first, and the forward floor and int8 calibration need only prompts of the served length.
+    """
+    users = np.random.default_rng(seed).choice(split.n_users, size=min(n, split.n_users), replace=False)
+    by_pop = np.argsort(-split.item_popularity("valid"), kind="stable")
+    cases = []
+    for u in users:
+        history = split.history(int(u), "valid")
+        request = dataclasses.replace(split.request(int(u), history, k=candidates), exclude=history)
+        cases.append((request, by_pop[~np.isin(by_pop, history)][:candidates], int(split.targets("valid")[u])))
+    return cases
 
 
 def forward_floor(settings: Settings, artifact_dir: Path, cases: Sequence[Any], repeats: int = 3) -> dict[str, Any]:

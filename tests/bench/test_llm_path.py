@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from bench.llm_path import at_precision, bench_llm_precisions, forward_floor
+from bench.llm_path import at_precision, bench_llm_precisions, forward_floor, popular_cases
 from bench.serving import bench_serve
 from cascade.settings import Settings
 from cli.main import app
@@ -59,3 +59,14 @@ def test_forward_floor_times_each_warm_prompt_and_its_uncached_tail(tmp_path: Pa
     pointwise = Settings.build({**settings.model_dump(mode="json"), "llm": {**settings.llm.model_dump(mode="json"),
                                                                             "scoring": "pointwise"}})
     assert "skipped" in forward_floor(pointwise, tmp_path / "toy", cases)
+
+
+def test_popular_cases_are_unseen_popular_items_of_distinct_validation_users() -> None:
+    split = tiny_split()
+    cases = popular_cases(split, 3, 4, seed=0)
+    assert len({request.user_id for request, _, _ in cases}) == 3
+    by_pop = np.argsort(-split.item_popularity("valid"), kind="stable")
+    for request, items, target in cases:
+        assert len(items) == 4 and not np.isin(items, request.history).any()
+        assert list(items) == [i for i in by_pop if i not in set(request.history)][:4]
+        assert target == split.targets("valid")[split.vocab.user_index[request.user_id]]
