@@ -170,6 +170,20 @@ class Run:
         with torch.no_grad():
             return self.item_tower.all_items().numpy()
 
+    def batch_inputs(self, w: _Windows, rows: np.ndarray, config: RecallConfig, by_length: bool
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[np.ndarray]]:
+        """``batch_loss``'s (x, y, attrs, prior) for the windows ``rows``, padding trimmed when bucketed by length."""
+        x, y = trim_padding(w.x[rows], w.y[rows]) if by_length else (w.x[rows], w.y[rows])
+        return (torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(self.attrs[w.owner[rows]]),
+                [self.seqs[w.owner[r]][:w.start[r]] for r in rows] if config.mask_history else [])
+
+    def rows_loss(self, w: _Windows, rows: np.ndarray, config: RecallConfig, gen: torch.Generator,
+                  by_length: bool) -> torch.Tensor:
+        """The loss of one optimizer step over the windows ``rows`` (called by the epoch loop for each batch;
+        ``recall.distributed`` computes a worker's share of the batch instead)."""
+        x, y, attrs, prior = self.batch_inputs(w, rows, config, by_length)
+        return batch_loss(self.item_tower, self.user_tower, x, y, attrs, config, self.log_q, gen, prior)
+
     def evaluate(self, histories: list[np.ndarray], targets: np.ndarray) -> dict[str, float]:
         """Full-ranking metrics of the users with a target (>= 0); only they are encoded."""
         items = self.item_vectors()
@@ -267,10 +281,7 @@ def _train_epoch(run: Run, config: RecallConfig, opt: torch.optim.Optimizer, w: 
     losses: list[float] = []
     batches = epoch_batches(w.lengths, config.batch_size, rng, by_length=by_length)
     for b, rows in enumerate(batches):
-        x, y = trim_padding(w.x[rows], w.y[rows]) if by_length else (w.x[rows], w.y[rows])
-        loss = batch_loss(run.item_tower, run.user_tower, torch.from_numpy(x), torch.from_numpy(y),
-                          torch.from_numpy(run.attrs[w.owner[rows]]), config, run.log_q, gen,
-                          [run.seqs[w.owner[r]][:w.start[r]] for r in rows] if config.mask_history else [])
+        loss = run.rows_loss(w, rows, config, gen, by_length)
         opt.zero_grad()
         loss.backward()
         opt.step()

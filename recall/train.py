@@ -46,18 +46,21 @@ from offline.protocol import SALT_TEST_REPORT, user_sample
 from offline.split import Split
 from recall.artifacts import INDEX_DIR, MODEL_FILE, REPORT_FILE, SPEC_FILE, VECTORS_FILE
 from recall.config import DEFAULT_DEPTH, EARLY_STOPPED_DIR, RecallConfig
+from recall.distributed import fit_distributed
 from recall.extra_channels import refit_channels, train_channels
 from recall.features import UserVocab
-from recall.fit import deterministic_kernels, fit, only_targets, setup_run
+from recall.fit import Run, deterministic_kernels, fit, only_targets, setup_run
 from recall.index import ItemIndex
 from recall.text import text_cache_dir
 from recall.towers import ItemTower, UserTower
 from recsys.atomic import atomic_write, atomic_write_json
+from recsys.cluster import ClusterConfig
 
 
 def train_two_tower(
     split: Split, out_dir: Path, config: RecallConfig, *, sequences: list[np.ndarray] | None = None,
     early_stop_targets: np.ndarray | None = None, progress: bool = True, seed: int = 42, depth: int = DEFAULT_DEPTH,
+    cluster: ClusterConfig | None = None,
 ) -> dict[str, Any]:
     """Train, save the artifacts to ``out_dir`` and return the report.
 
@@ -85,8 +88,7 @@ def train_two_tower(
         shutil.rmtree(out_dir / EARLY_STOPPED_DIR, ignore_errors=True)  # a valid-phase load must not find an old one
     torch.manual_seed(seed)
     run = setup_run(split, text_cache_dir(), config, sequences, early_stop_targets, progress, seed)
-    with deterministic_kernels():
-        report = fit(run, config, seed, t0, progress)
+    report = _fit(run, config, seed, t0, progress, cluster, out_dir.parent)
     report["early_stop_users"] = int((run.targets >= 0).sum())
     test = _test_targets(split, config, seed) if default_data else None
     if test is not None:
@@ -102,11 +104,21 @@ def train_two_tower(
     if refit:
         del run  # the early-stopped towers and data are on disk: not held through a second fit
         report["test_early_stopped"] = report.pop("test")
-        report["refit"] = _refit(split, out_dir, config, report, progress, seed)
+        report["refit"] = _refit(split, out_dir, config, report, progress, seed, cluster)
         report["test"] = report["refit"].pop("test")
         report["train_s"] = round(time.perf_counter() - t0, 1)
         (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2))
     return report
+
+
+def _fit(run: Run, config: RecallConfig, seed: int, t0: float, progress: bool, cluster: ClusterConfig | None,
+         storage: Path, epochs: int | None = None, max_logits: float | None = None) -> dict[str, Any]:
+    """``recall.fit.fit`` in this process, or data-parallel on the cluster's workers (``recall.distributed``,
+    its checkpoint under ``storage``) when ``cluster`` has an address and more than one worker."""
+    if cluster is not None and cluster.distributed:
+        return fit_distributed(run, config, seed, progress, cluster, storage, epochs=epochs, max_logits=max_logits)
+    with deterministic_kernels():
+        return fit(run, config, seed, t0, progress, epochs=epochs, max_logits=max_logits)
 
 
 def _test_targets(split: Split, config: RecallConfig, seed: int) -> tuple[list[np.ndarray], np.ndarray]:
@@ -116,8 +128,8 @@ def _test_targets(split: Split, config: RecallConfig, seed: int) -> tuple[list[n
     return [split.history(u, "test") if test[u] >= 0 else np.zeros(0, np.int64) for u in range(split.n_users)], test
 
 
-def _refit(split: Split, out_dir: Path, config: RecallConfig, fitted: dict[str, Any], progress: bool, seed: int
-           ) -> dict[str, Any]:
+def _refit(split: Split, out_dir: Path, config: RecallConfig, fitted: dict[str, Any], progress: bool, seed: int,
+           cluster: ClusterConfig | None = None) -> dict[str, Any]:
     """Train the served model again from scratch (same seed) on every user's training sequence plus
     its valid item (``split.history(u, "test")``; not a ``split.unseen_items`` one) for ``fitted["best_epoch"]`` epochs, refit the extra
     channels on those sequences with the shares gated for the early-stopped model, save all to ``out_dir``.
@@ -136,8 +148,8 @@ def _refit(split: Split, out_dir: Path, config: RecallConfig, fitted: dict[str, 
     # the same logits per target position as the early-stopped fit had spent at its best evaluation: a fit
     # the budget cut inside an epoch (large data) is not refit for whole epochs
     budget = fitted["best_logits"] * positions / max(fitted["positions"], 1)
-    with deterministic_kernels():
-        report = fit(run, config, seed, t0, progress, epochs=max(int(fitted["best_epoch"]), 1), max_logits=budget)
+    report = _fit(run, config, seed, t0, progress, cluster, out_dir.parent, epochs=max(int(fitted["best_epoch"]), 1),
+                  max_logits=budget)
     report["test"] = run.evaluate(*_test_targets(split, config, seed))
     report["train_s"] = round(time.perf_counter() - t0, 1)
     early = hashlib.sha256((out_dir / EARLY_STOPPED_DIR / MODEL_FILE).read_bytes()).hexdigest()[:12]
