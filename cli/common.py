@@ -30,9 +30,11 @@ from typer._click.exceptions import (  # typer (pinned) vendors click: the class
     NoArgsIsHelpError,
     UsageError,
 )
+from typer._click.globals import get_current_context  # the vendored click's, as for the exceptions above
 from typer.core import TyperGroup
 
 from recsys.atomic import json_default
+from recsys.cluster import ClusterError, parse_address, ray_session
 from recsys.pipeline import PipelineError
 from recsys.provenance import write_result
 
@@ -111,13 +113,33 @@ SynthItemsOpt = Annotated[int | None, typer.Option(
     help="Synthetic default: items (default: the prepared split's, else 1200).")]
 
 
-def load_settings(config: Path | None) -> Settings:
+RayOpt = Annotated[str | None, typer.Option(
+    "--ray", metavar="ADDRESS", show_default=False,
+    help="Run the heavy jobs on a Ray cluster: auto (the cluster this machine joined), local or local:N (a Ray "
+    "instance of N CPUs started for this command), ray://host:port or host:port (default: $RECSYS_RAY__ADDRESS, "
+    "else in this process; docs/cluster.md).")]
+
+
+def load_settings(config: Path | None, ray: str | None = None) -> Settings:
+    """The settings of ``config`` (env on top), with ``--ray ADDRESS`` over both; exit 2 naming a bad key."""
     from cascade.settings import ConfigError, Settings  # lazy: keeps `recsys --help` fast
 
+    if ray is not None:
+        try:
+            parse_address(ray)
+        except ClusterError as exc:
+            fail(f"--ray: {exc}")
     try:
-        return Settings.from_yaml(config)
+        return Settings.from_yaml(config, **({"ray": {"address": ray}} if ray is not None else {}))
     except ConfigError as exc:  # one line: the file, then each bad key after "; "
         return fail("; ".join(line.strip() for line in str(exc).splitlines()))
+
+
+def on_cluster(settings: Settings) -> None:
+    """Connect to the Ray cluster ``settings.ray`` names until the running command ends
+    (``recsys.cluster.ray_session``, closed with the command's context); nothing when it names none."""
+    if settings.ray.address is not None:
+        get_current_context().with_resource(ray_session(settings.ray))
 
 
 def artifact_dir(settings: Settings, data: Path | None, explicit: Path | None) -> Path:

@@ -80,13 +80,14 @@ def train(
     k_core: c.KCoreOpt = None, catalog: c.CatalogOpt = None, synthetic_users: c.SynthUsersOpt = None,
     synthetic_items: c.SynthItemsOpt = None,
     force: Annotated[bool, typer.Option(help="Retrain stages whose artifacts exist.")] = False,
-    out: c.OutOpt = None,
+    out: c.OutOpt = None, ray: c.RayOpt = None,
 ) -> None:
     """Train the cascade's stages in order (artifacts reused unless --force)."""
     from jobs.evaluation.fit_report import training_warnings  # lazy: keeps `recsys --help` fast
     from jobs.train import DEFAULT_STAGES, STAGE_ORDER, train_stages  # lazy: keeps `recsys --help` fast
 
-    settings = c.load_settings(config)
+    settings = c.load_settings(config, ray)
+    c.on_cluster(settings)
     names = DEFAULT_STAGES if stages == "all" else tuple(s.strip() for s in stages.split(","))
     bad = [s for s in names if s not in STAGE_ORDER]
     if bad:
@@ -118,6 +119,7 @@ def evaluate(
         help="Write the full JSON report here (default: eval_<phase>.json in the artifacts directory).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the full JSON report on stdout instead of the "
                                                           "summary.")] = False,
+    ray: c.RayOpt = None,
 ) -> None:
     """Train (or reuse) every stage, then measure each stage and the fused result.
 
@@ -128,7 +130,8 @@ def evaluate(
     from jobs.evaluation.evaluate import require_bootstrap_users  # lazy: keeps `recsys --help` fast
     from jobs.train import DEFAULT_STAGES  # lazy: keeps `recsys --help` fast
 
-    settings = c.load_settings(config)
+    settings = c.load_settings(config, ray)
+    c.on_cluster(settings)
     art = c.artifact_dir(settings, data, artifacts)
     split = _prepare(data, fmt, art, k_core, synthetic_users, synthetic_items, settings, catalog=catalog)
     try:
