@@ -7,9 +7,9 @@ greedy outputs and pooled states, identical to ``--engine local``. Results strea
 order; a chunk is committed (``jobs.tagging.job.write_part``) once all its batches are in,
 so a killed Ray run resumes like a local one.
 
-Works on a local instance (``ray.init(num_cpus=..., include_dashboard=False)``) or an existing
-cluster (``address``); the cluster's workers need this repo on their ``PYTHONPATH`` (passed via
-``runtime_env``) and the model directory at the same path.
+Works on a local instance of ``num_cpus`` CPUs or an existing cluster (``address``), connected
+through ``recsys.cluster.ray_session`` like every Ray job here; the cluster's workers need this repo
+on their ``PYTHONPATH`` (passed via ``runtime_env``) and the model directory at the same path.
 
 Deliberately left out: autoscaling, GPUs, object-store tuning.
 """
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import pickle
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,9 +25,8 @@ import numpy as np
 from jobs.tagging.generate import Tagger, TaggerSettings
 from jobs.tagging.job import TagJob, write_part
 from llm_rerank.template import DEFAULT, PromptTemplate
+from recsys.cluster import ClusterConfig, ray_session
 from recsys.progress import progress_bar
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class TaggerActor:
@@ -50,14 +48,7 @@ def run_ray(job: TagJob, model_dir: str, schema: dict[str, Any], settings: Tagge
     """Tag the ``pending`` chunks through Ray Data, committing each chunk when complete."""
     import ray  # lazy: heavy optional dependency (ray), only for --engine ray
 
-    started_here = not ray.is_initialized()
-    if started_here:
-        env = {"env_vars": {"PYTHONPATH": str(REPO_ROOT)}}
-        if address:
-            ray.init(address=address, runtime_env=env, log_to_driver=False)
-        else:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=env, log_to_driver=False)
-    try:
+    with ray_session(ClusterConfig(address=address or f"local:{num_cpus}")):
         batches = {c: job.chunk_batches(c) for c in pending}
         rows = [{"chunk": c, "batch": b, "rows": json.dumps(batch)}
                 for c in pending for b, batch in enumerate(batches[c])]
@@ -77,6 +68,3 @@ def run_ray(job: TagJob, model_dir: str, schema: dict[str, Any], settings: Tagge
                 bar.update(len(received[chunk][b]))
                 if len(received[chunk]) == len(batches[chunk]):
                     write_part(job, chunk, [r for i in range(len(batches[chunk])) for r in received[chunk].pop(i)])
-    finally:
-        if started_here:
-            ray.shutdown()
