@@ -22,7 +22,7 @@ from recall.towers import UserTower, history_batch
 EVAL_KS = (10, 50, 200)
 
 
-@torch.no_grad()
+@torch.inference_mode()  # no autograd state at all (no_grad still keeps version counters and view tracking)
 def user_vectors(
     tower: UserTower, item_vectors: np.ndarray | torch.Tensor, histories: Sequence[np.ndarray],
     attrs: np.ndarray, *, batch_size: int = 512, by_length: bool = False,
