@@ -7,8 +7,11 @@ disabled), missing or wrong ``X-API-Key`` -> 401; the comparison is constant-tim
 is never logged. The key is read through ``fastapi.security.APIKeyHeader``, so OpenAPI declares
 the ``APIKey`` security scheme and ``/docs`` has an "Authorize" button for it.
 
-``DebugBody`` is the recommend body once a ``debug: true`` request has shown a key: the admin
-key or ``serving.debug_api_key`` in ``X-API-Key``, else 403 naming what is missing. Debug
+``RecommendCallDep`` is everything ``POST /v1/recommend`` needs, solved as one dependency (FastAPI
+solves each dependency node anew per request, at tens of microseconds a node on this hot route):
+the body within the configured limits (422), shown a key when it asks for ``debug: true`` (the
+admin key or ``serving.debug_api_key`` in ``X-API-Key``, else 403 naming what is missing), the
+loaded recommender (503 while loading), the request id and the ``X-Recsys-Origin`` header. Debug
 answers skip the result cache, weigh ~40 times a plain one and show which gate removed which
 item for a user (their age band, their risk tolerance): not for anyone who knows a user id.
 The dependencies are ``async def``
@@ -21,6 +24,7 @@ from __future__ import annotations
 import hmac
 import re
 import uuid
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Header, HTTPException, Request, Security
@@ -51,12 +55,16 @@ SlotDep = Annotated[ServiceSlot, Depends(get_slot)]
 
 async def get_recommender(slot: SlotDep) -> Recommender:
     """The loaded recommender, or 503 while artifacts are loading (or failed to load)."""
+    return loaded_recommender(slot)
+
+
+def loaded_recommender(slot: ServiceSlot) -> Recommender:
     if slot.recommender is None:
         raise HTTPException(status_code=503, detail=slot.describe())
     return slot.recommender
 
 
-async def checked_body(body: RecommendRequest, settings: SettingsDep) -> RecommendRequest:
+def checked_body(body: RecommendRequest, settings: Settings) -> RecommendRequest:
     """The request body within the configured limits (k <= pipeline.max_k, context size), else 422."""
     try:
         return within_limits(body, settings)
@@ -64,7 +72,7 @@ async def checked_body(body: RecommendRequest, settings: SettingsDep) -> Recomme
         raise RequestValidationError(exc.errors, body=body.model_dump()) from None
 
 
-async def request_id(request: Request, x_request_id: Annotated[str | None, Header()] = None) -> str:
+def request_id(request: Request, x_request_id: str | None) -> str:
     """The id ``RequestContext`` chose (the caller's sane X-Request-ID or a fresh one)."""
     chosen = getattr(request.state, "request_id", None)
     if chosen:
@@ -109,10 +117,7 @@ def _matches(given: str | None, key: SecretStr | None) -> bool:
     return hmac.compare_digest(given.encode(), key.get_secret_value().encode())
 
 
-async def debug_checked_body(body: RecommendBody, settings: SettingsDep,
-                             x_api_key: Annotated[str | None, Header(description=(
-                                 "Needed only with debug: true: the admin key or serving.debug_api_key."))] = None,
-                             ) -> RecommendRequest:
+def debug_checked_body(body: RecommendRequest, settings: Settings, x_api_key: str | None) -> RecommendRequest:
     """``body``, once a debug request (or an explain request, unless ``serving.explain_needs_key`` is off) has
     shown the admin or the debug key (403 otherwise).
 
@@ -133,10 +138,33 @@ async def debug_checked_body(body: RecommendBody, settings: SettingsDep,
     return body
 
 
+@dataclass(frozen=True)
+class RecommendCall:
+    """One ``POST /v1/recommend`` call, checked: the body, the recommender, the request id and the origin."""
+
+    body: RecommendRequest
+    recommender: Recommender
+    request_id: str
+    origin: str | None
+
+
+async def recommend_call(
+    request: Request, body: RecommendRequest,
+    x_api_key: Annotated[str | None, Header(description=(
+        "Needed only with debug: true: the admin key or serving.debug_api_key."))] = None,
+    x_request_id: Annotated[str | None, Header()] = None,
+    x_recsys_origin: Annotated[str | None, Header(
+        description="`console` for the operator console's requests: not logged as impressions.")] = None,
+) -> RecommendCall:
+    """The checks in the order the route always answered them: limits (422), the debug key (403), then
+    readiness (503)."""
+    state = request.app.state
+    body = debug_checked_body(checked_body(body, state.settings), state.settings, x_api_key)
+    return RecommendCall(body, loaded_recommender(state.slot), request_id(request, x_request_id), x_recsys_origin)
+
+
 RecommenderDep = Annotated[Recommender, Depends(get_recommender)]
-RecommendBody = Annotated[RecommendRequest, Depends(checked_body)]
-DebugBody = Annotated[RecommendRequest, Depends(debug_checked_body)]
-RequestIdDep = Annotated[str, Depends(request_id)]
+RecommendCallDep = Annotated[RecommendCall, Depends(recommend_call)]
 MetricsDep = Annotated[ServingMetrics, Depends(get_metrics)]
 BackendDep = Annotated[OnlineBackend, Depends(get_backend)]
 AdminDep = Depends(admin_key)

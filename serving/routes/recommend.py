@@ -6,7 +6,7 @@ threadpool keeps the event loop free for probes and other requests. The answer i
 JSON with the fields that were set (``debug`` only on debug answers); the declared
 ``response_model`` documents it in the OpenAPI schema.
 
-``debug: true`` needs a key (``serving.deps.DebugBody``: 403 without the admin or debug key).
+``debug: true`` needs a key (``serving.deps.RecommendCallDep``: 403 without the admin or debug key).
 A request sent with ``X-Recsys-Origin: console`` (the console's "Try a request") is served as
 any other but never logged as impressions: an operator trying users out is not an exposure
 an experiment should count (``impressions_logged`` is false).
@@ -14,12 +14,10 @@ an experiment should count (``impressions_logged`` is false).
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Header, Response
+from fastapi import APIRouter, Response
 from fastapi.concurrency import run_in_threadpool
 
-from serving.deps import DebugBody, RecommenderDep, RequestIdDep
+from serving.deps import RecommendCallDep
 from serving.schemas import RecommendResponse
 
 router = APIRouter(prefix="/v1", tags=["recommend"])
@@ -34,12 +32,9 @@ _ERRORS = {
 
 @router.post("/recommend", response_model=RecommendResponse, response_model_exclude_unset=True,
              responses=_ERRORS)  # type: ignore[arg-type]
-async def recommend(body: DebugBody, recommender: RecommenderDep, request_id: RequestIdDep,
-                    x_recsys_origin: Annotated[str | None, Header(
-                        description="`console` for the operator console's requests: not logged as "
-                                    "impressions.")] = None) -> Response:
-    log = x_recsys_origin != CONSOLE_ORIGIN
-    answer = await run_in_threadpool(recommender.respond, body, request_id, log_impressions=log)
+async def recommend(call: RecommendCallDep) -> Response:
+    log = call.origin != CONSOLE_ORIGIN
+    answer = await run_in_threadpool(call.recommender.respond, call.body, call.request_id, log_impressions=log)
     # built and checked once by the service: serialised as is, not dumped and validated again
     return Response(answer.model_dump_json(exclude_unset=True), media_type="application/json",
                     headers={"X-Request-ID": answer.request_id})
