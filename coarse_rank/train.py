@@ -25,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from coarse_rank.cluster_training import features_on_cluster, fit_on_cluster, groups_on_cluster
 from coarse_rank.config import CoarseConfig
-from coarse_rank.dataset import QueryGroups, build_groups, channel_columns, training_prefix
+from coarse_rank.dataset import QueryGroups, QueryPhase, build_groups, channel_columns, training_prefix
 from coarse_rank.feature_names import CATEGORICAL_FEATURES
 from coarse_rank.feature_store import save_builder
 from coarse_rank.features import FeatureBuilder, check_tags
@@ -37,6 +38,7 @@ from offline.metrics import per_user_metrics
 from offline.protocol import SALT_COARSE_TRAIN, SALT_COARSE_VALID, gate_verdict, user_sample
 from offline.split import Split
 from recsys.atomic import atomic_write_json
+from recsys.cluster import ClusterConfig, ray_session
 from recsys.contract import Stage
 from recsys.progress import progress_bar
 
@@ -68,7 +70,20 @@ def lgbm_params(config: CoarseConfig, seed: int) -> dict[str, Any]:
 def train_coarse(
     split: Split, candidate_stage: Stage, out_dir: Path, config: CoarseConfig, *, seed: int = 42,
     progress: bool = True, tags: ItemTags | None = None, train_stage: Stage | None = None,
-    llm: ItemEmbeddings | None = None,
+    llm: ItemEmbeddings | None = None, cluster: ClusterConfig | None = None,
+) -> dict[str, Any]:
+    """``fit_coarse`` inside a Ray session when ``cluster`` names one (``recsys.cluster``: query groups,
+    feature rows and the LightGBM fit then run on it, see ``coarse_rank.cluster_training``), else here."""
+    cluster = cluster if cluster is not None and cluster.enabled else None
+    with ray_session(cluster or ClusterConfig()):
+        return fit_coarse(split, candidate_stage, out_dir, config, seed=seed, progress=progress, tags=tags,
+                          train_stage=train_stage, llm=llm, cluster=cluster)
+
+
+def fit_coarse(
+    split: Split, candidate_stage: Stage, out_dir: Path, config: CoarseConfig, *, seed: int = 42,
+    progress: bool = True, tags: ItemTags | None = None, train_stage: Stage | None = None,
+    llm: ItemEmbeddings | None = None, cluster: ClusterConfig | None = None,
 ) -> dict[str, Any]:
     """Fit the ranker on ``candidate_stage``'s candidates, save it under ``out_dir``, return a report.
 
@@ -84,10 +99,10 @@ def train_coarse(
     check_embeddings(config, llm, split.n_items)
     started = time.perf_counter()
     train_stage = candidate_stage if train_stage is None else train_stage
-    tr_all = build_groups(split, train_stage, "train", users=_users(split, config.max_train_users, seed,
-                          SALT_COARSE_TRAIN), progress=progress, positions=config.train_positions)
-    va_all = build_groups(split, candidate_stage, "valid", users=_users(split, config.max_valid_users, seed, SALT_COARSE_VALID),
-                          progress=progress)
+    tr_users, va_users = (_users(split, config.max_train_users, seed, SALT_COARSE_TRAIN),
+                          _users(split, config.max_valid_users, seed, SALT_COARSE_VALID))
+    tr_all = _groups(split, train_stage, "train", tr_users, config.train_positions, progress, cluster)
+    va_all = _groups(split, candidate_stage, "valid", va_users, 1, progress, cluster)
     scores, flags = channel_columns([tr_all, va_all])
     prefix = training_prefix(split, config.train_positions)
     prefix_fb = FeatureBuilder(config).fit(split, prefix, score_columns=scores, flag_columns=flags, tags=tags, llm=llm)
@@ -99,9 +114,9 @@ def train_coarse(
                 f"train_coarse: none of the {len(g_all)} {name} groups has its label among the candidates "
                 f"of stage {stage.name!r}; nothing to learn from"
             )
-    x_tr, x_va = _matrix(prefix_fb, tr, progress), _matrix(builder, va, progress)
+    x_tr, x_va = _matrix(prefix_fb, tr, progress, cluster), _matrix(builder, va, progress, cluster)
     dropouts = COLD_ITEM_DROPOUTS if config.cold_item_dropout is None else (config.cold_item_dropout,)
-    fits = [_fit_ranker(x_tr, tr, builder, d, config, seed, x_va, va) for d in dropouts]
+    fits = [_fit_ranker(x_tr, tr, builder, d, config, seed, x_va, va, (cluster, out_dir)) for d in dropouts]
     chosen, dropout_choice = choose_dropout(dropouts, [f.pred for f in fits], va, config.eval_at, seed)
     booster, best, pred, cold_rows, n_train_rows = (fits[chosen].booster, fits[chosen].best, fits[chosen].pred,
                                                     fits[chosen].cold_rows, fits[chosen].n_rows)
@@ -109,6 +124,9 @@ def train_coarse(
     gain = booster.feature_importance(importance_type="gain", iteration=best)
     top = np.argsort(-gain, kind="stable")[:10]
     report = {
+        "user_sample": {"train": user_sample_note(split.n_users, tr_users, "coarse.max_train_users"),
+                        "valid": user_sample_note(split.n_users, va_users, "coarse.max_valid_users")},
+        "engine": f"ray ({cluster.num_workers} workers)" if cluster is not None else "in-process",
         "n_train_queries": len(tr_all),
         "n_train_groups": len(tr),
         "train_positive_share": len(tr) / max(len(tr_all), 1),
@@ -140,11 +158,21 @@ class _Fit:
 
 
 def _fit_ranker(x_tr: np.ndarray, tr: QueryGroups, builder: FeatureBuilder, dropout: float, config: CoarseConfig,
-                seed: int, x_va: np.ndarray, va: QueryGroups) -> _Fit:
-    """One LambdaRank fit at one ``dropout``, early-stopped on the valid groups."""
+                seed: int, x_va: np.ndarray, va: QueryGroups,
+                on: tuple[ClusterConfig | None, Path] = (None, Path("."))) -> _Fit:
+    """One LambdaRank fit at one ``dropout``, early-stopped on the valid groups; ``on``: (the cluster
+    to fit on, data-parallel, or None for this process; the directory its run is kept under)."""
     import lightgbm as lgb  # lazy: imports lightgbm
 
     x, y, sizes, cold_rows = cold_items_for_training(x_tr, tr, builder.known_items(), builder, dropout, seed)
+    if on[0] is not None:
+        booster, best = fit_on_cluster(
+            x, y, sizes, x_va, va.relevance().astype(np.int32), va.sizes, params=lgbm_params(config, seed),
+            feature_names=builder.feature_names, categorical=list(CATEGORICAL_FEATURES),
+            early_stopping_rounds=config.early_stopping_rounds, eval_at=config.eval_at, cluster=on[0],
+            storage=Path(on[1]) / ".ray_train")
+        pred = np.asarray(booster.predict(x_va, num_iteration=best, num_threads=config.num_threads))
+        return _Fit(booster, best, pred, cold_rows, int(len(x)))
     ranker = lgb.LGBMRanker(**lgbm_params(config, seed))
     ranker.fit(
         x, y, group=sizes,
@@ -254,12 +282,36 @@ def importance_table(names: list[str], gain: np.ndarray) -> dict[str, dict[str, 
             for i in np.argsort(-gain, kind="stable")}
 
 
+def user_sample_note(n_users: int, sample: np.ndarray | None, setting: str) -> str:
+    """What a user cap did, in one line for the training report.
+
+    >>> user_sample_note(24998, np.arange(10000), "coarse.max_train_users")
+    'sampled 10,000 of 24,998 users (coarse.max_train_users)'
+    >>> user_sample_note(943, None, "coarse.max_train_users")
+    'all 943 users (coarse.max_train_users not reached)'
+    """
+    if sample is None:
+        return f"all {n_users:,} users ({setting} not reached)"
+    return f"sampled {len(sample):,} of {n_users:,} users ({setting})"
+
+
+def _groups(split: Split, stage: Stage, phase: QueryPhase, users: np.ndarray | None, positions: int, progress: bool,
+            cluster: ClusterConfig | None) -> QueryGroups:
+    """The query groups of ``phase``: recalled on ``cluster``'s actors, or here."""
+    if cluster is not None:
+        return groups_on_cluster(split, stage, phase, cluster, users=users, positions=positions, progress=progress)
+    return build_groups(split, stage, phase, users=users, progress=progress, positions=positions)
+
+
 def _users(split: Split, cap: int | None, seed: int, salt: int) -> np.ndarray | None:
     """A seeded sample of ``cap`` users (``offline.protocol.user_sample``); None (every user) below it."""
     return None if cap is None or cap >= split.n_users else user_sample(np.arange(split.n_users), cap, seed, salt=salt)
 
 
-def _matrix(builder: FeatureBuilder, groups: QueryGroups, progress: bool) -> np.ndarray:
+def _matrix(builder: FeatureBuilder, groups: QueryGroups, progress: bool, cluster: ClusterConfig | None = None
+            ) -> np.ndarray:
+    if cluster is not None:
+        return features_on_cluster(builder, groups, cluster, progress)
     pairs = progress_bar(list(zip(groups.requests, groups.candidates, strict=True)),
                          desc=f"coarse {groups.phase} features", enabled=progress, unit="user")
     return np.vstack([builder.transform(r, c) for r, c in pairs])
