@@ -99,7 +99,9 @@ def shard_rows(rows: np.ndarray, positions: np.ndarray, rank: int, world: int) -
 def fit_distributed(run: Run, config: RecallConfig, seed: int, progress: bool, cluster: ClusterConfig,
                     storage: Path, epochs: int | None = None, max_logits: float | None = None) -> dict[str, Any]:
     """``recall.fit.fit`` on ``cluster.num_workers`` Ray Train workers; leaves the best (or, for a refit,
-    the last) weights in ``run``'s towers and returns the fit's report plus ``workers``.
+    the last) weights in ``run``'s towers and returns the fit's report plus ``workers``: their number, CPUs
+    and backend, each worker's CPU seconds (``cpu_s``) and one gradient all-reduce's milliseconds
+    (``allreduce_ms``, what each step spends on communication).
 
     Needs a Ray session (``recsys.cluster.ray_session``); ``storage`` (absolute, readable by every
     worker) holds the checkpoint while the fit runs and is removed after."""
@@ -132,7 +134,7 @@ def fit_distributed(run: Run, config: RecallConfig, seed: int, progress: bool, c
     run.item_tower.load_state_dict(state["item_tower"])
     run.user_tower.load_state_dict(state["user_tower"])
     report["workers"] = {"num_workers": cluster.num_workers, "cpus_per_worker": cluster.cpus_per_worker,
-                         "backend": "gloo"}
+                         "backend": "gloo", **report.pop("worker_costs")}
     return report
 
 
@@ -154,6 +156,9 @@ def _worker(loop: dict[str, Any]) -> None:
     with deterministic_kernels():
         report = fit(run, config, loop["seed"], time.perf_counter(), loop["progress"] and rank == 0,
                      epochs=loop["epochs"], max_logits=loop["max_logits"])
+    cpu_s: list[float | None] = [None] * world
+    dist.all_gather_object(cpu_s, round(time.process_time(), 1))
+    report["worker_costs"] = {"cpu_s": cpu_s, "allreduce_ms": _allreduce_ms(ddp)}
     if rank != 0:
         ray.train.report({"epochs": report["epochs"]}, checkpoint=None)
         return
@@ -162,3 +167,16 @@ def _worker(loop: dict[str, Any]) -> None:
                    Path(tmp) / MODEL_FILE)
         (Path(tmp) / REPORT_FILE).write_text(json.dumps(report))
         ray.train.report({"epochs": report["epochs"]}, checkpoint=Checkpoint.from_directory(tmp))
+
+
+def _allreduce_ms(model: nn.Module, repeats: int = 20) -> float:
+    """Median milliseconds of one all-reduce of a gradient-sized buffer (every parameter's element count,
+    float32) across the workers: the communication each optimizer step adds over a single process."""
+    buffer = torch.zeros(sum(p.numel() for p in model.parameters()), dtype=torch.float32)
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(buffer)
+        times.append((time.perf_counter() - t0) * 1000)
+    return round(float(np.median(times)), 3)
