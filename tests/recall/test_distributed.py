@@ -51,6 +51,7 @@ def test_the_workers_shares_average_to_the_whole_batch_gradient(split, tmp_path:
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_two_workers_train_checkpoint_and_early_stop_like_one_process(split, tmp_path: Path):
     cfg = tiny_config(eval_every=1, patience=2)
     single = train_two_tower(split, tmp_path / "single" / "recall", cfg, progress=False, seed=7)
