@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,8 +33,21 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LOCAL = "local"
-_ADDRESS = re.compile(r"^(auto|local(:[1-9][0-9]{0,3})?|ray://[\w.\-]+:\d{1,5}|[\w.\-]+:\d{1,5})$")
+_HOST_PORT = re.compile(r"^[\w.\-]+:\d{1,5}$")
+_LOCAL_CPUS = re.compile(r"^local(:[1-9][0-9]{0,3})?$")
 ADDRESS_FORMS = "'auto', 'local', 'local:N', 'ray://host:port' or 'host:port'"
+
+
+def valid_address(value: str) -> bool:
+    """Whether ``value`` is one of ``ADDRESS_FORMS`` (``local`` and ``auto`` are no host names).
+
+    >>> [valid_address(a) for a in ("auto", "local:2", "ray://head:10001", "head:6379", "local:0", "head")]
+    [True, True, True, True, False, False]
+    """
+    if value == "auto" or _LOCAL_CPUS.match(value):
+        return True
+    hostport = value.removeprefix("ray://")
+    return bool(_HOST_PORT.match(hostport)) and hostport.split(":")[0] not in ("auto", LOCAL)
 
 
 class ClusterError(ValueError):
@@ -57,7 +71,7 @@ class ClusterConfig(BaseModel):
     def _known_form(cls, value: object) -> object:
         if isinstance(value, str):
             value = value.strip() or None
-        if isinstance(value, str) and not _ADDRESS.match(value):
+        if isinstance(value, str) and not valid_address(value):
             raise ValueError(f"ray address {value!r} is none of {ADDRESS_FORMS}")
         return value
 
@@ -95,7 +109,7 @@ def parse_address(value: str) -> ClusterConfig:
     ...
     recsys.cluster.ClusterError: ray address 'nowhere' is none of 'auto', 'local', 'local:N', 'ray://host:port' or 'host:port'
     """
-    if not _ADDRESS.match(value.strip()):
+    if not valid_address(value.strip()):
         raise ClusterError(f"ray address {value!r} is none of {ADDRESS_FORMS}")
     return ClusterConfig(address=value)
 
@@ -119,6 +133,8 @@ def ray_session(cfg: ClusterConfig) -> Iterator[bool]:
     env = {"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH"))
                                                       if p)}}
     cpus = cfg.local_cpus()
+    if cpus is None and cfg.address != "auto":
+        _check_reachable(cfg.address)
     try:
         if cpus is not None:
             ray.init(num_cpus=cpus, include_dashboard=False, runtime_env=env, log_to_driver=False)
@@ -131,3 +147,14 @@ def ray_session(cfg: ClusterConfig) -> Iterator[bool]:
         yield True
     finally:
         ray.shutdown()
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """A ``ClusterError`` unless something listens at ``address``'s host and port: ``ray.init`` would retry
+    an unreachable head node for minutes before saying so."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ClusterError(f"no Ray cluster at {address!r} ({exc.strerror or exc}); start one with "
+                           "`ray start --head` or use --ray local") from None
