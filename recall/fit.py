@@ -179,8 +179,7 @@ class Run:
 
     def rows_loss(self, w: _Windows, rows: np.ndarray, config: RecallConfig, gen: torch.Generator,
                   by_length: bool) -> torch.Tensor:
-        """The loss of one optimizer step over the windows ``rows`` (called by the epoch loop for each batch;
-        ``recall.distributed`` computes a worker's share of the batch instead)."""
+        """One optimizer step's loss over the windows ``rows`` (``recall.distributed``: a worker's share)."""
         x, y, attrs, prior = self.batch_inputs(w, rows, config, by_length)
         return batch_loss(self.item_tower, self.user_tower, x, y, attrs, config, self.log_q, gen, prior)
 
