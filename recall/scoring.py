@@ -1,7 +1,8 @@
 """Batched user vectors and full-ranking evaluation of a two-tower model.
 
 Shared by the trainer (early stopping on valid, final valid/test figures) and the loaded recall
-model (``recall.model.RecallModel.user_vectors``, for serving and the evaluator). Full ranking
+model (``recall.model.RecallModel.user_vectors``, for serving and the evaluator). The recall stage
+encodes its one user per request with ``FrozenUserEncoder``, the same arithmetic bit for bit. Full ranking
 follows the protocol of ``offline.split``: every catalog item is scored, the input history is
 excluded, ties go to the lower item index (``offline.metrics.rank_full``).
 
@@ -11,13 +12,15 @@ metric definitions (``offline.metrics``).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
 import torch
+from torch import nn
 
 from offline.metrics import ndcg_at_ranks
-from recall.towers import UserTower, history_batch
+from recall.towers import BOS, UserTower, history_batch
 
 EVAL_KS = (10, 50, 200)
 
@@ -50,6 +53,52 @@ def user_vectors(
         codes = torch.as_tensor(np.asarray(attrs, dtype=np.int64)[rows])
         out[rows] = tower.encode(table, seqs, codes).numpy()
     return out
+
+
+class _Encode(nn.Module):
+    """``tower.encode`` over a fixed item table: the one function ``FrozenUserEncoder`` traces."""
+
+    table: torch.Tensor
+
+    def __init__(self, tower: UserTower, table: torch.Tensor) -> None:
+        super().__init__()
+        self.tower = tower
+        self.register_buffer("table", table)
+
+    def forward(self, seqs: torch.Tensor, attrs: torch.Tensor) -> torch.Tensor:
+        return self.tower.encode(self.table, seqs, attrs)
+
+
+class FrozenUserEncoder:
+    """One user's vector, equal bit for bit to ``user_vectors`` for that user, at less CPU.
+
+    The eval-mode tower is traced and frozen (TorchScript) once, for the one input shape the served
+    path sends: a ``[1, max_len]`` padded sequence (``user_vectors`` pads every batch the same way).
+    The traced graph runs the same kernels in the same order without the Python of some thirty module
+    calls per forward, about 40% of a served user vector's CPU on ML-100K. Built by the recall stage's
+    ``load``; safe to call from many request threads at once (the frozen graph holds no state).
+
+    ``torch.jit.trace`` is deprecated in favour of ``torch.compile`` / ``torch.export``: the first needs
+    a C++ toolchain at serving time, the second runs the graph through Python again (slower than eager
+    here); the deprecation warning at load is silenced.
+    """
+
+    def __init__(self, tower: UserTower, item_vectors: np.ndarray | torch.Tensor) -> None:
+        if tower.training:
+            tower.eval()
+        self.dim, self.max_len = tower.dim, tower.max_len
+        table = torch.as_tensor(item_vectors, dtype=torch.float32)
+        example = (torch.full((1, tower.max_len), BOS, dtype=torch.int64), torch.zeros((1, 3), dtype=torch.int64))
+        with torch.inference_mode(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the deprecation of torch.jit (see the class docstring)
+            self._encode = torch.jit.freeze(torch.jit.trace(_Encode(tower, table).eval(), example, check_trace=False))
+
+    @torch.inference_mode()
+    def __call__(self, history: np.ndarray, codes: np.ndarray) -> np.ndarray:
+        """``[1, dim]`` float32 unit vector for one ``history`` (item indices in the catalog, oldest
+        first) and its ``[3]`` ``UserVocab`` codes."""
+        seqs = torch.from_numpy(history_batch([history], self.max_len))
+        return self._encode(seqs, torch.as_tensor(np.asarray(codes, dtype=np.int64)[None])).numpy()
 
 
 def full_ranking_metrics(

@@ -31,7 +31,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -43,6 +43,9 @@ from recall.model import RecallModel
 from recsys.config import StageSpec
 from recsys.contract import Backfilling, Candidates, ChannelRecall, Request
 from recsys.manifest import verify_directory
+
+if TYPE_CHECKING:
+    from recall.scoring import FrozenUserEncoder
 
 
 class RecallStage(Backfilling, ChannelRecall):
@@ -60,6 +63,7 @@ class RecallStage(Backfilling, ChannelRecall):
         self.config = config.for_stage("recall", spec.params)
         self.mix = ChannelQuotas(self.config, self.depth)
         self._model: RecallModel | None = None
+        self._encoder: FrozenUserEncoder | None = None
         self._popularity: PopularityChannel | None = None
 
     def load(self, artifact_dir: Any, subdir: str = "recall", phase: Phase = "test") -> None:
@@ -90,7 +94,10 @@ class RecallStage(Backfilling, ChannelRecall):
         if len(popularity) != model.n_items:
             raise ValueError(f"{model_dir}: popularity counts {len(popularity)} items but the recall model has "
                              f"{model.n_items}")
+        from recall.scoring import FrozenUserEncoder  # lazy: imports torch
+
         self._model, self._popularity = model, PopularityChannel(popularity)
+        self._encoder = FrozenUserEncoder(model.tower, model.vectors)
         self.mix = ChannelQuotas(self.config, self.depth, model.tuned_shares)
         if refit is not None and self.version() != refit:
             raise ValueError(f"{model_dir}: this early-stopped model ({self.version()}) is not the one the served "
@@ -126,11 +133,11 @@ class RecallStage(Backfilling, ChannelRecall):
 
     def run(self, request: Request, candidates: Candidates) -> Candidates:
         """Top ``depth`` items for ``request``, excluded items never among them."""
-        if self._model is None or self._popularity is None:
+        if self._model is None or self._popularity is None or self._encoder is None:
             raise RuntimeError("RecallStage.run called before load(artifact_dir)")
         history = self._model.known(request.history)
         exclude = np.unique(request.excluded)
-        vector = self._model.user_vectors([history], [request.user_attrs])
+        vector = self._encoder(history, self._model.vocab.encode(request.user_attrs))
         return self.mix.merge(self.channel_lists(history, exclude, vector), exclude, cold=not len(history))
 
     def channel_lists(self, history: np.ndarray, exclude: np.ndarray, vector: np.ndarray) -> list[Channel]:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from offline.metrics import candidate_recall, per_user_metrics, rank_full, summarize
-from recall.scoring import full_ranking_metrics, user_vectors
+from recall.scoring import FrozenUserEncoder, full_ranking_metrics, user_vectors
 from recall.towers import UserTower
 
 
@@ -45,3 +45,16 @@ def test_user_vectors_by_length_equal_the_padded_ones():
     padded = user_vectors(tower, items, histories, attrs, batch_size=8)
     by_length = user_vectors(tower, items, histories, attrs, batch_size=8, by_length=True)
     np.testing.assert_allclose(by_length, padded, atol=1e-5)
+
+
+def test_the_frozen_encoder_equals_user_vectors_bit_for_bit():
+    torch.manual_seed(1)
+    tower = UserTower(16, 12, 2, 2, 0.1, (3, 3, 3)).eval()
+    items = torch.nn.functional.normalize(torch.randn(40, 16), dim=-1).numpy()
+    rng = np.random.default_rng(1)
+    encoder = FrozenUserEncoder(tower, items)
+    for length in (0, 1, 5, 11, 12, 30):  # empty, short, exactly max_len - 1 and max_len, longer than the tower reads
+        history, codes = rng.integers(0, 40, length), rng.integers(0, 3, 3)
+        one = encoder(history, codes)
+        assert one.shape == (1, 16) and one.dtype == np.float32
+        np.testing.assert_array_equal(one, user_vectors(tower, items, [history], codes[None]))
