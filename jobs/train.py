@@ -119,10 +119,12 @@ def fit_threads(settings: Settings) -> int | None:
     after the other on two threads each (one ML-100K fit: 155 s on 1 thread, 117 s on 2). The
     count depends on the cores, never on the load, so a seed gives the same models on a busy
     machine as on a quiet one; a set ``train_threads`` fits them one after the other on that many, as
-    does a Ray cluster with more than one worker (``settings.ray``: each fit is spread over it).
+    does a Ray cluster with more than one worker (``settings.ray``: each fit is spread over it) and a
+    daemonic process (which may not start children).
     """
     cores = len(os.sched_getaffinity(0))
-    alone = settings.recall.train_threads == 0 and not settings.ray.distributed
+    alone = (settings.recall.train_threads == 0 and not settings.ray.distributed
+             and not multiprocessing.current_process().daemon)
     return cores // 2 if alone and cores >= 2 else None
 
 

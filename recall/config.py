@@ -74,7 +74,9 @@ class RecallConfig(BaseModel):
     # one run on an otherwise idle machine: 1 thread 155 s, 2 threads (passive) 117 s, same 22
     # epochs and the same NDCG; 2 threads with the default wait policy: 35 s vs 23 s for 4 epochs.
     train_threads: int = Field(
-        0, ge=0, le=256, description="torch CPU threads for training; 0 = one per available core."
+        0, ge=0, le=256, description="torch CPU threads for training; 0 = every available core, split in half "
+        "between recall and recall_holdout, which are then fitted at once (jobs.train.fit_threads). A set count "
+        "fits them one after the other on that many."
     )
     tune_users: int | None = Field(
         10_000, ge=1, description="Users whose held-out item early stopping and the channel-share search read "

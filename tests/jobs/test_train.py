@@ -3,6 +3,7 @@
 Preparing the split on its own: ``tests/jobs/test_prepare.py``."""
 
 import hashlib
+import multiprocessing
 from pathlib import Path
 
 import numpy as np
@@ -179,6 +180,8 @@ def test_fits_run_at_once_on_half_the_cores_each_unless_threads_are_set(monkeypa
         assert fit_threads(Settings.build(TINY)) == threads
     assert fit_threads(Settings.build({**TINY, "recall": {**TINY["recall"], "train_threads": 2}})) is None
     assert fit_threads(Settings.build({**TINY, "ray": {"address": "local:2", "num_workers": 2}})) is None
+    monkeypatch.setitem(multiprocessing.current_process()._config, "daemon", True)  # type: ignore[attr-defined]
+    assert fit_threads(Settings.build(TINY)) is None  # a daemonic process may not start children
 
 
 def test_holdout_sequences_hold_out_the_last_items(tmp_path: Path):
