@@ -11,6 +11,7 @@ from llm_rerank.forward import (
     PrefixCache,
     listwise_from_logits,
     pointwise_from_logits,
+    reserved_cache,
     row_logits,
     run_prefix,
     suffix_logits,
@@ -166,3 +167,17 @@ def test_a_padded_batch_continued_step_by_step_scores_as_each_row_alone(
         len(prefix) + len(r) for r in rows]
     with pytest.raises(ValueError, match="one non-empty row per cached row"):
         continue_batch(scorer.model, grown, [[1]], scorer.pad_id)
+
+
+def test_a_reserved_cache_grows_in_place_within_its_room_and_refuses_another_dtype() -> None:
+    k_buf, v_buf = torch.zeros(1, 2, 5, 3), torch.zeros(1, 2, 5, 3)
+    k_buf[:, :, :2], v_buf[:, :, :2] = 1.0, 2.0
+    layer = reserved_cache([(k_buf, v_buf)], filled=2).layers[0]
+    assert layer.get_seq_length() == 2 and layer.room == 3
+    keys, values = layer.update(torch.full((1, 2, 2, 3), 3.0), torch.full((1, 2, 2, 3), 4.0))
+    assert keys.shape == (1, 2, 4, 3) and keys.data_ptr() == k_buf.data_ptr()  # the buffer itself, no copy
+    assert keys[0, 0, :, 0].tolist() == [1.0, 1.0, 3.0, 3.0] and values[0, 0, :, 0].tolist() == [2.0, 2.0, 4.0, 4.0]
+    with pytest.raises(ValueError, match="room for 1"):
+        layer.update(torch.zeros(1, 2, 2, 3), torch.zeros(1, 2, 2, 3))
+    with pytest.raises(ValueError, match="holds torch.float32"):  # an in-place write would cast silently
+        layer.update(torch.zeros(1, 2, 1, 3, dtype=torch.bfloat16), torch.zeros(1, 2, 1, 3, dtype=torch.bfloat16))
