@@ -78,6 +78,12 @@ class CoarseConfig(BaseModel):
         "<artifact_dir>/tags/hidden.npy (`recsys tag --method embed`) and projects it without the train labels "
         "(jobs.coarse_tags.load_llm_embeddings).",
     )
+    item_age_features: bool = Field(
+        default=True,
+        description="Add coarse_rank.item_age.ITEM_AGE_FEATURES: how long before the newest interaction an item "
+        "was first seen and the share of its interactions that are recent, both relative to the log, so a young "
+        "item people pick now is told apart from an old one with the same count.",
+    )
     channel_features: bool = Field(
         default=True,
         description="Add coarse_rank.channel_features.CHANNEL_FEATURES (co-visitation and item-model scores of "

@@ -53,7 +53,7 @@ TAG_FEATURES: dict[str, str] = {
 INTERACTION_FEATURES = (
     "item_log_pop", "item_recent_pop", "item_mean_rating", "follow_last", "follow_last_norm", "follow_recent_sum",
     "follow_recent_max", "precede_last", "age_item_lift", "gender_item_lift", "occupation_item_lift",
-    "covisit_recent", "covisit_recent_rel", "item_model_score", "item_model_rel",
+    "covisit_recent", "covisit_recent_rel", "item_model_score", "item_model_rel", "item_age", "item_recent_share",
 )
 
 # codes without an order: LightGBM splits them as categories, not thresholds

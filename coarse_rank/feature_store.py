@@ -20,6 +20,8 @@ from coarse_rank.channel_features import ChannelTables
 from coarse_rank.config import CoarseConfig
 from coarse_rank.feature_tables import FeatureTables, Vocabularies
 from coarse_rank.features import FeatureBuilder, check_tags
+from coarse_rank.item_age import PREFIX as AGE_PREFIX
+from coarse_rank.item_age import ItemAge
 from coarse_rank.item_tags import PREFIX as TAG_PREFIX
 from coarse_rank.item_tags import ItemTags
 from coarse_rank.llm_features import PREFIX as LLM_PREFIX
@@ -38,6 +40,7 @@ def save_builder(builder: FeatureBuilder, directory: Path) -> None:
     arrays.update(builder.tags.arrays() if builder.tags is not None else {})
     arrays.update(builder.channels.arrays() if builder.channels is not None else {})
     arrays.update(builder.llm.arrays() if builder.llm is not None else {})
+    arrays.update(builder.age.arrays() if builder.age is not None else {})
     np.savez(directory / ARRAYS_FILE, **arrays, **follow)
     vocab = builder.vocab
     meta = {"config": builder.config.model_dump(), "feature_names": builder.feature_names,
@@ -55,13 +58,14 @@ def load_builder(directory: Path) -> FeatureBuilder:
         if not (directory / name).exists():
             raise FileNotFoundError(f"{directory / name}: no fitted feature builder here")
     meta = json.loads((directory / META_FILE).read_text())
-    config = CoarseConfig(**meta["config"])
+    config = CoarseConfig(**{"item_age_features": False, **meta["config"]})  # a builder saved before them has none
     with np.load(directory / ARRAYS_FILE, allow_pickle=False) as z:
         arrays = {k: z[k] for k in z.files}
     n = len(arrays["log_pop"])
     tag_arrays = {k: arrays.pop(k) for k in [k for k in arrays if k.startswith(TAG_PREFIX)]}
     channel_arrays = {k: arrays.pop(k) for k in [k for k in arrays if k.startswith(CHANNEL_PREFIX)]}
     llm_arrays = {k: arrays.pop(k) for k in [k for k in arrays if k.startswith(LLM_PREFIX)]}
+    age_arrays = {k: arrays.pop(k) for k in [k for k in arrays if k.startswith(AGE_PREFIX)]}
     builder = FeatureBuilder(
         config,
         columns=(tuple(meta["score_columns"]), tuple(meta["flag_columns"])),
@@ -72,6 +76,7 @@ def load_builder(directory: Path) -> FeatureBuilder:
         channels=ChannelTables.from_arrays(channel_arrays, n, config) if config.channel_features else None,
         llm=(check_embeddings(config, ItemEmbeddings.from_arrays(llm_arrays, n), n)
              if config.llm_embedding_features else None),
+        age=ItemAge.from_arrays(age_arrays, n) if config.item_age_features else None,
     )
     if builder.feature_names != meta["feature_names"]:
         raise ValueError(f"{directory / META_FILE}: feature names differ from this code's FEATURES")

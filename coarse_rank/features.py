@@ -33,6 +33,7 @@ from coarse_rank.config import CoarseConfig
 from coarse_rank.feature_columns import category_affinity, recall_columns, tag_columns, user_columns
 from coarse_rank.feature_names import FEATURES, INTERACTION_FEATURES, TAG_FEATURES
 from coarse_rank.feature_tables import FeatureTables, Vocabularies
+from coarse_rank.item_age import ITEM_AGE_FEATURES, ItemAge
 from coarse_rank.item_tags import ItemTags
 from coarse_rank.llm_features import LLM_EMBEDDING_FEATURES, ItemEmbeddings, check_embeddings
 from offline.item_neighbours import row_entries
@@ -47,7 +48,7 @@ class FeatureBuilder:
     def __init__(self, config: CoarseConfig | None = None, *, columns: tuple[Sequence[str], Sequence[str]] = ((), ()),
                  vocab: Vocabularies | None = None, tables: FeatureTables | None = None,
                  tags: ItemTags | None = None, channels: ChannelTables | None = None,
-                 llm: ItemEmbeddings | None = None) -> None:
+                 llm: ItemEmbeddings | None = None, age: ItemAge | None = None) -> None:
         """An unfitted builder (``fit`` fills it), or a fitted one from its parts
         (``coarse_rank.feature_store.load_builder``): the recall score and flag ``columns``, the
         vocabularies, the tables, the item tags and the channel tables."""
@@ -58,13 +59,16 @@ class FeatureBuilder:
         self.tags = tags
         self.channels = channels
         self.llm = llm  # coarse_rank.llm_features, with config.llm_embedding_features
+        self.age = age  # coarse_rank.item_age, with config.item_age_features
 
     @property
     def feature_names(self) -> list[str]:
         tag_names = TAG_FEATURES if self.config.tag_features else {}
         channel_names = [*CHANNEL_FEATURES, *rank_names(self.score_columns)] if self.config.channel_features else []
         llm_names = LLM_EMBEDDING_FEATURES if self.config.llm_embedding_features else {}
-        return [*FEATURES, *tag_names, *llm_names, *channel_names, *self.score_columns, *self.flag_columns]
+        age_names = ITEM_AGE_FEATURES if self.config.item_age_features else {}
+        return [*FEATURES, *tag_names, *llm_names, *age_names, *channel_names, *self.score_columns,
+                *self.flag_columns]
 
     @property
     def tables(self) -> FeatureTables:
@@ -127,6 +131,7 @@ class FeatureBuilder:
             raise ValueError(f"FeatureBuilder.fit: item_idx outside [0, {n}) in interactions")
         self.score_columns, self.flag_columns = tuple(score_columns), tuple(flag_columns)
         self._t, self.vocab = FeatureTables.fit(split, df, cfg)
+        self.age = ItemAge.fit(items, df["timestamp"].to_numpy(np.int64), n) if cfg.item_age_features else None
         self.channels = ChannelTables.fit(users, items, n, cfg) if cfg.channel_features else None
         return self
 
@@ -147,6 +152,7 @@ class FeatureBuilder:
             *user_columns(t, self.vocab, request, items),
             *(tag_columns(self._item_tags, hist, items, self.config.last_n) if self.config.tag_features else []),
             *(self.llm.columns(hist, items, self.config.last_n) if self.llm is not None else []),
+            *(self.age.columns(items) if self.age is not None else []),
             *(self.channels.columns(hist, candidates, self.score_columns) if self.channels is not None else []),
             *(candidates.score(c) for c in self.score_columns),
             *(candidates.flags[f].astype(np.float32) if f in candidates.flags

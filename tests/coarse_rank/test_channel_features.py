@@ -14,6 +14,7 @@ from coarse_rank.dataset import training_prefix
 from coarse_rank.feature_names import FEATURES
 from coarse_rank.feature_store import load_builder, save_builder
 from coarse_rank.features import FeatureBuilder
+from coarse_rank.item_age import ITEM_AGE_FEATURES
 from coarse_rank.train import importance_table
 from offline.item_neighbours import NeighbourChannel, ease
 from recsys.contract import Candidates, Request
@@ -46,9 +47,11 @@ def test_docstring_examples() -> None:
 
 def test_on_by_default_and_names(split) -> None:
     assert CoarseConfig().channel_features
-    assert FeatureBuilder().fit(split).feature_names[len(FEATURES):][:len(CHANNEL_FEATURES)] == [*CHANNEL_FEATURES]
+    after = len(FEATURES) + len(ITEM_AGE_FEATURES)
+    assert FeatureBuilder().fit(split).feature_names[after:][:len(CHANNEL_FEATURES)] == [*CHANNEL_FEATURES]
     assert "covisit_recent" not in FeatureBuilder(CoarseConfig(channel_features=False)).fit(split).feature_names
-    assert fitted(split).feature_names == [*FEATURES, *CHANNEL_FEATURES, "rank_pop", "recall_pop", "src_pop"]
+    assert fitted(split).feature_names == [*FEATURES, *ITEM_AGE_FEATURES, *CHANNEL_FEATURES, "rank_pop", "recall_pop",
+                                           "src_pop"]
 
 
 def test_covisitation_feature_by_hand(split) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import json
 
 import numpy as np
 import pandas as pd
@@ -16,6 +17,7 @@ from coarse_rank.dataset import prefix_popularity, training_prefix
 from coarse_rank.feature_names import FEATURES
 from coarse_rank.feature_store import load_builder, save_builder
 from coarse_rank.features import FeatureBuilder
+from coarse_rank.item_age import ITEM_AGE_FEATURES
 from recsys.contract import Candidates, Request
 from tests.coarse_rank.toy import split_from_sequences
 
@@ -60,8 +62,22 @@ def test_statistics_doctests():
 
 def test_feature_names_are_stable_and_documented(split):
     fb = fitted(split)
-    assert fb.feature_names == [*FEATURES, "recall_pop", "src_pop"]
+    assert fb.feature_names == [*FEATURES, *ITEM_AGE_FEATURES, "recall_pop", "src_pop"]
     assert all(FEATURES[name] for name in FEATURES)
+    assert fitted(split, item_age_features=False).feature_names == [*FEATURES, "recall_pop", "src_pop"]
+
+
+def test_item_age_is_the_share_of_the_log_before_first_seen_and_recent_share_its_newest_events(split):
+    # train events: item 0 at 10, 5; item 1 at 20, 15; item 2 at 30, 25, 6; item 3 at 35; item 4 at 7.
+    # Span 5..35; the newest 20% of the 9 events are those at >= 27 (numpy's linear quantile): 30 and 35.
+    f = features(fitted(split), history=[0], items=[0, 1, 2, 3, 4])
+    np.testing.assert_allclose(f["item_age"], [1.0, 20 / 30, 29 / 30, 0.0, 28 / 30], rtol=1e-6)
+    np.testing.assert_allclose(f["item_recent_share"], [0.0, 0.0, 1 / 3, 1.0, 0.0], rtol=1e-6)
+    # an item without interactions (a new one) has both unknown, like every interaction feature
+    fb = fitted(split)
+    fb.tables.log_pop[3] = 0.0
+    g = features(fb, history=[0], items=[3])
+    assert np.isnan(g["item_age"]).all() and np.isnan(g["item_recent_share"]).all()
 
 
 def test_follow_features_count_what_came_next_within_the_window(split):
@@ -152,7 +168,14 @@ def test_save_load_round_trip_gives_identical_features(split, tmp_path):
     req = Request(user_id="x", history=np.array([0, 2]), user_attrs=WRITER_MAN)
     cands = Candidates(items=np.array([1, 3, 4]), scores={"recall": np.array([3, 2, 1], np.float32)})
     np.testing.assert_array_equal(fb.transform(req, cands), again.transform(req, cands))
-    assert again.feature_names == fb.feature_names
+    assert again.feature_names == fb.feature_names and "item_age" in again.feature_names
+    # a builder saved before the item-age columns existed (its config lacks the switch) loads without them
+    old = fitted(split, item_age_features=False)
+    save_builder(old, tmp_path / "old")
+    meta = json.loads((tmp_path / "old" / "features.json").read_text())
+    del meta["config"]["item_age_features"]
+    (tmp_path / "old" / "features.json").write_text(json.dumps(meta))
+    assert load_builder(tmp_path / "old").feature_names == old.feature_names
 
 
 def test_bad_inputs_raise_with_the_bad_value(split):

@@ -12,6 +12,7 @@ from coarse_rank import llm_features
 from coarse_rank.config import CoarseConfig
 from coarse_rank.feature_store import load_builder, save_builder
 from coarse_rank.features import FeatureBuilder
+from coarse_rank.item_age import ITEM_AGE_FEATURES
 from coarse_rank.llm_features import LLM_EMBEDDING_FEATURES, ItemEmbeddings
 from coarse_rank.stage import CoarseStage
 from coarse_rank.train import train_coarse
@@ -42,7 +43,8 @@ def test_llm_features_doctest():
 
 def test_off_by_default_and_the_names_sit_between_the_base_and_the_channel_columns(split):
     assert CoarseConfig().llm_embedding_features is False
-    assert embedded(split).feature_names == [*DEFAULT_NAMES, *LLM_EMBEDDING_FEATURES, "recall_pop", "src_pop"]
+    assert embedded(split).feature_names == [*DEFAULT_NAMES, *LLM_EMBEDDING_FEATURES, *ITEM_AGE_FEATURES, "recall_pop",
+                                               "src_pop"]
     assert all(LLM_EMBEDDING_FEATURES.values())
 
 
@@ -97,7 +99,7 @@ def test_a_model_trained_with_them_serves_the_features_it_trained_on(chain, tmp_
         train_coarse(chain, PopularityStage(chain), tmp_path / "coarse", config, progress=False)
     report = train_coarse(chain, PopularityStage(chain), tmp_path / "coarse", config, seed=7, progress=False,
                           llm=ItemEmbeddings.from_vectors(vectors, chain.n_items))
-    assert report["n_features"] == len(DEFAULT_NAMES) + len(LLM_EMBEDDING_FEATURES) + 2
+    assert report["n_features"] == len(DEFAULT_NAMES) + len(LLM_EMBEDDING_FEATURES) + len(ITEM_AGE_FEATURES) + 2
     stage = CoarseStage(StageSpec(name="coarse", kind="coarse", depth=5), CoarseConfig())
     stage.load(tmp_path)
     req = Request(user_id="u", history=chain.train_sequences[0])

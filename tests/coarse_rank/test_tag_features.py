@@ -13,6 +13,7 @@ from coarse_rank.config import CoarseConfig
 from coarse_rank.feature_names import FEATURES, TAG_FEATURES
 from coarse_rank.feature_store import load_builder, save_builder
 from coarse_rank.features import FeatureBuilder
+from coarse_rank.item_age import ITEM_AGE_FEATURES
 from coarse_rank.item_tags import ItemTags
 from coarse_rank.stage import CoarseStage
 from coarse_rank.train import train_coarse
@@ -59,11 +60,11 @@ def test_item_tags_doctest():
 
 def test_default_feature_list_is_unchanged(split):
     fb = FeatureBuilder(CoarseConfig(channel_features=False)).fit(split, score_columns=["recall_pop"])
-    assert list(FEATURES) == DEFAULT_NAMES and fb.feature_names == [*DEFAULT_NAMES, "recall_pop"]
+    assert list(FEATURES) == DEFAULT_NAMES and fb.feature_names == [*DEFAULT_NAMES, *ITEM_AGE_FEATURES, "recall_pop"]
 
 
 def test_tag_feature_names_sit_between_the_base_and_the_channel_columns(split):
-    assert tagged(split).feature_names == [*DEFAULT_NAMES, *TAG_FEATURES, "recall_pop", "src_pop"]
+    assert tagged(split).feature_names == [*DEFAULT_NAMES, *TAG_FEATURES, *ITEM_AGE_FEATURES, "recall_pop", "src_pop"]
     assert all(TAG_FEATURES.values())
 
 
@@ -134,7 +135,7 @@ def test_a_tag_feature_model_loads_from_its_subdir_and_scores(chain, tmp_path):
         train_coarse(chain, PopularityStage(chain), tmp_path / "coarse_tags", config, progress=False)
     report = train_coarse(chain, PopularityStage(chain), tmp_path / "coarse_tags", config, seed=7,
                           progress=False, tags=chain_tags(chain.n_items))
-    assert report["n_features"] == len(DEFAULT_NAMES) + len(TAG_FEATURES) + 2
+    assert report["n_features"] == len(DEFAULT_NAMES) + len(TAG_FEATURES) + len(ITEM_AGE_FEATURES) + 2
     spec = StageSpec(name="coarse", kind="coarse", depth=5, params={"subdir": "coarse_tags"})
     stage = CoarseStage(spec, CoarseConfig())
     stage.load(tmp_path)
