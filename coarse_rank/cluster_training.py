@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import pickle
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,8 @@ class _CandidateActor:
     def __init__(self, refs: list[Any], phase: QueryPhase) -> None:
         import ray  # lazy: heavy optional dependency; this class only runs inside Ray workers
 
-        self.split, self.stage = ray.get(refs)
+        self.split, stage = ray.get(refs)
+        self.stage: Stage = stage if hasattr(stage, "run") else stage()  # a recipe builds it here
         self.phase = phase
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -94,10 +95,13 @@ def _ordered(ds: Any, total: int, desc: str, progress: bool) -> list[Any]:
     return [out for _, out in sorted(got, key=lambda r: r[0])]
 
 
-def groups_on_cluster(split: Split, stage: Stage, phase: QueryPhase, cluster: ClusterConfig, *,
-                      users: Sequence[int] | np.ndarray | None = None, positions: int = 1,
+def groups_on_cluster(split: Split, stage: Stage | Callable[[], Stage], phase: QueryPhase, cluster: ClusterConfig,
+                      *, users: Sequence[int] | np.ndarray | None = None, positions: int = 1,
                       progress: bool = True) -> QueryGroups:
-    """``coarse_rank.dataset.build_groups`` with the stage run on the cluster's actors (same groups)."""
+    """``coarse_rank.dataset.build_groups`` with the stage run on the cluster's actors (same groups).
+
+    ``stage``: the stage itself (shipped through the object store) or a picklable recipe that
+    builds it on each actor (a stage holding a TorchScript module cannot be pickled)."""
     import ray  # lazy: heavy optional dependency, only when a cluster is configured
 
     pool, histories, labels = query_inputs(split, phase, users, positions)

@@ -18,10 +18,11 @@ Deliberately left out: candidate generation (any ``recsys.contract.Stage``), ser
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -71,19 +72,25 @@ def train_coarse(
     split: Split, candidate_stage: Stage, out_dir: Path, config: CoarseConfig, *, seed: int = 42,
     progress: bool = True, tags: ItemTags | None = None, train_stage: Stage | None = None,
     llm: ItemEmbeddings | None = None, cluster: ClusterConfig | None = None,
+    worker_stages: Callable[[], tuple[Stage, Stage]] | None = None,
 ) -> dict[str, Any]:
     """``fit_coarse`` inside a Ray session when ``cluster`` names one (``recsys.cluster``: query groups,
-    feature rows and the LightGBM fit then run on it, see ``coarse_rank.cluster_training``), else here."""
+    feature rows and the LightGBM fit then run on it, see ``coarse_rank.cluster_training``), else here.
+
+    ``worker_stages``: a picklable recipe that builds (``candidate_stage``, ``train_stage``) again
+    on each cluster worker, for stages that cannot travel through the object store (a TorchScript
+    tower); without it the stages themselves are shipped."""
     cluster = cluster if cluster is not None and cluster.enabled else None
     with ray_session(cluster or ClusterConfig()):
         return fit_coarse(split, candidate_stage, out_dir, config, seed=seed, progress=progress, tags=tags,
-                          train_stage=train_stage, llm=llm, cluster=cluster)
+                          train_stage=train_stage, llm=llm, cluster=cluster, worker_stages=worker_stages)
 
 
 def fit_coarse(
     split: Split, candidate_stage: Stage, out_dir: Path, config: CoarseConfig, *, seed: int = 42,
     progress: bool = True, tags: ItemTags | None = None, train_stage: Stage | None = None,
     llm: ItemEmbeddings | None = None, cluster: ClusterConfig | None = None,
+    worker_stages: Callable[[], tuple[Stage, Stage]] | None = None,
 ) -> dict[str, Any]:
     """Fit the ranker on ``candidate_stage``'s candidates, save it under ``out_dir``, return a report.
 
@@ -101,8 +108,10 @@ def fit_coarse(
     train_stage = candidate_stage if train_stage is None else train_stage
     tr_users, va_users = (_users(split, config.max_train_users, seed, SALT_COARSE_TRAIN),
                           _users(split, config.max_valid_users, seed, SALT_COARSE_VALID))
-    tr_all = _groups(split, train_stage, "train", tr_users, config.train_positions, progress, cluster)
-    va_all = _groups(split, candidate_stage, "valid", va_users, 1, progress, cluster)
+    shipped = (None, None) if worker_stages is None else (partial(nth_stage, worker_stages, 1),
+                                                          partial(nth_stage, worker_stages, 0))
+    tr_all = _groups(split, shipped[0] or train_stage, "train", tr_users, config.train_positions, progress, cluster)
+    va_all = _groups(split, shipped[1] or candidate_stage, "valid", va_users, 1, progress, cluster)
     scores, flags = channel_columns([tr_all, va_all])
     prefix = training_prefix(split, config.train_positions)
     prefix_fb = FeatureBuilder(config).fit(split, prefix, score_columns=scores, flag_columns=flags, tags=tags, llm=llm)
@@ -295,12 +304,19 @@ def user_sample_note(n_users: int, sample: np.ndarray | None, setting: str) -> s
     return f"sampled {len(sample):,} of {n_users:,} users ({setting})"
 
 
-def _groups(split: Split, stage: Stage, phase: QueryPhase, users: np.ndarray | None, positions: int, progress: bool,
-            cluster: ClusterConfig | None) -> QueryGroups:
-    """The query groups of ``phase``: recalled on ``cluster``'s actors, or here."""
+def nth_stage(recipe: Callable[[], tuple[Stage, Stage]], i: int) -> Stage:
+    """Stage ``i`` of what ``recipe`` builds (``train_coarse``'s ``worker_stages``, on a worker)."""
+    return recipe()[i]
+
+
+def _groups(split: Split, stage: Stage | Callable[[], Stage], phase: QueryPhase, users: np.ndarray | None,
+            positions: int, progress: bool, cluster: ClusterConfig | None) -> QueryGroups:
+    """The query groups of ``phase``: recalled on ``cluster``'s actors (``stage`` or a recipe for it), or here."""
     if cluster is not None:
         return groups_on_cluster(split, stage, phase, cluster, users=users, positions=positions, progress=progress)
-    return build_groups(split, stage, phase, users=users, progress=progress, positions=positions)
+    if not hasattr(stage, "run"):
+        raise TypeError("a stage recipe is for cluster workers; in-process training takes the stage")
+    return build_groups(split, cast(Stage, stage), phase, users=users, progress=progress, positions=positions)
 
 
 def _users(split: Split, cap: int | None, seed: int, salt: int) -> np.ndarray | None:
