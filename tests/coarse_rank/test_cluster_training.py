@@ -42,6 +42,7 @@ def test_groups_and_features_equal_the_in_process_ones(chain, local_ray) -> None
     np.testing.assert_array_equal(features_on_cluster(builder, there, LOCAL, progress=False), want)
 
 
+@pytest.mark.slow
 def test_data_parallel_fit_learns_the_next_item(chain, trained, local_ray, tmp_path) -> None:
     _, single = trained
     one_fit = TOY_CONFIG.model_copy(update={"cold_item_dropout": 0.0})  # one Ray Train run, not one per dropout

@@ -51,6 +51,7 @@ def test_cluster_pass_equals_the_single_process_pass(tiny_cascade, local_ray) ->
     assert spread["worker_peak_mib"] and all(v > 0 for v in spread["worker_peak_mib"].values())
 
 
+@pytest.mark.slow
 def test_users_in_any_order_keep_their_rows(tiny_cascade, local_ray) -> None:
     art, settings = tiny_cascade
     settings = unhurried(settings)
