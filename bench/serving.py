@@ -36,10 +36,12 @@ open-loop load generation.
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -203,9 +205,12 @@ def bench_serve(
     settings: Settings, artifact_dir: Path, user_ids: Sequence[str], item_ids: Sequence[str], *,
     seconds: float = 10.0, concurrencies: Sequence[int] = (1, 4, 8), llm_concurrencies: Sequence[int] = (1, 4),
     llm_users: int = 16, llm_shares: Sequence[float] = (0.0,), app_factory: str = APP_FACTORY,
-    llm_precisions: Sequence[str] = (), work_dir: Path | None = None, **run_kwargs: Any,
+    llm_precisions: Sequence[str] = (), work_dir: Path | None = None, workers: int = 1, **run_kwargs: Any,
 ) -> dict[str, Any]:
     """The three sections of the module docstring against real server subprocesses sharing one Redis.
+
+    ``workers``: uvicorn worker processes of the light and cache-mix servers (``serving.server_process``),
+    sharing the one Redis and a Prometheus multi-process directory, as ``recsys serve --workers`` runs them.
 
     ``llm`` is ``{"skipped": reason}`` when the settings enable no LLM stage; a configured LLM stage
     that fails to load raises ``RuntimeError``; ``llm_shares`` above 0 without one raise ``ValueError``.
@@ -216,13 +221,15 @@ def bench_serve(
     if (any(s > 0 for s in llm_shares) or llm_precisions) and not llm_names:
         raise ValueError(f"llm_shares {list(llm_shares)} and llm_precisions {list(llm_precisions)} need an enabled "
                          "LLM stage; the config has none (try configs/pipeline_llm.yaml)")
-    report: dict[str, Any] = {"seconds_per_run": seconds, "served_llm": served_llm_settings(settings)}
+    if workers < 1:
+        raise ValueError(f"bench_serve: workers must be >= 1, got {workers}")
+    report: dict[str, Any] = {"seconds_per_run": seconds, "workers": workers,
+                              "served_llm": served_llm_settings(settings)}
     embedded = None if settings.resolve_redis_url() else EmbeddedRedis()
     try:
         if embedded is not None:
             settings = settings.model_copy(update={"redis_url": embedded.start()})
-        with start_server_subprocess(_serving(settings, result_cache_ttl_s=0.0), artifact_dir,
-                                     app_factory=app_factory) as url:
+        with _server(_serving(settings, result_cache_ttl_s=0.0), artifact_dir, app_factory, workers) as url:
             loaded = require_llm_loaded(url, llm_names)
             report["light_nocache"] = [
                 {"concurrency": conc, **bench_run(url, user_ids, item_ids, seconds=seconds, concurrency=conc,
@@ -241,8 +248,7 @@ def bench_serve(
                 app_factory=app_factory)
         report["cache_mix"] = []
         for share in llm_shares:
-            with start_server_subprocess(_serving(settings, llm_share=float(share)), artifact_dir,
-                                         app_factory=app_factory) as url:
+            with _server(_serving(settings, llm_share=float(share)), artifact_dir, app_factory, workers) as url:
                 loaded = require_llm_loaded(url, llm_names)
                 for conc in concurrencies:
                     tag = f"share{share}-c{conc}-{time.time():.0f}"
@@ -256,6 +262,31 @@ def bench_serve(
                      "event_share": run_kwargs.get("event_share", 0.05), "k": run_kwargs.get("k", 10),
                      "result_cache_ttl_s": settings.serving.result_cache_ttl_s}
     return report
+
+
+@contextmanager
+def _server(settings: Settings, artifact_dir: Path, app_factory: str, workers: int) -> Iterator[str]:
+    """``start_server_subprocess`` with ``workers`` processes; several get their own metrics directory."""
+    with tempfile.TemporaryDirectory(prefix="bench-metrics-") as metrics_dir:
+        extra_env = {"PROMETHEUS_MULTIPROC_DIR": metrics_dir} if workers > 1 else None
+        with start_server_subprocess(settings, artifact_dir, app_factory=app_factory, workers=workers,
+                                     extra_env=extra_env) as url:
+            _wait_all_ready(url, workers, settings.serving.ready_timeout_s)
+            yield url
+
+
+def _wait_all_ready(url: str, workers: int, timeout_s: float) -> None:
+    """Until ``workers`` distinct processes have answered ``/readyz`` 200: the server is ready when its first
+    worker is, and a run started then would time the others' 503s while they still load."""
+    ready: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    while len(ready) < workers:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url}: {len(ready)} of {workers} workers ready within {timeout_s:.0f} s")
+        resp = httpx.get(url + "/readyz", timeout=10)  # a new connection each: any worker may take it
+        if resp.status_code == 200:
+            ready.add(int(resp.json()["pid"]))
+        time.sleep(0.02)
 
 
 def _serving(settings: Settings, **serving: Any) -> Settings:

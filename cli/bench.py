@@ -63,6 +63,8 @@ def bench_serve(
     llm_share: Annotated[str, typer.Option(help="serving.llm_share of the cache-mix runs, comma-separated (one "
                                                 "server each; above 0 needs an LLM stage in --config).")] = "0",
     max_requests: Annotated[int, typer.Option(min=1, help="Cap on calls per run.")] = 200_000,
+    workers: Annotated[int, typer.Option(min=1, max=64, help="uvicorn worker processes of the light and "
+                                                             "cache-mix servers.")] = 1,
     llm_precisions: Annotated[str, typer.Option(help="LLM precisions to serve side by side, comma-separated "
                                                      "(fp32,bf16,int8): the LLM rows again at each, one server "
                                                      "each, with the model's own forward time (the floor).")] = "",
@@ -98,7 +100,7 @@ def bench_serve(
     items = [str(i) for i in split.vocab.item_ids]
     report = run(settings, art, users, items, seconds=seconds, concurrencies=levels, llm_concurrencies=llm_levels,
                  llm_users=llm_users, llm_shares=shares, max_requests=max_requests, llm_precisions=precisions,
-                 work_dir=out.parent / f"{out.stem}-work" if out is not None else None)
+                 workers=workers, work_dir=out.parent / f"{out.stem}-work" if out is not None else None)
     report["dataset"] = art.name
     c.write_report(report, out, settings=settings, data=data)
 

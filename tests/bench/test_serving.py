@@ -105,3 +105,18 @@ def test_llm_path_rows_run_the_llm_stage_cold_then_warm(toy_dir: Path) -> None:
             assert row[phase]["prefix_cache"]["lookups"] == 0  # the toy re-ranker has no prefix cache
     assert report["warmup_call"]["path"] == "llm"
     assert light["paths"] == {"light": 6}  # cache off, llm: false on every call
+
+
+def test_bench_serve_refuses_fewer_than_one_worker(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        bench_serve(toy_settings(), tmp_path, ["u1"], ["m1"], workers=0)
+
+
+@pytest.mark.slow
+def test_bench_serve_runs_its_servers_with_two_workers(toy_dir: Path) -> None:
+    report = bench_serve(toy_settings(), toy_dir, ["u1", "u2", "u3"], ["m1", "m2"], seconds=30, concurrencies=(2,),
+                         app_factory=TOY_APP, workers=2, max_requests=8, k=3, event_share=0.0)
+    assert report["workers"] == 2
+    [light] = report["light_nocache"]
+    assert (light["requests"], light["errors"], light["paths"]) == (8, 0, {"light": 8})
+    assert [row["errors"] for row in report["cache_mix"]] == [0]
