@@ -251,23 +251,32 @@ def embedding_eval(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigO
                    artifacts: c.ArtifactsOpt = None, out: c.OutOpt = None,
                    seeds: Annotated[int, typer.Option("--seeds", min=1, max=10,
                                                       help="Coarse seeds s, s+1, ... (s = the config's seed).")] = 3,
-                   llm_share: Annotated[float, typer.Option("--llm-share", min=0.0, max=1.0)] = 0.2) -> None:
+                   llm_share: Annotated[float, typer.Option("--llm-share", min=0.0, max=1.0)] = 0.2,
+                   include: Annotated[list[Path] | None, typer.Option(
+                       help="Reports of earlier runs (other seeds, same split and recall fit) joined into this "
+                       "one.")] = None) -> None:
     """The LLM item embeddings as a recall channel and as coarse features, each alone against the cascade
     without them: one recall fit, a coarse ranker per seed and variant (jobs.tagging.embedding_eval).
 
     Needs tags/embed (`recsys tag --method embed`); trains the two-towers first when they are missing.
     """
-    from jobs.tagging.embedding_eval import embedding_report  # lazy: keeps `recsys --help` fast
+    from jobs.tagging.embedding_eval import embedding_report, merge_reports  # lazy: keeps --help fast
 
     data, config, artifacts, out = _shared(ctx, data=data, config=config, artifacts=artifacts, out=out)
     settings = c.load_settings(config)
     split, root = _split(settings, data, artifacts)
     chosen = tuple(range(settings.seed, settings.seed + seeds))
+    earlier = []
+    for path in include or []:
+        try:
+            earlier.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as exc:
+            c.fail(f"--include {path}: not a readable report ({exc})")
     try:
-        report = embedding_report(settings, root, split, seeds=chosen, llm_share=llm_share)
-    except (ValueError, OSError) as exc:  # no embeddings, a directory in the way
+        report = merge_reports(embedding_report(settings, root, split, seeds=chosen, llm_share=llm_share), earlier)
+    except (ValueError, OSError, KeyError) as exc:  # no embeddings, a directory in the way, a foreign report
         c.fail(str(exc))
-    c.write_report(report, out, settings=settings, data=data, seeds=chosen)
+    c.write_report(report, out, settings=settings, data=data, seeds=report["seeds"])
 
 
 @tag_app.command("cold-items")

@@ -26,6 +26,7 @@ Deliberately left out: tuning fusion per variant; the LLM tags (``jobs.tagging.a
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -39,6 +40,7 @@ from jobs.evaluation.cascade_run import K, run_cascade
 from jobs.evaluation.evaluate import HISTORY_SLICES
 from jobs.evaluation.seeds import share_split
 from jobs.tagging.ablation import variant_settings
+from jobs.tagging.job import EMBED_METHOD
 from jobs.train import train_stages
 from offline.baselines import evaluate_rankings_per_user
 from offline.bootstrap import MIN_USERS, paired_bootstrap
@@ -164,9 +166,40 @@ def embedding_report(settings: Settings, artifact_dir: Path, split: Split, *, se
         per_seed[seed] = row
     return {"dataset": split.name, "phase": phase, "seeds": list(seeds), "llm_share": llm_share,
             "recall_fit": {stage: {"reused": bool(r.get("reused")), "seed": settings.seed} for stage, r in recall.items()},
-            "slices": {name: int(len(rows)) for name, rows in slices.items()},
+            "embedding": embedding_cost(artifact_dir), "slices": {name: int(len(rows)) for name, rows in slices.items()},
             "summary": (summary := summarise(per_seed)), "table": table(summary, per_seed), "per_seed": per_seed,
             "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def embedding_cost(artifact_dir: Path) -> dict[str, Any]:
+    """The offline cost of the embeddings, from the summary ``recsys tag --method embed`` wrote (empty
+    when another run made them)."""
+    path = Path(artifact_dir) / "tags" / "summary.json"
+    summary = json.loads(path.read_text()) if path.is_file() else {}
+    if summary.get("method") != EMBED_METHOD:
+        return {}
+    keep = ("items", "items_encoded_this_run", "seconds", "items_per_s")
+    return {**{k: summary.get(k) for k in keep}, "projection": summary.get("projection"),
+            "model_digest": summary["version"]["model_digest"], "item_text": summary["version"]["item_text"]}
+
+
+def merge_reports(report: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[str, Any]:
+    """``report`` with the seeds of ``earlier`` reports (other runs of ``embedding_report`` on the same
+    split and recall fit) joined in, the summary and table recomputed over all of them; a ValueError
+    when one was made on another dataset, phase or channel share, or repeats a seed."""
+    per_seed = {int(k): v for k, v in report["per_seed"].items()}
+    for other in earlier:
+        for key in ("dataset", "phase", "llm_share", "slices"):
+            if other.get(key) != report[key]:
+                raise ValueError(f"an included report has {key} {other.get(key)!r}, this run {report[key]!r}")
+        for seed, row in other["per_seed"].items():
+            if int(seed) in per_seed:
+                raise ValueError(f"seed {seed} is in more than one report")
+            per_seed[int(seed)] = row
+    per_seed = dict(sorted(per_seed.items()))
+    summary = summarise(per_seed)
+    return {**report, "seeds": list(per_seed), "summary": summary, "table": table(summary, per_seed),
+            "per_seed": per_seed, "seconds": round(report["seconds"] + sum(o.get("seconds", 0) for o in earlier), 1)}
 
 
 def summarise(per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
