@@ -57,7 +57,8 @@ def gate_pipeline(settings: Settings, artifact_dir: Path) -> Any:
     valid phase sees it (``cascade.registry.build_pipeline``: no model that learnt the valid items)."""
     names = [s.name for s in settings.pipeline.stages if s.enabled]
     before_fusion = names[names.index("fusion") - 1] if "fusion" in names else names[-1]
-    return build_pipeline(settings, artifact_dir, only=tuple(names[: names.index(before_fusion) + 1]), phase="valid")
+    return build_pipeline(settings, artifact_dir, only=tuple(names[: names.index(before_fusion) + 1]),
+                          phase="valid").without_budgets()  # the weights must not depend on the machine's load
 
 
 def fit_gate(pipeline: Any, split: Split, requests: list[Any], settings: Settings, *,

@@ -123,6 +123,15 @@ class Pipeline:
         self.request_budget_ms = request_budget_ms
         self.watchdog = StageWatchdog()
 
+    def without_budgets(self) -> Pipeline:
+        """The same stages with no stage budget and no request deadline, for the offline jobs
+        (evaluation, tuning, training data): what they measure is what the stages rank, which must not
+        depend on how loaded the machine is (a coarse call past its 200 ms on a busy machine would
+        otherwise be replaced by recall's order). The budgets are the benchmarks' to measure."""
+        out = Pipeline([(spec.model_copy(update={"budget_ms": None}), stage) for spec, stage in self.stages])
+        out.watchdog = self.watchdog
+        return out
+
     def stage(self, name: str) -> Stage:
         for spec, stage in self.stages:
             if spec.name == name:
@@ -285,14 +294,15 @@ class Pipeline:
 class PipelineStage:
     """A (loaded) pipeline used as one candidate stage, e.g. recall + coarse feeding LLM training.
 
-    ``run`` returns everything the last stage handed on, not cut to ``request.k``.
+    ``run`` returns everything the last stage handed on, not cut to ``request.k``. It is an offline
+    tool, so the pipeline runs without its budgets (``Pipeline.without_budgets``).
     """
 
     reads: tuple[str, ...] = ()
     writes: tuple[str, ...] = ()
 
     def __init__(self, pipeline: Pipeline, name: str = "cascade"):
-        self.pipeline = pipeline
+        self.pipeline = pipeline.without_budgets()
         self.name = name
 
     def load(self, artifact_dir: object) -> None:

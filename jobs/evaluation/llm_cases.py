@@ -38,7 +38,8 @@ def candidate_source(split: Any, artifact_dir: Path, settings: Settings, phase: 
     pipeline, source = None, "popularity"
     if (artifact_dir / "coarse").exists():  # a failure to train or load them is an error, not popularity
         trained = train_stages(settings, artifact_dir, split, stages=("recall", "recall_holdout", "coarse"))
-        pipeline = build_pipeline(settings, artifact_dir, only=("recall", "coarse"), phase=phase)  # type: ignore[arg-type]
+        pipeline = build_pipeline(settings, artifact_dir, only=("recall", "coarse"),
+                                  phase=phase).without_budgets()  # type: ignore[arg-type]
         retrained = [k for k, v in trained.items() if not v.get("reused")]
         source = f"coarse (retrained stale {', '.join(retrained)})" if retrained else "coarse"
     by_pop = np.argsort(-split.item_popularity(phase), kind="stable")

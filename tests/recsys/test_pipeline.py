@@ -7,7 +7,7 @@ import pytest
 
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request
-from recsys.pipeline import Pipeline, PipelineError
+from recsys.pipeline import Pipeline, PipelineError, PipelineStage
 
 
 class ListRecall:
@@ -83,6 +83,16 @@ def test_budget_overrun_falls_back():
     assert "budget overrun" in res.traces[-1].reason
 
 
+def test_offline_jobs_run_the_same_stages_without_the_budgets():
+    served = pipeline(ParityScorer(sleep_s=0.05), budget_ms=1)
+    offline = served.without_budgets()
+    res = offline.run(Request(user_id="u", k=3))
+    assert res.candidates.items.tolist() == [1, 3, 5] and res.traces[-1].status == "ok"
+    assert [st for _, st in offline.stages] == [st for _, st in served.stages] and offline.watchdog is served.watchdog
+    assert served.stages[1][0].budget_ms == 1  # the served pipeline keeps its budgets
+    assert PipelineStage(served).pipeline.stages[1][0].budget_ms is None
+
+
 def test_stage_sees_its_own_deadline():
     seen = {}
 
@@ -132,7 +142,6 @@ def test_observer_sees_every_stage_output():
 
 def test_pipeline_stage_returns_the_last_stage_output_uncut():
     from recsys.contract import Stage
-    from recsys.pipeline import PipelineStage
 
     ps = PipelineStage(pipeline(ParityScorer()))
     assert isinstance(ps, Stage)
