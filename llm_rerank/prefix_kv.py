@@ -7,8 +7,8 @@ length; the model writes their keys/values into that room in place), and stores 
 completed blocks. The result is a ``PrefixState`` that ``llm_rerank.forward`` continues
 exactly as if the whole prefix had run at once. ``prompt_logits(row)`` does the same over a
 whole listwise prompt and returns the answer logits of that same pass: a warm request runs one
-forward pass over the last, partial block, where a prefix pass then a last-token pass ran the
-model twice and copied every layer's keys/values three times (``docs/llm-reranking.md``, Where
+forward pass over the last, partial block, where a prefix pass then a last-token pass would run
+the model twice and copy every layer's keys/values three times (``docs/llm-reranking.md``, Where
 the time goes).
 
 A block value is one tensor ``[layers, 2, kv_heads, block_tokens, head_dim]`` (keys and
