@@ -15,7 +15,9 @@ LightGBM data-parallel through Ray Train.
   boundaries here rather than by Ray Data's row split) and every worker holds the whole valid
   set, so all of them see the same early-stopping metric and stop at the same round. The
   histograms are summed over workers but the feature bins are found from the workers' own rows,
-  so the trees are close to, not bit-for-bit those of, the single-process fit.
+  so the trees are close to, not bit-for-bit those of, the single-process fit. The categorical
+  columns are split as numeric codes on the cluster (LightGBM's data-parallel learner crashes on
+  categorical features), one more reason the trees differ.
 
 Deliberately left out: streaming the feature rows to the training workers without the driver
 (the driver holds them once, as in the single-process fit) and GPU training.
@@ -167,11 +169,12 @@ def _train_worker(config: dict[str, Any]) -> None:
     rank = ray.train.get_context().get_world_rank()
     x, y, sizes = ray.get(config["shards"][rank])
     x_va, y_va, va_sizes = ray.get(config["valid"])
-    names, categorical = config["feature_names"], config["categorical"]
+    names = config["feature_names"]
     params = {**config["params"], "tree_learner": "data_parallel", "pre_partition": True, **get_network_params()}
-    train = lgb.Dataset(x, y, group=sizes, feature_name=names, categorical_feature=categorical)
-    valid = lgb.Dataset(x_va, y_va, group=va_sizes, reference=train, feature_name=names,
-                        categorical_feature=categorical)
+    # categorical columns are split as numeric codes here: LightGBM's data-parallel learner crashes
+    # (SIGSEGV while the workers build the dataset) on categorical features (LightGBM issue #6491)
+    train = lgb.Dataset(x, y, group=sizes, feature_name=names, categorical_feature=[])
+    valid = lgb.Dataset(x_va, y_va, group=va_sizes, reference=train, feature_name=names, categorical_feature=[])
     booster = lgb.train(params, train, valid_sets=[valid], valid_names=["valid"],
                         callbacks=[lgb.early_stopping(config["early_stopping_rounds"], verbose=False)])
     best = int(booster.best_iteration or booster.current_iteration())
@@ -190,7 +193,8 @@ def fit_on_cluster(x: np.ndarray, y: np.ndarray, sizes: np.ndarray, x_va: np.nda
     """(booster cut at its best round, best round) of a data-parallel LambdaRank fit on the cluster.
 
     ``params``: ``coarse_rank.train.lgbm_params`` (LightGBM reads its scikit-learn names as
-    aliases); each worker uses ``cpus_per_worker`` threads. ``storage``: where Ray Train keeps the
+    aliases); each worker uses ``cpus_per_worker`` threads. ``categorical`` columns are fitted as
+    numeric codes (see ``_train_worker``). ``storage``: where Ray Train keeps the
     run and its checkpoint (on a multi-node cluster, a path every node sees)."""
     import lightgbm as lgb  # lazy: imports lightgbm
     import ray  # lazy: heavy optional dependency, only when a cluster is configured
@@ -204,7 +208,7 @@ def fit_on_cluster(x: np.ndarray, y: np.ndarray, sizes: np.ndarray, x_va: np.nda
     trainer = LightGBMTrainer(
         _train_worker,
         train_loop_config={"shards": shards, "valid": ray.put((x_va, y_va, va_sizes)), "params": run_params,
-                           "feature_names": feature_names, "categorical": categorical,
+                           "feature_names": feature_names,
                            "early_stopping_rounds": early_stopping_rounds},
         scaling_config=ScalingConfig(num_workers=cluster.num_workers,
                                      resources_per_worker={"CPU": cluster.cpus_per_worker}),

@@ -108,7 +108,7 @@ def fit_coarse(
     train_stage = candidate_stage if train_stage is None else train_stage
     tr_users, va_users = (_users(split, config.max_train_users, seed, SALT_COARSE_TRAIN),
                           _users(split, config.max_valid_users, seed, SALT_COARSE_VALID))
-    shipped = (None, None) if worker_stages is None else (partial(nth_stage, worker_stages, 1),
+    shipped = (None, None) if worker_stages is None or cluster is None else (partial(nth_stage, worker_stages, 1),
                                                           partial(nth_stage, worker_stages, 0))
     tr_all = _groups(split, shipped[0] or train_stage, "train", tr_users, config.train_positions, progress, cluster)
     va_all = _groups(split, shipped[1] or candidate_stage, "valid", va_users, 1, progress, cluster)
