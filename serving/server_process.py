@@ -1,6 +1,7 @@
 """A real uvicorn server in a subprocess on a free loopback port, for benchmarks and tests.
 
-``start_server_subprocess`` runs ``python -m uvicorn --factory`` with the environment
+``start_server_subprocess`` runs ``python -m uvicorn --factory`` (several workers: ``serving.run.serve_workers``,
+TCP_NODELAY on) with the environment
 ``serving.run.server_env`` derives from the settings, waits for ``/readyz`` and stops the process
 when its block exits; ``free_port`` asks the OS for an unused port.
 
@@ -27,6 +28,8 @@ from cascade.settings import Settings
 from serving.run import APP_FACTORY, server_env
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# several workers: a -c program (under `python -m serving.server_process` uvicorn's spawned workers died at start)
+SERVE_WORKERS = "import sys; from serving.run import serve_workers; serve_workers(*sys.argv[1:3], *map(int, sys.argv[3:5]))"
 
 
 def free_port() -> int:
@@ -61,8 +64,9 @@ def start_server_subprocess(
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     if ready_timeout_s is None:
         ready_timeout_s = settings.serving.ready_timeout_s if isinstance(settings, Settings) else 300.0
-    cmd = [sys.executable, "-m", "uvicorn", "--factory", app_factory, "--host", "127.0.0.1",
-           "--port", str(port), "--log-level", "warning"] + (["--workers", str(workers)] if workers > 1 else [])
+    cmd = ([sys.executable, "-m", "uvicorn", "--factory", app_factory, "--host", "127.0.0.1", "--port", str(port),
+            "--log-level", "warning"] if workers == 1 else  # several: serving.run.serve_workers, Nagle off
+           [sys.executable, "-c", SERVE_WORKERS, app_factory, "127.0.0.1", str(port), str(workers)])
     base_url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile() as log_file:
         proc = subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, stdout=log_file, stderr=subprocess.STDOUT)
