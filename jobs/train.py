@@ -209,7 +209,7 @@ def _train_recall(settings: Settings, artifact_dir: Path, split: Split, progress
     from recall.train import train_two_tower  # lazy: imports torch
 
     return train_two_tower(split, artifact_dir / "recall", recall_config(settings), progress=progress,
-                           seed=settings.seed, depth=recall_depth(settings))
+                           seed=settings.seed, depth=recall_depth(settings), cluster=settings.ray)
 
 
 def _train_recall_holdout(settings: Settings, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
@@ -219,7 +219,7 @@ def _train_recall_holdout(settings: Settings, artifact_dir: Path, split: Split, 
     return train_two_tower(
         split, artifact_dir / "recall_holdout", recall_config(settings),
         sequences=seqs, early_stop_targets=targets, progress=progress, seed=settings.seed,
-        depth=recall_depth(settings),
+        depth=recall_depth(settings), cluster=settings.ray,
     )
 
 

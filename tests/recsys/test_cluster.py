@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -94,3 +95,18 @@ def test_a_session_already_open_is_reused_and_left_open():
         assert ray.is_initialized()
     assert not ray.is_initialized()
 
+
+@pytest.mark.slow
+def test_the_ray_flag_trains_the_two_tower_on_two_workers(tmp_path: Path, monkeypatch):
+    # the product's entry point end to end: a tiny synthetic set, a two-epoch fit, a local 2-CPU instance
+    for key, value in {"RECSYS_RAY__NUM_WORKERS": "2", "RECSYS_RECALL__MAX_EPOCHS": "2", "RECSYS_RECALL__DIM": "16",
+                       "RECSYS_RECALL__USE_TEXT": "false", "RECSYS_RECALL__COVISIT_CHANNEL": "false",
+                       "RECSYS_RECALL__ITEM_MODEL": "off"}.items():
+        monkeypatch.setenv(key, value)
+    out = tmp_path / "report.json"
+    res = runner.invoke(app, ["train", "recall", "--ray", "local:2", "--synthetic-users", "40", "--synthetic-items",
+                              "60", "--artifacts", str(tmp_path / "a"), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    recall = json.loads(out.read_text())["recall"]
+    assert (recall["workers"]["num_workers"], recall["workers"]["backend"]) == (2, "gloo")
+    assert recall["epochs"] == 2 and (tmp_path / "a" / "recall" / "model.pt").is_file()
