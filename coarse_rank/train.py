@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -106,12 +106,8 @@ def fit_coarse(
     check_embeddings(config, llm, split.n_items)
     started = time.perf_counter()
     train_stage = candidate_stage if train_stage is None else train_stage
-    tr_users, va_users = (_users(split, config.max_train_users, seed, SALT_COARSE_TRAIN),
-                          _users(split, config.max_valid_users, seed, SALT_COARSE_VALID))
-    shipped = (None, None) if worker_stages is None or cluster is None else (partial(nth_stage, worker_stages, 1),
-                                                          partial(nth_stage, worker_stages, 0))
-    tr_all = _groups(split, shipped[0] or train_stage, "train", tr_users, config.train_positions, progress, cluster)
-    va_all = _groups(split, shipped[1] or candidate_stage, "valid", va_users, 1, progress, cluster)
+    (tr_all, va_all), sample = _query_groups(split, (train_stage, candidate_stage), config, seed, progress,
+                                             (cluster, worker_stages))
     scores, flags = channel_columns([tr_all, va_all])
     prefix = training_prefix(split, config.train_positions)
     prefix_fb = FeatureBuilder(config).fit(split, prefix, score_columns=scores, flag_columns=flags, tags=tags, llm=llm)
@@ -133,8 +129,7 @@ def fit_coarse(
     gain = booster.feature_importance(importance_type="gain", iteration=best)
     top = np.argsort(-gain, kind="stable")[:10]
     report = {
-        "user_sample": {"train": user_sample_note(split.n_users, tr_users, "coarse.max_train_users"),
-                        "valid": user_sample_note(split.n_users, va_users, "coarse.max_valid_users")},
+        "user_sample": sample,
         "engine": f"ray ({cluster.num_workers} workers)" if cluster is not None else "in-process",
         "n_train_queries": len(tr_all),
         "n_train_groups": len(tr),
@@ -309,14 +304,27 @@ def nth_stage(recipe: Callable[[], tuple[Stage, Stage]], i: int) -> Stage:
     return recipe()[i]
 
 
-def _groups(split: Split, stage: Stage | Callable[[], Stage], phase: QueryPhase, users: np.ndarray | None,
-            positions: int, progress: bool, cluster: ClusterConfig | None) -> QueryGroups:
-    """The query groups of ``phase``: recalled on ``cluster``'s actors (``stage`` or a recipe for it), or here."""
-    if cluster is not None:
-        return groups_on_cluster(split, stage, phase, cluster, users=users, positions=positions, progress=progress)
-    if not hasattr(stage, "run"):
-        raise TypeError("a stage recipe is for cluster workers; in-process training takes the stage")
-    return build_groups(split, cast(Stage, stage), phase, users=users, progress=progress, positions=positions)
+def _query_groups(split: Split, stages: tuple[Stage, Stage], config: CoarseConfig, seed: int, progress: bool,
+                  on: tuple[ClusterConfig | None, Callable[[], tuple[Stage, Stage]] | None]
+                  ) -> tuple[tuple[QueryGroups, QueryGroups], dict[str, str]]:
+    """((train groups, valid groups), what the user caps sampled) from (train stage, valid stage)."""
+    tr_users, va_users = (_users(split, config.max_train_users, seed, SALT_COARSE_TRAIN),
+                          _users(split, config.max_valid_users, seed, SALT_COARSE_VALID))
+    groups = (_groups(split, stages[0], "train", tr_users, config.train_positions, progress, on),
+              _groups(split, stages[1], "valid", va_users, 1, progress, on))
+    return groups, {"train": user_sample_note(split.n_users, tr_users, "coarse.max_train_users"),
+                    "valid": user_sample_note(split.n_users, va_users, "coarse.max_valid_users")}
+
+
+def _groups(split: Split, stage: Stage, phase: QueryPhase, users: np.ndarray | None, positions: int, progress: bool,
+            on: tuple[ClusterConfig | None, Callable[[], tuple[Stage, Stage]] | None]) -> QueryGroups:
+    """The query groups of ``phase``: recalled here, or on the cluster ``on[0]``'s actors, with ``stage``
+    shipped or, given a recipe ``on[1]`` (``train_coarse``'s ``worker_stages``), built there."""
+    cluster, recipe = on
+    if cluster is None:
+        return build_groups(split, stage, phase, users=users, progress=progress, positions=positions)
+    shipped = stage if recipe is None else partial(nth_stage, recipe, 1 if phase == "train" else 0)
+    return groups_on_cluster(split, shipped, phase, cluster, users=users, positions=positions, progress=progress)
 
 
 def _users(split: Split, cap: int | None, seed: int, salt: int) -> np.ndarray | None:
