@@ -44,15 +44,18 @@ class CoarseConfig(BaseModel):
         "before it. Candidates must come from a recall model trained without those N items "
         "(artifacts recall_holdout/), so no label was seen in training.",
     )
-    # Caps keep training cost and memory flat past 10K users (each query group is ~200 feature rows:
-    # 125K users x 3 positions would be 75M rows); ML-100K/ML-1M have fewer users and use them all.
+    # Samples keep training cost and memory flat past 10K users on one machine (each query group is ~200
+    # feature rows: 125K users x 3 positions would be 75M rows); ML-100K/ML-1M have fewer users and use
+    # them all. On a Ray cluster (settings.ray) the rows spread over the workers, so null is the way to
+    # train on every user there.
     max_train_users: int | None = Field(
-        default=10_000, ge=1, description="Cap on users giving training query groups (sampled with the seed); "
-        "None uses all."
+        default=10_000, ge=1, description="Users giving training query groups: a seeded sample of this many "
+        "when there are more, which the training report states (user_sample.train: 'sampled 10,000 of 24,998 "
+        "users (coarse.max_train_users)'); None uses all."
     )
     max_valid_users: int | None = Field(
-        default=10_000, ge=1, description="Cap on users giving early-stopping (valid) query groups (sampled with "
-        "the seed); None uses all."
+        default=10_000, ge=1, description="Users giving early-stopping (valid) query groups: a seeded sample of "
+        "this many when there are more, stated in the report (user_sample.valid); None uses all."
     )
     # -- features ---------------------------------------------------------------------
     cooc_window: int = Field(
