@@ -7,23 +7,20 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from bench import engines
 from cascade.registry import build_pipeline
 from cascade.settings import Settings
 from jobs.evaluation.cascade_run import requests_for_user, run_cascade
 from jobs.evaluation.cluster_run import per_user_pass, run_cascade_on_cluster
 from offline.split import Split
-from recsys.config import MAX_BUDGET_MS
 
 ray = pytest.importorskip("ray")
 
 
 def unhurried(settings: Settings, address: str | None = None) -> Settings:
-    """``settings`` with no stage deadline within reach: on a loaded machine a stage past its budget
-    falls back, in either pass, and the two passes would differ by the load, not by the engine."""
-    stages = [s.model_copy(update={"budget_ms": MAX_BUDGET_MS}) for s in settings.pipeline.stages]
-    pipeline = settings.pipeline.model_copy(update={"stages": stages, "request_budget_ms": MAX_BUDGET_MS})
-    return settings.model_copy(update={"pipeline": pipeline,
-                                       "ray": settings.ray.model_copy(update={"address": address})})
+    """``bench.engines.unhurried`` (no stage deadline within reach: on a loaded machine a stage past its
+    budget falls back, in either pass) with the cluster ``address``."""
+    return engines.unhurried(settings).model_copy(update={"ray": settings.ray.model_copy(update={"address": address})})
 
 
 @pytest.fixture(scope="module")
