@@ -242,9 +242,15 @@ def holdout_recall(settings: Settings, artifact_dir: Path, split: Split, positio
 def _train_coarse(settings: Settings, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
     from coarse_rank.train import train_coarse  # lazy: imports scipy
 
+    llm = None
+    if settings.coarse.llm_embedding_features:  # the items' LLM embeddings, projected without the coarse labels
+        from jobs.tagging.embed import EmbedSettings, coarse_item_embeddings  # lazy: imports torch
+
+        sequences = holdout_sequences(split, settings.coarse.train_positions)[0]
+        llm = coarse_item_embeddings(split, artifact_dir / "tags", sequences, EmbedSettings(seed=settings.seed))
     recall, before_labels = holdout_recall(settings, artifact_dir, split, settings.coarse.train_positions)
     return train_coarse(split, recall, artifact_dir / "coarse", settings.coarse, seed=settings.seed, progress=progress,
-                        train_stage=before_labels)
+                        train_stage=before_labels, llm=llm)
 
 
 def _train_fusion(settings: Settings, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
