@@ -22,6 +22,7 @@ import os
 import time
 import uuid
 from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -249,8 +250,10 @@ def _train_coarse(settings: Settings, artifact_dir: Path, split: Split, progress
         sequences = holdout_sequences(split, settings.coarse.train_positions)[0]
         llm = coarse_item_embeddings(split, artifact_dir / "tags", sequences, EmbedSettings(seed=settings.seed))
     recall, before_labels = holdout_recall(settings, artifact_dir, split, settings.coarse.train_positions)
+    # on a cluster each worker builds the two stages again (a TorchScript tower does not travel)
+    recipe = partial(holdout_recall, settings, artifact_dir, split, settings.coarse.train_positions)
     return train_coarse(split, recall, artifact_dir / "coarse", settings.coarse, seed=settings.seed, progress=progress,
-                        train_stage=before_labels, llm=llm)
+                        train_stage=before_labels, llm=llm, cluster=settings.ray, worker_stages=recipe)
 
 
 def _train_fusion(settings: Settings, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:

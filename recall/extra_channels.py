@@ -51,6 +51,7 @@ from recall.channels import Channel, ChannelQuotas, PopularityChannel, clean_cha
 from recall.config import RecallConfig
 from recall.model import RecallModel
 from recsys.atomic import atomic_write_json
+from recsys.cluster import connected
 
 SHARE_GRID = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
 MIN_TWO_TOWER_SHARE = 0.3
@@ -58,15 +59,22 @@ GATE_FOLDS = 5
 
 
 def fit_channels(sequences: list[np.ndarray], n_items: int, config: RecallConfig) -> dict[str, Any]:
-    """``{name: (kind, W, last_n)}`` for every channel ``config`` turns on (see ``offline.item_neighbours``)."""
+    """``{name: (kind, W, last_n)}`` for every channel ``config`` turns on (see ``offline.item_neighbours``);
+    inside a Ray session the counts are map-reduced on the cluster (``offline.distributed_counts``, the
+    same weights)."""
+    count_covisits, fit_item_model = covisitation, item_model
+    if connected():
+        from offline import distributed_counts  # lazy: only with a cluster
+
+        count_covisits, fit_item_model = distributed_counts.covisitation, distributed_counts.item_model
     out: dict[str, Any] = {}
     if config.covisit_channel:
-        w = covisitation(sequences, n_items, window=config.covisit_window, backward=config.covisit_backward,
-                         top_k=config.neighbours)
+        w = count_covisits(sequences, n_items, window=config.covisit_window, backward=config.covisit_backward,
+                           top_k=config.neighbours)
         out["covisit"] = ("covisit", w, config.covisit_last_n)
     if config.item_model != "off":
-        kind, w = item_model(sequences, n_items, kind=config.item_model, top_k=config.neighbours,
-                             l2=config.ease_l2, shrink=config.knn_shrink, max_dense=config.ease_max_items)
+        kind, w = fit_item_model(sequences, n_items, kind=config.item_model, top_k=config.neighbours,
+                                 l2=config.ease_l2, shrink=config.knn_shrink, max_dense=config.ease_max_items)
         out["item_model"] = (kind, w, config.item_model_last_n)
     return out
 

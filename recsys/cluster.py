@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -112,6 +113,12 @@ def parse_address(value: str) -> ClusterConfig:
     if not valid_address(value.strip()):
         raise ClusterError(f"ray address {value!r} is none of {ADDRESS_FORMS}")
     return ClusterConfig(address=value)
+
+
+def connected() -> bool:
+    """Whether this process has a Ray session open (``ray_session`` around the job); never imports Ray."""
+    ray = sys.modules.get("ray")
+    return ray is not None and bool(ray.is_initialized())
 
 
 @contextmanager

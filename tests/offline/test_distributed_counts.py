@@ -79,3 +79,23 @@ def test_bad_settings_are_refused() -> None:
         distributed_counts.covisitation([np.arange(3)], 3, window=0)
     with pytest.raises(ValueError, match="partitions"):
         distributed_counts.cooccurrence([np.arange(3)], 3, partitions=0)
+
+
+def test_recall_channels_fitted_inside_a_ray_session_are_counted_there_and_equal(local_ray, monkeypatch) -> None:
+    from recall.config import RecallConfig
+    from recall.extra_channels import fit_channels
+    from recsys import cluster
+
+    seqs, config = zipf_sequences(300, 60, seed=3), RecallConfig(item_model="ease")
+    called = []
+    real = distributed_counts.covisitation
+    monkeypatch.setattr(distributed_counts, "covisitation", lambda *a, **k: called.append(1) or real(*a, **k))
+    on_cluster = fit_channels(seqs, 60, config)
+    assert called == [1] and cluster.connected()
+    monkeypatch.setattr(cluster, "connected", lambda: False)  # as outside any session
+    monkeypatch.setattr("recall.extra_channels.connected", lambda: False)
+    here = fit_channels(seqs, 60, config)
+    assert called == [1] and set(here) == set(on_cluster) == {"covisit", "item_model"}
+    for name in here:
+        assert here[name][0] == on_cluster[name][0] and here[name][2] == on_cluster[name][2]
+        assert_same(here[name][1], on_cluster[name][1])
