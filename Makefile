@@ -22,7 +22,8 @@ test: venv
 	$(PY) -m pytest -q -p no:cacheprovider
 
 test-heavy: venv
-	HEAVY_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider tests/llm_rerank/test_adapt.py
+	HEAVY_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider tests/llm_rerank/test_adapt.py tests/recsys/test_cluster.py \
+		tests/coarse_rank/test_cluster_training.py tests/bench/test_scaling.py
 
 test-fast: venv
 	$(PY) -m pytest -q -m "not slow"

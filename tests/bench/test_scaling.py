@@ -11,6 +11,7 @@ import pytest
 
 from bench import scaling
 from bench.scaling import growth, measure_one
+from tests.heavy import HEAVY
 
 
 def test_docstring_examples() -> None:
@@ -26,6 +27,7 @@ def test_growth_leaves_missing_figures_empty() -> None:
 
 _PEAK_RSS = """
 from bench.scaling import PeakRss
+
 rss = PeakRss(every_s=0.01)
 base = rss.mark()
 block = bytearray(200 * 2**20)  # touched pages count: 200 MiB
@@ -76,6 +78,7 @@ def test_overrides_are_stated_and_applied() -> None:
 
 
 @pytest.mark.slow
+@HEAVY
 def test_one_tiny_size_on_a_local_cluster(tmp_path: Path) -> None:
     pytest.importorskip("ray")
     config = tmp_path / "tiny.yaml"

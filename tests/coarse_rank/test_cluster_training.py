@@ -15,6 +15,7 @@ from coarse_rank.train import train_coarse
 from recsys.cluster import ClusterConfig
 from tests.coarse_rank.conftest import TOY_CONFIG
 from tests.coarse_rank.toy import PopularityStage
+from tests.heavy import HEAVY
 
 ray = pytest.importorskip("ray")
 LOCAL = ClusterConfig(address="local", num_workers=2)
@@ -43,6 +44,7 @@ def test_groups_and_features_equal_the_in_process_ones(chain, local_ray) -> None
 
 
 @pytest.mark.slow
+@HEAVY
 def test_data_parallel_fit_learns_the_next_item(chain, trained, local_ray, tmp_path) -> None:
     _, single = trained
     one_fit = TOY_CONFIG.model_copy(update={"cold_item_dropout": 0.0})  # one Ray Train run, not one per dropout

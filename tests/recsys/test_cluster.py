@@ -15,6 +15,7 @@ from cascade.settings import ConfigError, Settings
 from cli.main import app
 from recsys.cluster import ClusterConfig, ClusterError, parse_address, ray_session
 from serving.server_process import free_port
+from tests.heavy import HEAVY
 
 runner = CliRunner()
 
@@ -97,6 +98,7 @@ def test_a_session_already_open_is_reused_and_left_open():
 
 
 @pytest.mark.slow
+@HEAVY
 def test_the_ray_flag_trains_the_two_tower_on_two_workers(tmp_path: Path, monkeypatch):
     # the product's entry point end to end: a tiny synthetic set, a two-epoch fit, a local 2-CPU instance
     for key, value in {"RECSYS_RAY__NUM_WORKERS": "2", "RECSYS_RECALL__MAX_EPOCHS": "2", "RECSYS_RECALL__DIM": "16",
