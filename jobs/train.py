@@ -50,6 +50,9 @@ log = logging.getLogger(__name__)
 
 STAGE_ORDER = ("recall", "recall_holdout", "coarse", "llm", "fusion")
 DEFAULT_STAGES = ("recall", "recall_holdout", "coarse", "fusion")
+# Below this many training events the two two-towers fit one after the other: such a fit takes
+# seconds, less than starting two child processes that each import torch (~3-5 s on 2 cores).
+AT_ONCE_MIN_EVENTS = 20_000
 
 
 def holdout_sequences(split: Split, positions: int = 1) -> tuple[list[np.ndarray], np.ndarray]:
@@ -98,7 +101,8 @@ def train_stages(
         (stage_dir / MANIFEST_FILE).unlink(missing_ok=True)
         if stage in fitted:  # fitted beside recall (fit_two_towers)
             rep = fitted.pop(stage)
-        elif stage == "recall" and "recall_holdout" in stages and fit_threads(settings) is not None:
+        elif (stage == "recall" and "recall_holdout" in stages and fit_threads(settings) is not None
+              and len(split.train) >= AT_ONCE_MIN_EVENTS):
             # recall_holdout is retrained after a retrained recall anyway (force, below): both at once
             (artifact_dir / "recall_holdout" / "stage.json").unlink(missing_ok=True)
             (artifact_dir / "recall_holdout" / MANIFEST_FILE).unlink(missing_ok=True)

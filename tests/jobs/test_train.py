@@ -192,3 +192,23 @@ def test_holdout_sequences_hold_out_the_last_items(tmp_path: Path):
             assert seqs[u].tolist() == full[:-2].tolist() and targets[u] == full[-2]
         else:
             assert seqs[u].tolist() == full[: len(full) - min(2, len(full) - 1)].tolist()
+
+
+def test_the_two_towers_fit_at_once_only_past_a_few_thousand_events(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import jobs.train
+
+    class AtOnce(Exception):
+        pass
+
+    def at_once(*args, **kwargs):
+        raise AtOnce
+
+    monkeypatch.setattr(jobs.train, "fit_threads", lambda settings: 1)  # as on 2 free cores
+    monkeypatch.setattr(jobs.train, "fit_two_towers", at_once)
+    split = prepare(None, tmp_path / "small", n_users=60, n_items=120, seed=3)
+    assert len(split.train) < jobs.train.AT_ONCE_MIN_EVENTS  # starting two processes would cost more than it saves
+    report = train_stages(Settings.build(TINY), tmp_path / "small", split, stages=("recall", "recall_holdout"))
+    assert set(report) == {"recall", "recall_holdout"}
+    monkeypatch.setattr(jobs.train, "AT_ONCE_MIN_EVENTS", 0)
+    with pytest.raises(AtOnce):
+        train_stages(Settings.build(TINY), tmp_path / "small", split, stages=("recall", "recall_holdout"), force=True)
