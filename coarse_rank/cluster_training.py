@@ -163,8 +163,8 @@ def _train_worker(config: dict[str, Any]) -> None:
     """One Ray Train worker: its shard of query groups, the whole valid set, ``lightgbm.train``."""
     import lightgbm as lgb  # lazy: imports lightgbm
     import ray  # lazy: heavy optional dependency; this function only runs inside Ray Train workers
-    import ray.train
-    from ray.train.lightgbm import get_network_params
+    import ray.train  # lazy: Ray Train loads only on a cluster
+    from ray.train.lightgbm import get_network_params  # lazy: Ray Train loads only on a cluster
 
     rank = ray.train.get_context().get_world_rank()
     x, y, sizes = ray.get(config["shards"][rank])
@@ -198,8 +198,8 @@ def fit_on_cluster(x: np.ndarray, y: np.ndarray, sizes: np.ndarray, x_va: np.nda
     run and its checkpoint (on a multi-node cluster, a path every node sees)."""
     import lightgbm as lgb  # lazy: imports lightgbm
     import ray  # lazy: heavy optional dependency, only when a cluster is configured
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.lightgbm import LightGBMTrainer
+    from ray.train import RunConfig, ScalingConfig  # lazy: Ray Train loads only on a cluster
+    from ray.train.lightgbm import LightGBMTrainer  # lazy: Ray Train loads only on a cluster
 
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     shards = [ray.put((x[offsets[a]:offsets[b]], y[offsets[a]:offsets[b]], sizes[a:b]))

@@ -109,7 +109,7 @@ def fit_distributed(run: Run, config: RecallConfig, seed: int, progress: bool, c
         raise ValueError("recall.max_train_s is not supported on a Ray cluster (workers would stop at different "
                          "steps); bound the fit with recall.max_train_logits or recall.max_epochs")
     from ray.train import RunConfig, ScalingConfig  # lazy: heavy optional dependency, only on a cluster
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchConfig, TorchTrainer  # lazy: Ray Train loads only on a cluster
 
     storage = Path(storage).resolve()
     name = f"two_tower_{int(time.time() * 1000)}"
@@ -141,8 +141,8 @@ def fit_distributed(run: Run, config: RecallConfig, seed: int, progress: bool, c
 def _worker(loop: dict[str, Any]) -> None:
     """One Ray Train worker: the fit over its share of each batch; rank 0 reports the checkpoint."""
     import ray.train  # lazy: only inside a Ray Train worker
-    from ray.train import Checkpoint
-    from ray.train.torch import prepare_model
+    from ray.train import Checkpoint  # lazy: Ray Train loads only on a cluster
+    from ray.train.torch import prepare_model  # lazy: Ray Train loads only on a cluster
 
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
