@@ -17,6 +17,7 @@ import pandas as pd
 from coarse_rank import statistics as st
 from coarse_rank.feature_tables import FeatureTables, Vocabularies
 from coarse_rank.item_tags import ItemTags
+from coarse_rank.new_items import recall_order_positions
 from recsys.contract import Request
 
 
@@ -26,10 +27,7 @@ def recall_columns(recall: np.ndarray) -> list[np.ndarray]:
     >>> [c.tolist() for c in recall_columns(np.array([0.5, np.nan, 1.0], np.float32))]
     [[0.5, nan, 1.0], [1.0, 2.0, 0.0], [-0.5, nan, 0.0]]
     """
-    n = len(recall)
-    key = np.where(np.isnan(recall), -np.inf, recall)
-    rank = np.empty(n, dtype=np.float32)
-    rank[np.argsort(-key, kind="stable")] = np.arange(n, dtype=np.float32)
+    rank = recall_order_positions(recall).astype(np.float32)
     best = float(np.max(recall[~np.isnan(recall)])) if (~np.isnan(recall)).any() else np.nan
     return [recall, rank, recall - np.float32(best)]
 
