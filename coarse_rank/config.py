@@ -74,12 +74,15 @@ class CoarseConfig(BaseModel):
         "the history, risk flags, LLM-embedding cosine with the recent history). Training then needs the "
         "item tags (jobs.coarse_tags.train_coarse_tags writes such a model to <artifact_dir>/coarse_tags).",
     )
-    llm_embedding_features: bool = Field(
-        default=False,
+    llm_embedding_features: Literal["auto"] | bool = Field(
+        default="auto",
         description="Add coarse_rank.llm_features.LLM_EMBEDDING_FEATURES (cosine of a candidate's LLM item "
-        "embedding with the mean of the last last_n history items', and the max over them). Training then reads "
-        "<artifact_dir>/tags/hidden.npy (`recsys tag --method embed`) and projects it without the train labels "
-        "(jobs.coarse_tags.load_llm_embeddings).",
+        "embedding with the mean of the last last_n history items', and the max over them), computed from "
+        "<artifact_dir>/tags/hidden.npy (`recsys tag --method embed`) projected without the train labels "
+        "(jobs.tagging.embed.coarse_item_embeddings). true = always (training fails without the embeddings); "
+        "false = never; 'auto' = off without the embeddings, else the ranker is fitted without and with them on "
+        "the same query groups and the fit with them is served only when it beats the other on the valid groups "
+        "beyond its paired CI (coarse_rank.llm_gate); the training report says which and why.",
     )
     item_age_features: bool = Field(
         default=True,

@@ -75,7 +75,7 @@ def load_builder(directory: Path) -> FeatureBuilder:
               if config.tag_features else None),
         channels=ChannelTables.from_arrays(channel_arrays, n, config) if config.channel_features else None,
         llm=(check_embeddings(config, ItemEmbeddings.from_arrays(llm_arrays, n), n)
-             if config.llm_embedding_features else None),
+             if config.llm_embedding_features is True else None),
         age=ItemAge.from_arrays(age_arrays, n) if config.item_age_features else None,
     )
     if builder.feature_names != meta["feature_names"]:

@@ -65,7 +65,7 @@ class FeatureBuilder:
     def feature_names(self) -> list[str]:
         tag_names = TAG_FEATURES if self.config.tag_features else {}
         channel_names = [*CHANNEL_FEATURES, *rank_names(self.score_columns)] if self.config.channel_features else []
-        llm_names = LLM_EMBEDDING_FEATURES if self.config.llm_embedding_features else {}
+        llm_names = LLM_EMBEDDING_FEATURES if self.config.llm_embedding_features is True else {}
         age_names = ITEM_AGE_FEATURES if self.config.item_age_features else {}
         return [*FEATURES, *tag_names, *llm_names, *age_names, *channel_names, *self.score_columns,
                 *self.flag_columns]

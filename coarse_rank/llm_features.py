@@ -1,9 +1,10 @@
 """LLM-embedding coarse features: how close a candidate's LLM item embedding is to the user's recent items.
 
-With ``CoarseConfig.llm_embedding_features`` the builder adds the ``LLM_EMBEDDING_FEATURES``
+With ``CoarseConfig.llm_embedding_features`` true the builder adds the ``LLM_EMBEDDING_FEATURES``
 columns, computed from ``ItemEmbeddings`` (one unit row per item, the LLM's pooled hidden states
-through the 256-d projection; ``jobs.coarse_tags.load_llm_embeddings`` makes them free of the
-coarse ranker's train labels). The recent items are the last ``CoarseConfig.last_n`` of the
+through the 256-d projection; ``jobs.tagging.embed.coarse_item_embeddings`` makes them free of the
+coarse ranker's train labels). With ``auto`` training decides per catalog whether they are worth
+serving (``coarse_rank.llm_gate``). The recent items are the last ``CoarseConfig.last_n`` of the
 history, as for the other similarity features. One matrix product per request, no loop over
 candidates: ``[n_candidates, dim] @ [dim, last_n]``.
 
@@ -87,7 +88,18 @@ class ItemEmbeddings:
 
 
 def check_embeddings(config: CoarseConfig, embeddings: ItemEmbeddings | None, n_items: int) -> ItemEmbeddings | None:
-    """``embeddings`` if they fit ``config`` and a catalog of ``n_items``; a ValueError naming the mismatch."""
+    """``embeddings`` if they fit ``config`` and a catalog of ``n_items``; a ValueError naming the mismatch.
+
+    A feature builder's columns follow a resolved setting: ``auto`` builds none, and embeddings
+    given with it are refused (``coarse_rank.train.fit_coarse`` decides ``auto`` on valid and fits
+    its builders with true or false)."""
+    if embeddings is not None and embeddings.n_items != n_items:
+        raise ValueError(f"LLM item embeddings cover {embeddings.n_items} items, the catalog has {n_items}")
+    if config.llm_embedding_features == "auto":
+        if embeddings is not None:
+            raise ValueError("LLM item embeddings given to a feature builder with coarse.llm_embedding_features "
+                             "'auto': fit it with true or false (coarse_rank.train.fit_coarse chooses)")
+        return None
     if not config.llm_embedding_features:
         if embeddings is not None:
             raise ValueError("LLM item embeddings given but coarse.llm_embedding_features is false: enable it or "
@@ -96,6 +108,4 @@ def check_embeddings(config: CoarseConfig, embeddings: ItemEmbeddings | None, n_
     if embeddings is None:
         raise ValueError("coarse.llm_embedding_features is true but no LLM item embeddings were given: train with "
                          "jobs.train (it reads <artifact_dir>/tags/hidden.npy, written by `recsys tag --method embed`)")
-    if embeddings.n_items != n_items:
-        raise ValueError(f"LLM item embeddings cover {embeddings.n_items} items, the catalog has {n_items}")
     return embeddings

@@ -34,6 +34,7 @@ from coarse_rank.feature_store import save_builder
 from coarse_rank.features import FeatureBuilder, check_tags
 from coarse_rank.item_tags import ItemTags
 from coarse_rank.llm_features import ItemEmbeddings, check_embeddings
+from coarse_rank.llm_gate import choose_llm_features, fixed_choice, without_llm
 from coarse_rank.new_items import placed_scores
 from offline.metrics import per_user_metrics
 from offline.protocol import SALT_COARSE_TRAIN, SALT_COARSE_VALID, gate_verdict, user_sample
@@ -72,7 +73,7 @@ def train_coarse(
     split: Split, candidate_stage: Stage, out_dir: Path, config: CoarseConfig, *, seed: int = 42,
     progress: bool = True, tags: ItemTags | None = None, train_stage: Stage | None = None,
     llm: ItemEmbeddings | None = None, cluster: ClusterConfig | None = None,
-    worker_stages: Callable[[], tuple[Stage, Stage]] | None = None,
+    worker_stages: Callable[[], tuple[Stage, Stage]] | None = None, llm_missing: str | None = None,
 ) -> dict[str, Any]:
     """``fit_coarse`` inside a Ray session when ``cluster`` names one (``recsys.cluster``: query groups,
     feature rows and the LightGBM fit then run on it, see ``coarse_rank.cluster_training``), else here.
@@ -83,35 +84,39 @@ def train_coarse(
     cluster = cluster if cluster is not None and cluster.enabled else None
     with ray_session(cluster or ClusterConfig()):
         return fit_coarse(split, candidate_stage, out_dir, config, seed=seed, progress=progress, tags=tags,
-                          train_stage=train_stage, llm=llm, cluster=cluster, worker_stages=worker_stages)
+                          train_stage=train_stage, llm=llm, cluster=cluster, worker_stages=worker_stages,
+                          llm_missing=llm_missing)
 
 
 def fit_coarse(
     split: Split, candidate_stage: Stage, out_dir: Path, config: CoarseConfig, *, seed: int = 42,
     progress: bool = True, tags: ItemTags | None = None, train_stage: Stage | None = None,
     llm: ItemEmbeddings | None = None, cluster: ClusterConfig | None = None,
-    worker_stages: Callable[[], tuple[Stage, Stage]] | None = None,
+    worker_stages: Callable[[], tuple[Stage, Stage]] | None = None, llm_missing: str | None = None,
 ) -> dict[str, Any]:
     """Fit the ranker on ``candidate_stage``'s candidates, save it under ``out_dir``, return a report.
 
     ``tags``: the item tag tables, required exactly when ``config.tag_features`` (both feature
     builders use them; see ``jobs.coarse_tags`` for leak-free ones); ``llm``: the LLM item
-    embeddings, required exactly when ``config.llm_embedding_features`` (leak-free ones from
-    ``jobs.coarse_tags.load_llm_embeddings``). ``train_stage``: the stage
-    that recalls the train-phase groups when it must differ from the valid phase's (default
-    ``candidate_stage``): ``jobs.train`` gives the same recall model with the counts of
-    ``coarse_rank.dataset.prefix_popularity``, so no train label's own event is in its popularity.
+    embeddings (leak-free ones from ``jobs.tagging.embed.coarse_item_embeddings``), required when
+    ``config.llm_embedding_features`` is true, refused when false, with ``auto`` served only where they
+    lift on valid (``coarse_rank.llm_gate``; ``llm_missing``: the report's why when there are none).
+    ``train_stage``: the stage that recalls the train-phase groups when it must differ from the valid
+    phase's (default ``candidate_stage``): ``jobs.train`` gives the same recall model with the counts
+    of ``coarse_rank.dataset.prefix_popularity``, so no train label's own event is in its popularity.
     """
     check_tags(config, tags, split.n_items)  # fail before the slow candidate pass
-    check_embeddings(config, llm, split.n_items)
+    setting = config.llm_embedding_features  # the builders' columns: auto resolved to whether there are embeddings
+    fitted = config.model_copy(update={"llm_embedding_features": llm is not None if setting == "auto" else setting})
+    check_embeddings(fitted, llm, split.n_items)
     started = time.perf_counter()
     train_stage = candidate_stage if train_stage is None else train_stage
     (tr_all, va_all), sample = _query_groups(split, (train_stage, candidate_stage), config, seed, progress,
                                              (cluster, worker_stages))
     scores, flags = channel_columns([tr_all, va_all])
     prefix = training_prefix(split, config.train_positions)
-    prefix_fb = FeatureBuilder(config).fit(split, prefix, score_columns=scores, flag_columns=flags, tags=tags, llm=llm)
-    builder = FeatureBuilder(config).fit(split, score_columns=scores, flag_columns=flags, tags=tags, llm=llm)
+    prefix_fb = FeatureBuilder(fitted).fit(split, prefix, score_columns=scores, flag_columns=flags, tags=tags, llm=llm)
+    builder = FeatureBuilder(fitted).fit(split, score_columns=scores, flag_columns=flags, tags=tags, llm=llm)
     tr, va = tr_all.subset(tr_all.has_positive), va_all.subset(va_all.has_positive)
     for name, g, g_all, stage in (("train", tr, tr_all, train_stage), ("valid", va, va_all, candidate_stage)):
         if len(g) == 0:
@@ -120,13 +125,10 @@ def fit_coarse(
                 f"of stage {stage.name!r}; nothing to learn from"
             )
     x_tr, x_va = _matrix(prefix_fb, tr, progress, cluster), _matrix(builder, va, progress, cluster)
-    dropouts = COLD_ITEM_DROPOUTS if config.cold_item_dropout is None else (config.cold_item_dropout,)
-    fits = [_fit_ranker(x_tr, tr, builder, d, config, seed, x_va, va, (cluster, out_dir)) for d in dropouts]
-    chosen, dropout_choice = choose_dropout(dropouts, [f.pred for f in fits], va, config.eval_at, seed)
-    booster, best, pred, cold_rows, n_train_rows = (fits[chosen].booster, fits[chosen].best, fits[chosen].pred,
-                                                    fits[chosen].cold_rows, fits[chosen].n_rows)
-    new_items = choose_placement(config.new_items, pred, va, builder.known_items(), config.eval_at, seed)
-    gain = booster.feature_importance(importance_type="gain", iteration=best)
+    fit, builder, dropout_choice, llm_choice = _chosen_fit((x_tr, x_va), (tr, va), builder, config, seed,
+                                                           (cluster, out_dir), llm_missing)
+    new_items = choose_placement(config.new_items, fit.pred, va, builder.known_items(), config.eval_at, seed)
+    gain = fit.booster.feature_importance(importance_type="gain", iteration=fit.best)
     top = np.argsort(-gain, kind="stable")[:10]
     report = {
         "user_sample": sample,
@@ -137,18 +139,19 @@ def fit_coarse(
         "n_valid_queries": len(va_all),
         "n_valid_groups": len(va),
         "valid_positive_share": len(va) / max(len(va_all), 1),
-        "n_train_rows": n_train_rows,
-        "cold_item_training": cold_rows,
+        "n_train_rows": fit.n_rows,
+        "cold_item_training": fit.cold_rows,
         "cold_item_dropout": dropout_choice,
         "new_items": new_items,
+        "llm_embedding_features": llm_choice,
         "n_features": len(builder.feature_names),
-        "best_iteration": best,
-        **_valid_ndcg(va, pred, config.eval_at, n_users=len(va_all)),
+        "best_iteration": fit.best,
+        **_valid_ndcg(va, fit.pred, config.eval_at, n_users=len(va_all)),
         "feature_importance_top10": {builder.feature_names[i]: round(float(gain[i]), 3) for i in top},
         "feature_importance_gain": importance_table(builder.feature_names, gain),
         "seconds": round(time.perf_counter() - started, 2),
     }
-    _save(out_dir, booster, best, builder, report, config, seed, split)
+    _save(out_dir, fit.booster, fit.best, builder, report, builder.config, seed, split)  # as fitted: never auto
     return report
 
 
@@ -159,6 +162,32 @@ class _Fit:
     pred: np.ndarray  # valid scores at the best iteration
     cold_rows: dict[str, Any]
     n_rows: int
+
+
+def _chosen_fit(x: tuple[np.ndarray, np.ndarray], groups: tuple[QueryGroups, QueryGroups], builder: FeatureBuilder,
+                config: CoarseConfig, seed: int, on: tuple[ClusterConfig | None, Path], llm_missing: str | None
+                ) -> tuple[_Fit, FeatureBuilder, dict[str, Any], dict[str, Any]]:
+    """(the served fit, its builder, the cold-item dropout report, the LLM feature report) from the (train,
+    valid) matrices and groups of ``builder``. The dropout is chosen first (``choose_dropout``); with
+    ``auto`` and embeddings, without the LLM columns, and the fit with them at that dropout is then
+    served only where it wins ``coarse_rank.llm_gate.choose_llm_features`` on the valid groups."""
+    (x_tr, x_va), (tr, va) = x, groups
+    gated, with_llm = config.llm_embedding_features == "auto" and builder.llm is not None, builder
+    if gated:
+        builder, keep = without_llm(with_llm)
+        x_tr, x_va = x_tr[:, keep], x_va[:, keep]
+    dropouts = COLD_ITEM_DROPOUTS if config.cold_item_dropout is None else (config.cold_item_dropout,)
+    fits = [_fit_ranker(x_tr, tr, builder, d, config, seed, x_va, va, on) for d in dropouts]
+    chosen, dropout_choice = choose_dropout(dropouts, [f.pred for f in fits], va, config.eval_at, seed)
+    if not gated:
+        return fits[chosen], builder, dropout_choice, fixed_choice(config, llm_missing)
+    challenger = _fit_ranker(x[0], tr, with_llm, dropouts[chosen], config, seed, x[1], va, on)
+    llm_choice = choose_llm_features(_per_group_ndcg(va, fits[chosen].pred, config.eval_at),
+                                     _per_group_ndcg(va, challenger.pred, config.eval_at), config.eval_at, seed)
+    llm_choice["dropout"] = dropouts[chosen]
+    if llm_choice["chosen"]:
+        return challenger, with_llm, dropout_choice, llm_choice
+    return fits[chosen], builder, dropout_choice, llm_choice
 
 
 def _fit_ranker(x_tr: np.ndarray, tr: QueryGroups, builder: FeatureBuilder, dropout: float, config: CoarseConfig,

@@ -247,17 +247,22 @@ def holdout_recall(settings: Settings, artifact_dir: Path, split: Split, positio
 def _train_coarse(settings: Settings, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:
     from coarse_rank.train import train_coarse  # lazy: imports scipy
 
-    llm = None
-    if settings.coarse.llm_embedding_features:  # the items' LLM embeddings, projected without the coarse labels
+    setting, tags = settings.coarse.llm_embedding_features, artifact_dir / "tags"
+    llm, missing = None, None
+    # true: always (a missing file is an error); auto: whenever `recsys tag --method embed` has written them
+    if setting is True or (setting == "auto" and (tags / "hidden.npy").is_file() and (tags / "version.json").is_file()):
         from jobs.tagging.embed import EmbedSettings, coarse_item_embeddings  # lazy: imports torch
 
-        sequences = holdout_sequences(split, settings.coarse.train_positions)[0]
-        llm = coarse_item_embeddings(split, artifact_dir / "tags", sequences, EmbedSettings(seed=settings.seed))
+        sequences = holdout_sequences(split, settings.coarse.train_positions)[0]  # projected without the coarse labels
+        llm = coarse_item_embeddings(split, tags, sequences, EmbedSettings(seed=settings.seed))
+    elif setting == "auto":
+        missing = f"no LLM item embeddings in {tags}; `recsys tag --method embed` writes them"
     recall, before_labels = holdout_recall(settings, artifact_dir, split, settings.coarse.train_positions)
     # on a cluster each worker builds the two stages again (a TorchScript tower does not travel)
     recipe = partial(holdout_recall, settings, artifact_dir, split, settings.coarse.train_positions)
     return train_coarse(split, recall, artifact_dir / "coarse", settings.coarse, seed=settings.seed, progress=progress,
-                        train_stage=before_labels, llm=llm, cluster=settings.ray, worker_stages=recipe)
+                        train_stage=before_labels, llm=llm, cluster=settings.ray, worker_stages=recipe,
+                        llm_missing=missing)
 
 
 def _train_fusion(settings: Settings, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:

@@ -81,7 +81,10 @@ def variant_pipeline(settings: Settings, variant: str, llm_share: float = 0.2) -
     if variant not in VARIANTS:
         raise ValueError(f"unknown cold-source variant {variant!r}; choose from {sorted(VARIANTS)}")
     text, swaps = VARIANTS[variant]
-    out = settings.model_copy(update={"recall": settings.recall.model_copy(update={"use_text": text})})
+    # the coarse LLM columns stay off: under auto the cold split's tags/ would switch them on in every variant
+    coarse = settings.coarse.model_copy(update={"llm_embedding_features": False})
+    out = settings.model_copy(update={"recall": settings.recall.model_copy(update={"use_text": text}),
+                                      "coarse": coarse})
     if "tag_features" in swaps:
         out = variant_settings(out, "tag_features")
     if "llm_channel" in swaps:

@@ -5,7 +5,8 @@ fusion costs, short-history slices, versions): about a thousand lines of JSON, w
 files and scripts. What a person reads after a run fits a screen: per stage NDCG@10 and
 Recall@10 with their 95% CIs, candidate recall at each stage's depth, the paired deltas between
 stages, the served order against the best baseline, how many users were evaluated and how many
-the protocol left out, list completeness, the new-item slice, and how many warnings there were.
+the protocol left out, list completeness, the new-item slice, which LLM sources were on (and why
+training switched the coarse ranker's on or off), and how many warnings there were.
 For ``--seeds N`` the figures are the mean ± sd over the seeds.
 
 Every section is optional: a report without one (an older report, a pipeline without a coarse
@@ -55,6 +56,8 @@ def _run_lines(report: dict[str, Any]) -> list[str]:
         lines.append(_lists_line(report["lists"]))
     if report.get("cold_items"):
         lines.append(_cold_line(report["cold_items"]))
+    if report.get("llm_sources"):
+        lines.append(_llm_line(report["llm_sources"]))
     lines.append(_warnings_line(len(report.get("warnings", []))))
     return lines
 
@@ -124,6 +127,17 @@ def _cold_line(cold: dict[str, Any]) -> str:
             parts.append(f"{label} {final:.4f} on {s.get('users')} users")
     return (f"new items ({cold.get('new_items')} of {cold.get('of_items')} first seen after the cutoff): "
             f"final NDCG@10 {', '.join(parts) or 'not measured'}")
+
+
+def _llm_line(sources: dict[str, Any]) -> str:
+    """``LLM sources: coarse LLM embedding features off (why); re-ranker off; ...`` (``jobs.evaluation.llm_sources``)."""
+    parts = [f"{name} LLM embedding features {'on' if c.get('chosen') else 'off'} ({c.get('why')})"
+             for name, c in sources.get("coarse_llm_embedding_features", {}).items()]
+    for key, label in (("llm_rerank", "re-ranker"), ("llm_recall_channel", "recall channel"),
+                       ("llm_tag_rules", "tag rules")):
+        if key in sources:
+            parts.append(f"{label} {'on' if sources[key].get('on') else 'off'}")
+    return "LLM sources: " + "; ".join(parts)
 
 
 def _warnings_line(n: int) -> str:

@@ -39,6 +39,7 @@ from jobs.evaluation.cascade_run import (
     slice_table,
 )
 from jobs.evaluation.cluster_run import per_user_pass
+from jobs.evaluation.llm_sources import llm_sources
 from offline.baselines import evaluate_rankings_per_user, popularity_rankings
 from offline.bootstrap import MIN_USERS, paired_bootstrap
 from offline.metrics import candidate_recall, coverage, summarize
@@ -174,7 +175,8 @@ def evaluate_pipeline(
     n_boot: int = 2000,
 ) -> dict[str, Any]:
     """Measure every stage on ``phase`` and return the eval report: per-stage metrics, candidate recall,
-    coverage, paired deltas between stages, list completeness, rule and fusion costs, timings."""
+    coverage, paired deltas between stages, list completeness, rule and fusion costs, the LLM sources
+    served (``jobs.evaluation.llm_sources``), timings."""
     require_bootstrap_users(split)
     t0 = time.perf_counter()
     pipeline = memoised(build_pipeline(settings, artifact_dir, phase=phase))  # policy passes replay the scorers
@@ -214,6 +216,7 @@ def evaluate_pipeline(
         "policy_costs": costs,
         "stage_status": run["status"],
         "versions": pipeline.versions(),
+        "llm_sources": llm_sources(settings, artifact_dir),  # what the training and the config switched on, and why
         "timings": {"load_s": round(load_s, 2), "eval_s": round(eval_s, 2),
                     "request_ms": _pct(run["total_ms"]),
                     "stage_ms": {name: _pct(v) for name, v in run["stage_ms"].items()},

@@ -9,7 +9,8 @@ of the sections in ``SUMMARISED`` (stage metrics, deltas, candidate recall, per-
 candidate recall, rule and fusion costs, training seconds), its mean, sample sd and the
 per-seed values, and for each delta whether its mean exceeds the seeds' sd (``beyond_sd``):
 one seed's lift of the size of the run-to-run spread is not a lift. Each ``per_seed`` entry
-keeps its ``lists`` and training ``warnings``, which ``recsys eval`` checks as for one run.
+keeps its ``lists`` and training ``warnings``, which ``recsys eval`` checks as for one run, and
+its ``llm_sources`` (a gated LLM source may be switched on for one seed and not another).
 
 Deliberately left out: parallel seeds (the stages already use the cores) and re-splitting
 the data per seed (the spread measured is the training's, not the split's).
@@ -105,5 +106,5 @@ def _leaves(tree: Any, prefix: str = "") -> Any:
 
 
 def _compact(report: dict[str, Any]) -> dict[str, Any]:
-    keep = (*SUMMARISED, "recall_train", "coarse_importance", "lists", "warnings", "timings")
+    keep = (*SUMMARISED, "recall_train", "coarse_importance", "llm_sources", "lists", "warnings", "timings")
     return {k: report[k] for k in keep if k in report}

@@ -131,8 +131,10 @@ def train_variants(settings: Settings, artifact_dir: Path, split: Split, seed: i
 
 
 def variant(settings: Settings, seed: int, name: str, llm_share: float = 0.2) -> Settings:
-    """``settings`` for one variant and coarse seed (``VARIANTS``)."""
-    seeded = settings.model_copy(update={"seed": seed})
+    """``settings`` for one variant and coarse seed (``VARIANTS``). The coarse LLM columns are on in
+    ``llm_features`` only: under ``auto`` the linked ``tags/`` would switch them on wherever they lift."""
+    alone = settings.coarse.model_copy(update={"llm_embedding_features": False})
+    seeded = settings.model_copy(update={"seed": seed, "coarse": alone})
     if name == "llm_channel":
         return variant_settings(seeded, "llm_channel", llm_share)
     if name == "llm_features":

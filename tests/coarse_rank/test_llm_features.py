@@ -41,8 +41,9 @@ def test_llm_features_doctest():
     assert doctest.testmod(llm_features).failed == 0
 
 
-def test_off_by_default_and_the_names_sit_between_the_base_and_the_channel_columns(split):
-    assert CoarseConfig().llm_embedding_features is False
+def test_auto_by_default_and_the_names_sit_between_the_base_and_the_channel_columns(split):
+    assert CoarseConfig().llm_embedding_features == "auto"
+    assert not set(LLM_EMBEDDING_FEATURES) & set(FeatureBuilder(CoarseConfig()).fit(split).feature_names)
     assert embedded(split).feature_names == [*DEFAULT_NAMES, *LLM_EMBEDDING_FEATURES, *ITEM_AGE_FEATURES, "recall_pop",
                                                "src_pop"]
     assert all(LLM_EMBEDDING_FEATURES.values())
@@ -88,6 +89,8 @@ def test_bad_inputs_raise_naming_what_is_wrong(split):
     with pytest.raises(ValueError, match="llm_embedding_features is true but no LLM item embeddings"):
         FeatureBuilder(CoarseConfig(llm_embedding_features=True)).fit(split)
     with pytest.raises(ValueError, match="llm_embedding_features is false"):
+        FeatureBuilder(CoarseConfig(llm_embedding_features=False)).fit(split, llm=ItemEmbeddings.from_vectors(VECTORS, 5))
+    with pytest.raises(ValueError, match="'auto': fit it with true or false"):  # fit_coarse resolves auto
         FeatureBuilder(CoarseConfig()).fit(split, llm=ItemEmbeddings.from_vectors(VECTORS, 5))
 
 

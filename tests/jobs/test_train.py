@@ -91,6 +91,10 @@ def test_tiny_cascade_trains_evaluates_and_is_reused(tmp_path: Path, monkeypatch
     lo, hi = ev["deltas"]["coarse_vs_recall"]["ndcg@10"]["ci95"]
     assert lo <= ev["deltas"]["coarse_vs_recall"]["ndcg@10"]["mean"] <= hi
     assert ev["stage_status"]["llm"] == {"skipped": split.n_users}
+    # what was on among the LLM sources, and why: here none (no tags/, the llm stage disabled)
+    assert ev["llm_sources"]["coarse_llm_embedding_features"]["coarse"] == forced["coarse"]["llm_embedding_features"]
+    assert forced["coarse"]["llm_embedding_features"]["chosen"] is False
+    assert not any(ev["llm_sources"][k]["on"] for k in ("llm_rerank", "llm_recall_channel", "llm_tag_rules"))
     assert 0 <= ev["stages"]["final"]["ndcg@10"] <= 1
     # right by default: every user gets a full list, and the price of each rule is reported
     lists = ev["lists"]
@@ -212,3 +216,31 @@ def test_the_two_towers_fit_at_once_only_past_a_few_thousand_events(tmp_path: Pa
     monkeypatch.setattr(jobs.train, "AT_ONCE_MIN_EVENTS", 0)
     with pytest.raises(AtOnce):
         train_stages(Settings.build(TINY), tmp_path / "small", split, stages=("recall", "recall_holdout"), force=True)
+
+
+@pytest.mark.slow
+def test_coarse_reads_the_llm_item_embeddings_when_recsys_tag_embed_wrote_them(tmp_path: Path):
+    # coarse.llm_embedding_features auto (the default): off without <artifact_dir>/tags, gated with them
+    from jobs.evaluation.llm_sources import llm_sources
+    from jobs.tagging.catalog import catalog_digest
+
+    settings = Settings.build({**TINY, "recall": {**TINY["recall"], "train_threads": 1},
+                               "coarse": {**TINY["coarse"], "num_threads": 1, "cold_item_dropout": 0.0}})
+    art = tmp_path / "synthetic"
+    split = prepare(None, art, n_users=60, n_items=120, seed=3)
+    off = train_stages(settings, art, split, stages=("recall_holdout", "coarse"))["coarse"]
+    tags = art / "tags"
+    assert off["llm_embedding_features"] == {
+        "chosen": False, "why": f"no LLM item embeddings in {tags}; `recsys tag --method embed` writes them"}
+    assert llm_sources(settings, art)["coarse_llm_embedding_features"] == {"coarse": off["llm_embedding_features"]}
+    tags.mkdir()
+    np.save(tags / "hidden.npy", np.random.default_rng(0).normal(size=(split.n_items, 12)).astype(np.float32))
+    (tags / "version.json").write_text(f'{{"catalog": "{catalog_digest(split.items["item_id"].tolist())}"}}')
+    gated = train_stages(settings, art, split, stages=("coarse",), force=True)["coarse"]["llm_embedding_features"]
+    assert set(gated) == {"chosen", "why", "valid_ndcg", "gate", "dropout"}
+    assert (gated["gate"]["ci95"][0] > 0) is gated["chosen"]
+    assert llm_sources(settings, art)["coarse_llm_embedding_features"]["coarse"] == {
+        k: gated[k] for k in ("chosen", "why", "valid_ndcg", "gate")}
+    (tags / "version.json").write_text('{"catalog": "another"}')  # made for another catalog: said, not ignored
+    with pytest.raises(ValueError, match="another catalog"):
+        train_stages(settings, art, split, stages=("coarse",), force=True)

@@ -56,6 +56,9 @@ def test_eval_prints_a_summary_of_the_report_it_writes_to_its_default_path(tiny:
     lists = report["lists"]
     assert any(ln.startswith(f"lists (k=10): {lists['complete']} complete, {lists['short']} short, "
                              f"{lists['empty']} empty of {lists['users']} users") for ln in lines)
+    assert lines[-3] == (f"LLM sources: coarse LLM embedding features off (no LLM item embeddings in {Path(tiny[-1])}"
+                         "/tags; `recsys tag --method embed` writes them); re-ranker off; recall channel off; "
+                         "tag rules off")
     assert lines[-2].startswith("warnings: ") and lines[-1] == f"full report: {out}"
 
 
@@ -98,3 +101,12 @@ def test_a_report_without_optional_sections_still_has_a_summary() -> None:
                    Path("e.json"))
     assert text.splitlines()[-3:] == ["lists (k=10): 40 complete, 0 short, 0 empty of 40 users", "warnings: none",
                                       "full report: e.json"]
+
+
+def test_the_llm_sources_line_says_what_was_on_and_why() -> None:
+    sources = {"coarse_llm_embedding_features": {"coarse": {"chosen": True, "why": "it lifts"}},
+               "llm_rerank": {"on": True, "why": "enabled"}, "llm_recall_channel": {"on": False, "why": "-"},
+               "llm_tag_rules": {"on": False, "why": "-"}}
+    lines = summary({"llm_sources": sources}, Path("e.json")).splitlines()
+    assert lines[-3] == ("LLM sources: coarse LLM embedding features on (it lifts); re-ranker on; recall channel off; "
+                         "tag rules off")
