@@ -15,6 +15,7 @@ Deliberately left out: evaluation (``jobs.evaluation.evaluate``), LLM adaptation
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import multiprocessing
@@ -181,13 +182,33 @@ DEPENDS_ON = {"recall": (), "recall_holdout": (), "coarse": ("recall", "recall_h
 
 
 def _upstream(settings: Settings, artifact_dir: Path, stage: str) -> dict[str, str | None]:
-    """The ``run_id`` of each trained stage ``stage`` depends on (``DEPENDS_ON``), as now on disk."""
+    """The ``run_id`` of each trained stage ``stage`` depends on (``DEPENDS_ON``), as now on disk; for
+    ``coarse`` unless its LLM columns are off, also the LLM item embeddings it would read
+    (``llm_embeddings_id``), so embeddings written or rewritten by ``recsys tag --method embed`` retrain it."""
     out: dict[str, str | None] = {}
     for dep in DEPENDS_ON[stage]:
         meta = _read_meta(_stage_dir(settings, artifact_dir, dep))
         if meta is not None:
             out[dep] = meta.get("run_id")
+    if stage == "coarse" and settings.coarse.llm_embedding_features is not False:
+        embeddings = llm_embeddings_id(artifact_dir / "tags")
+        if embeddings is not None:  # absent: the record stays that of a catalog never embedded
+            out["llm_embeddings"] = embeddings
     return out
+
+
+def llm_embeddings_id(tags: Path) -> str | None:
+    """A fingerprint of the LLM item embeddings in ``tags`` (``hidden.npy``'s size and modification
+    time with ``version.json``'s bytes, which name the model, text and catalog), None without them.
+
+    >>> llm_embeddings_id(Path("/nonexistent")) is None
+    True
+    """
+    hidden, version = tags / "hidden.npy", tags / "version.json"
+    if not (hidden.is_file() and version.is_file()):
+        return None
+    stat = hidden.stat()
+    return hashlib.sha256(f"{stat.st_size}:{stat.st_mtime_ns}:".encode() + version.read_bytes()).hexdigest()[:16]
 
 
 def _write_meta(directory: Path, report: dict[str, Any], split_id: str, config_id: str = "",

@@ -236,11 +236,13 @@ def test_coarse_reads_the_llm_item_embeddings_when_recsys_tag_embed_wrote_them(t
     tags.mkdir()
     np.save(tags / "hidden.npy", np.random.default_rng(0).normal(size=(split.n_items, 12)).astype(np.float32))
     (tags / "version.json").write_text(f'{{"catalog": "{catalog_digest(split.items["item_id"].tolist())}"}}')
-    gated = train_stages(settings, art, split, stages=("coarse",), force=True)["coarse"]["llm_embedding_features"]
+    # no --force: the embeddings written since are part of what the trained ranker was made from
+    gated = train_stages(settings, art, split, stages=("coarse",))["coarse"]["llm_embedding_features"]
     assert set(gated) == {"chosen", "why", "valid_ndcg", "gate", "dropout"}
     assert (gated["gate"]["ci95"][0] > 0) is gated["chosen"]
     assert llm_sources(settings, art)["coarse_llm_embedding_features"]["coarse"] == {
         k: gated[k] for k in ("chosen", "why", "valid_ndcg", "gate")}
+    assert train_stages(settings, art, split, stages=("coarse",))["coarse"]["reused"] is True
     (tags / "version.json").write_text('{"catalog": "another"}')  # made for another catalog: said, not ignored
     with pytest.raises(ValueError, match="another catalog"):
-        train_stages(settings, art, split, stages=("coarse",), force=True)
+        train_stages(settings, art, split, stages=("coarse",))
