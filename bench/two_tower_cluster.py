@@ -51,7 +51,7 @@ def fit_both(split: Split, artifacts: Path, config: RecallConfig, depth: int, se
         row = {key: report.get(key) for key in REPORTED}
         row["wall_s"] = round(time.perf_counter() - t0, 1)
         row["cpu_s"] = round(time.process_time() - cpu0 + sum(report.get("workers", {}).get("cpu_s", [])), 1)
-        row.update(_per_epoch(report))
+        row.update(per_epoch(report))
         if "workers" in report:
             row["workers"] = report["workers"]
         row["load_avg_1m"] = round(os.getloadavg()[0], 2)
@@ -61,21 +61,21 @@ def fit_both(split: Split, artifacts: Path, config: RecallConfig, depth: int, se
     return out
 
 
-def _per_epoch(report: dict[str, Any]) -> dict[str, float | None]:
+def per_epoch(report: dict[str, Any]) -> dict[str, float | None]:
     """Steady-state seconds per epoch (an epoch's steps and its valid evaluation) from the fit's history,
     per optimizer step, and the rest of the fit's seconds (start-up: data, workers, process group).
 
-    >>> _per_epoch({"history": [{"epoch": 1, "s": 12.0}, {"epoch": 3, "s": 16.0}], "steps": 30, "epochs": 3,
+    >>> per_epoch({"history": [{"epoch": 1, "s": 12.0}, {"epoch": 3, "s": 16.0}], "steps": 30, "epochs": 3,
     ...             "train_s": 20.0})
     {'s_per_epoch': 2.0, 's_per_step': 0.2, 'startup_s': 14.0}
     """
     history = report.get("history") or []
     if len(history) < 2 or history[-1]["epoch"] == history[0]["epoch"]:
         return {"s_per_epoch": None, "s_per_step": None, "startup_s": None}
-    per_epoch = (history[-1]["s"] - history[0]["s"]) / (history[-1]["epoch"] - history[0]["epoch"])
+    seconds = (history[-1]["s"] - history[0]["s"]) / (history[-1]["epoch"] - history[0]["epoch"])
     steps_per_epoch = report["steps"] / report["epochs"]
-    return {"s_per_epoch": round(per_epoch, 3), "s_per_step": round(per_epoch / steps_per_epoch, 4),
-            "startup_s": round(report["train_s"] - per_epoch * report["epochs"], 1)}
+    return {"s_per_epoch": round(seconds, 3), "s_per_step": round(seconds / steps_per_epoch, 4),
+            "startup_s": round(report["train_s"] - seconds * report["epochs"], 1)}
 
 
 def main(argv: list[str] | None = None) -> None:
