@@ -102,7 +102,7 @@ class CoarseConfig(BaseModel):
         default=None, ge=0, lt=1, description="Share of items whose interaction features (features."
         "INTERACTION_FEATURES) are hidden in training, as they are for a new item at serving, so the ranker learns "
         "to order new items by their recall score and content. 0 = off; null = chosen on the valid groups among "
-        "coarse_rank.train.COLD_ITEM_DROPOUTS, served over 0 only beyond its paired CI (coarse_rank.train.choose_dropout).")
+        "coarse_rank.train.COLD_ITEM_DROPOUTS, served over 0 only beyond its paired CI (coarse_rank.gates.choose_dropout).")
     new_items: Literal["auto", "recall_place", "model"] = Field(
         default="auto", description="Where an item the fitted tables hold no interaction of goes: 'recall_place' = "
         "the position recall ranked it at among the request's candidates, the known items keeping the ranker's "

@@ -1,9 +1,11 @@
 """Whether a catalog's coarse ranker serves the LLM item-embedding columns (``coarse.llm_embedding_features: auto``).
 
 With ``auto`` and LLM item embeddings at hand, ``coarse_rank.train.fit_coarse`` fits the ranker
-twice on the same query groups: without the ``LLM_EMBEDDING_FEATURES`` columns (the incumbent,
-what the catalog is served without an LLM) and with them. The fit with them is served only when
-its NDCG@k beats the other's on the valid groups with the paired bootstrap 95% CI above zero
+on the same query groups without the ``LLM_EMBEDDING_FEATURES`` columns (the incumbent, what the
+catalog is served without an LLM) and with them, each at ``coarse_rank.train.LLM_GATE_FITS`` seeds
+(with row and column sampling, one fit's luck would decide). The fit with
+them is served only when its NDCG@k, each valid group's averaged over the seeds, beats the other's
+with the paired bootstrap 95% CI above zero
 (``offline.protocol.gate_verdict``, the rule of the cold-item dropout, new-item placement and
 fusion gates): an LLM source costs a pass of the LLM over the catalog and a wider model, and is
 switched on only where it lifts beyond the run-to-run spread. Without embeddings it is off, and

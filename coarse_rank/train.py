@@ -18,7 +18,7 @@ Deliberately left out: candidate generation (any ``recsys.contract.Stage``), ser
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -32,12 +32,11 @@ from coarse_rank.dataset import QueryGroups, QueryPhase, build_groups, channel_c
 from coarse_rank.feature_names import CATEGORICAL_FEATURES
 from coarse_rank.feature_store import save_builder
 from coarse_rank.features import FeatureBuilder, check_tags
+from coarse_rank.gates import choose_dropout, choose_placement, per_group_ndcg, valid_ndcg
 from coarse_rank.item_tags import ItemTags
 from coarse_rank.llm_features import ItemEmbeddings, check_embeddings
 from coarse_rank.llm_gate import choose_llm_features, fixed_choice, without_llm
-from coarse_rank.new_items import placed_scores
-from offline.metrics import per_user_metrics
-from offline.protocol import SALT_COARSE_TRAIN, SALT_COARSE_VALID, gate_verdict, user_sample
+from offline.protocol import SALT_COARSE_TRAIN, SALT_COARSE_VALID, user_sample
 from offline.split import Split
 from recsys.atomic import atomic_write_json
 from recsys.cluster import ClusterConfig, ray_session
@@ -46,6 +45,7 @@ from recsys.progress import progress_bar
 
 # coarse.cold_item_dropout null: the shares tried, 0 first (the incumbent choose_dropout serves unless beaten)
 COLD_ITEM_DROPOUTS = (0.0, 0.1, 0.2)
+LLM_GATE_FITS = 3  # coarse.llm_embedding_features auto: seeds each side of the LLM-column verdict is fitted at
 
 
 def lgbm_params(config: CoarseConfig, seed: int) -> dict[str, Any]:
@@ -146,7 +146,7 @@ def fit_coarse(
         "llm_embedding_features": llm_choice,
         "n_features": len(builder.feature_names),
         "best_iteration": fit.best,
-        **_valid_ndcg(va, fit.pred, config.eval_at, n_users=len(va_all)),
+        **valid_ndcg(va, fit.pred, config.eval_at, n_users=len(va_all)),
         "feature_importance_top10": {builder.feature_names[i]: round(float(gain[i]), 3) for i in top},
         "feature_importance_gain": importance_table(builder.feature_names, gain),
         "seconds": round(time.perf_counter() - started, 2),
@@ -170,7 +170,8 @@ def _chosen_fit(x: tuple[np.ndarray, np.ndarray], groups: tuple[QueryGroups, Que
     """(the served fit, its builder, the cold-item dropout report, the LLM feature report) from the (train,
     valid) matrices and groups of ``builder``. The dropout is chosen first (``choose_dropout``); with
     ``auto`` and embeddings, without the LLM columns, and the fit with them at that dropout is then
-    served only where it wins ``coarse_rank.llm_gate.choose_llm_features`` on the valid groups."""
+    served only where it wins ``coarse_rank.llm_gate.choose_llm_features`` on the valid groups, each side's
+    per-group NDCG averaged over ``LLM_GATE_FITS`` fit seeds (the first side's first fit is the one served)."""
     (x_tr, x_va), (tr, va) = x, groups
     gated, with_llm = config.llm_embedding_features == "auto" and builder.llm is not None, builder
     if gated:
@@ -181,12 +182,17 @@ def _chosen_fit(x: tuple[np.ndarray, np.ndarray], groups: tuple[QueryGroups, Que
     chosen, dropout_choice = choose_dropout(dropouts, [f.pred for f in fits], va, config.eval_at, seed)
     if not gated:
         return fits[chosen], builder, dropout_choice, fixed_choice(config, llm_missing)
-    challenger = _fit_ranker(x[0], tr, with_llm, dropouts[chosen], config, seed, x[1], va, on)
-    llm_choice = choose_llm_features(_per_group_ndcg(va, fits[chosen].pred, config.eval_at),
-                                     _per_group_ndcg(va, challenger.pred, config.eval_at), config.eval_at, seed)
-    llm_choice["dropout"] = dropouts[chosen]
+    # both sides fitted at LLM_GATE_FITS seeds and each group's NDCG averaged: with row and column
+    # sampling one fit's luck decides, and the mean over seeds keeps noise out and lets a real lift in
+    d = dropouts[chosen]
+    challengers = [_fit_ranker(x[0], tr, with_llm, d, config, seed + i, x[1], va, on) for i in range(LLM_GATE_FITS)]
+    incumbents = [fits[chosen]] + [_fit_ranker(x_tr, tr, builder, d, config, seed + i, x_va, va, on)
+                                   for i in range(1, LLM_GATE_FITS)]
+    llm_choice = choose_llm_features(*(np.mean([per_group_ndcg(va, f.pred, config.eval_at) for f in side], axis=0)
+                                       for side in (incumbents, challengers)), config.eval_at, seed)
+    llm_choice.update(dropout=d, fit_seeds=[seed + i for i in range(LLM_GATE_FITS)])
     if llm_choice["chosen"]:
-        return challenger, with_llm, dropout_choice, llm_choice
+        return challengers[0], with_llm, dropout_choice, llm_choice
     return fits[chosen], builder, dropout_choice, llm_choice
 
 
@@ -217,59 +223,6 @@ def _fit_ranker(x_tr: np.ndarray, tr: QueryGroups, builder: FeatureBuilder, drop
     best = int(ranker.best_iteration_ or booster.current_iteration())
     pred = np.asarray(booster.predict(x_va, num_iteration=best, num_threads=config.num_threads))
     return _Fit(booster, best, pred, cold_rows, int(len(x)))
-
-
-def choose_dropout(dropouts: Sequence[float], preds: Sequence[np.ndarray], va: QueryGroups, k: int, seed: int
-                   ) -> tuple[int, dict[str, Any]]:
-    """(index of the served fit, report) among fits at ``dropouts`` (the first is 0 when several).
-
-    The fit with the best valid NDCG@k is served over the first only when its paired bootstrap
-    95% CI over the valid groups lies above zero (``offline.protocol.gate_verdict``): hiding warm
-    items' interactions costs the warm items, so it is served only where the valid items hold
-    enough new ones to pay for it.
-    """
-    ndcg = [_per_group_ndcg(va, p, k) for p in preds]
-    means = [float(n.mean()) if len(n) else 0.0 for n in ndcg]
-    out: dict[str, Any] = {"valid_ndcg": {str(d): round(m, 5) for d, m in zip(dropouts, means, strict=True)}}
-    best = max(range(len(dropouts)), key=lambda i: (means[i], -dropouts[i]))
-    chosen = 0
-    if best != 0:
-        check = gate_verdict(ndcg[0], ndcg[best], seed)
-        out["gate"] = {"challenger": dropouts[best], **{key: check[key] for key in ("mean", "ci95", "p_value")}}
-        chosen = best if check["wins"] else 0
-    out["chosen"] = dropouts[chosen]
-    return chosen, out
-
-
-def choose_placement(setting: str, pred: np.ndarray, va: QueryGroups, known: np.ndarray, k: int, seed: int
-                     ) -> dict[str, Any]:
-    """Where the served ranker puts items without interactions (``coarse_rank.new_items``), as a report.
-
-    With ``auto``: recall's place when it beats the model's order on the valid groups beyond the
-    paired bootstrap CI (``offline.protocol.gate_verdict``), else the model's; the model's when no
-    valid group holds such an item. Any other setting is served as it is.
-    """
-    if setting != "auto":
-        return {"chosen": setting, "why": "coarse.new_items"}
-    placed, groups = placed_scores(pred, [c.items for c in va.candidates],
-                                   [c.score("recall") for c in va.candidates], known)
-    if groups == 0:
-        return {"chosen": "model", "why": "no valid group holds an item without interactions"}
-    model, recall = _per_group_ndcg(va, pred, k), _per_group_ndcg(va, placed, k)
-    check = gate_verdict(model, recall, seed)
-    return {"chosen": "recall_place" if check["wins"] else "model", "groups_with_new_items": groups,
-            "valid_ndcg": {"model": round(float(model.mean()), 5), "recall_place": round(float(recall.mean()), 5)},
-            "gate": {key: check[key] for key in ("mean", "ci95", "p_value")}}
-
-
-def _per_group_ndcg(va: QueryGroups, pred: np.ndarray, k: int) -> np.ndarray:
-    """NDCG@k of each valid group's label in the order of ``pred``."""
-    offsets = np.concatenate([[0], np.cumsum(va.sizes)])
-    top = np.full((len(va), k), -1, np.int64)
-    for g, cands in enumerate(va.candidates):
-        order = cands.items[np.argsort(-pred[offsets[g]:offsets[g + 1]], kind="stable")][:k]
-        top[g, :len(order)] = order
-    return per_user_metrics(top, va.labels, k)[f"ndcg@{k}"] if len(va) else np.zeros(0)
 
 
 def cold_items_for_training(x: np.ndarray, groups: QueryGroups, known: np.ndarray, builder: FeatureBuilder,
@@ -368,22 +321,6 @@ def _matrix(builder: FeatureBuilder, groups: QueryGroups, progress: bool, cluste
     pairs = progress_bar(list(zip(groups.requests, groups.candidates, strict=True)),
                          desc=f"coarse {groups.phase} features", enabled=progress, unit="user")
     return np.vstack([builder.transform(r, c) for r, c in pairs])
-
-
-def _valid_ndcg(va: QueryGroups, pred: np.ndarray, k: int, n_users: int) -> dict[str, float]:
-    """NDCG@k of the coarse order vs the recall order over all valid queries (a miss counts 0)."""
-    coarse, recall = np.full((len(va), k), -1, np.int64), np.full((len(va), k), -1, np.int64)
-    offsets = np.concatenate([[0], np.cumsum(va.sizes)])
-    for g, cands in enumerate(va.candidates):
-        s = pred[offsets[g]:offsets[g + 1]]
-        by_coarse = cands.items[np.argsort(-s, kind="stable")][:k]
-        by_recall = (cands.sorted_by("recall") if "recall" in cands.scores else cands).items[:k]
-        coarse[g, :len(by_coarse)], recall[g, :len(by_recall)] = by_coarse, by_recall
-    key = f"ndcg@{k}"
-    return {
-        f"valid_{key}_coarse": float(per_user_metrics(coarse, va.labels, k)[key].sum() / max(n_users, 1)),
-        f"valid_{key}_recall": float(per_user_metrics(recall, va.labels, k)[key].sum() / max(n_users, 1)),
-    }
 
 
 def _save(out_dir: Path, booster: Any, best: int, builder: FeatureBuilder, report: dict[str, Any],

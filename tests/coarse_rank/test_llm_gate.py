@@ -133,6 +133,18 @@ def test_auto_serves_the_columns_only_where_they_lift_on_valid(clusters, tmp_pat
     assert served_valid_ndcg(clusters, tmp_path / "auto") == report["valid_ndcg@10_coarse"]
 
 
+@pytest.mark.parametrize(("kind", "chosen"), [("signal", True), ("noise", False)])
+def test_with_row_and_column_sampling_the_verdict_averages_fits_at_several_seeds(clusters, tmp_path, kind, chosen):
+    """At seed 0 with 0.8 sampling, a single fit per side leaves the embeddings that know the clusters
+    off (paired CI across zero); the mean over the gate's fit seeds serves them, and noise stays off."""
+    sampled = CONFIG.model_copy(update={"feature_fraction": 0.8, "bagging_fraction": 0.8})
+    report = train_coarse(clusters, PopularityStage(clusters), tmp_path / "coarse", sampled, seed=0, progress=False,
+                          llm=embeddings(kind, clusters.n_items))
+    verdict = report["llm_embedding_features"]
+    assert verdict["fit_seeds"] == [0, 1, 2]
+    assert verdict["chosen"] is chosen and (verdict["gate"]["ci95"][0] > 0) is chosen
+
+
 def test_without_llm_is_the_builder_fitted_without_them_and_its_columns_a_subset(clusters):
     llm = embeddings("signal", clusters.n_items)
     on = CONFIG.model_copy(update={"llm_embedding_features": True})

@@ -55,32 +55,3 @@ def test_runs_of_unknown_items_between_known_ones_sort_strictly_in_float32(run: 
     unknown[4:4 + run] = True
     order = _order(recall_places(coarse, recall, unknown))
     assert order == list(range(n))
-
-
-def _groups(n: int, label_is_new: bool):
-    from coarse_rank.dataset import QueryGroups
-    from recsys.contract import Candidates, Request
-
-    cands, labels = [], []
-    for g in range(n):
-        items = np.arange(10, dtype=np.int64)
-        recall = np.linspace(1.0, 0.1, 10)[::-1].copy()  # recall ranks item 9 first
-        cands.append(Candidates(items=items, scores={"recall": recall.astype(np.float32)}))
-        labels.append(9 if label_is_new else g % 3)
-    return QueryGroups("valid", [Request(user_id=f"u{g}") for g in range(n)], cands, np.array(labels))
-
-
-@pytest.mark.parametrize(("label_is_new", "chosen"), [(True, "recall_place"), (False, "model")])
-def test_training_serves_recall_places_only_where_they_win_on_valid(label_is_new: bool, chosen: str) -> None:
-    from coarse_rank.train import choose_placement
-
-    va = _groups(60, label_is_new)
-    pred = np.tile(np.arange(10, dtype=np.float64)[::-1], 60)  # the model ranks item 0 first, item 9 last
-    known = np.ones(10, dtype=bool)
-    known[9] = False  # item 9 has no interaction: recall's first pick, the model's last
-    report = choose_placement("auto", pred, va, known, 10, seed=0)
-    assert report["chosen"] == chosen and report["groups_with_new_items"] == 60
-    assert (report["gate"]["ci95"][0] > 0) == (chosen == "recall_place")
-    assert choose_placement("auto", pred, va, np.ones(10, dtype=bool), 10, seed=0)["chosen"] == "model"
-    assert choose_placement("recall_place", pred, va, known, 10, seed=0) == {"chosen": "recall_place",
-                                                                              "why": "coarse.new_items"}

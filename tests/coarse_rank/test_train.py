@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from coarse_rank.config import CoarseConfig
-from coarse_rank.dataset import QueryGroups, build_groups
+from coarse_rank.dataset import build_groups
 from coarse_rank.stage import CoarseStage
-from coarse_rank.train import choose_dropout, train_coarse
+from coarse_rank.train import train_coarse
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request
 from tests.coarse_rank.conftest import TOY_CONFIG
@@ -72,26 +72,6 @@ def test_training_is_deterministic_and_never_reads_the_test_items(chain, trained
     again = train_coarse(scrambled, PopularityStage(scrambled), tmp_path, TOY_CONFIG, seed=7, progress=False)
     assert (tmp_path / "model.txt").read_bytes() == (root / "coarse" / "model.txt").read_bytes()
     assert {k: v for k, v in again.items() if k != "seconds"} == {k: v for k, v in report.items() if k != "seconds"}
-
-
-def _valid_groups(n: int) -> QueryGroups:
-    cands = [Candidates(np.arange(12, dtype=np.int64)) for _ in range(n)]
-    return QueryGroups("valid", [Request(user_id=str(u)) for u in range(n)], cands, np.full(n, 11, np.int64))
-
-
-def test_a_dropout_is_served_only_beyond_its_ci_on_the_valid_groups():
-    va = _valid_groups(100)
-    last = np.tile(np.arange(12, dtype=np.float64), 100)  # the label (item 11) first
-    first = -last  # the label last: NDCG@10 0
-    chosen, report = choose_dropout((0.0, 0.1, 0.2), [first, first, last], va, 10, seed=0)
-    assert chosen == 2 and report["chosen"] == 0.2 and report["gate"]["ci95"][0] > 0
-    assert report["valid_ndcg"] == {"0.0": 0.0, "0.1": 0.0, "0.2": 1.0}
-    one_better = first.copy()
-    one_better[11] = 100.0  # better on one group of 100 only
-    chosen, report = choose_dropout((0.0, 0.1), [first, one_better], va, 10, seed=0)
-    assert chosen == 0 and report["chosen"] == 0.0 and report["gate"]["challenger"] == 0.1
-    chosen, report = choose_dropout((0.0, 0.1), [last, last], va, 10, seed=0)
-    assert chosen == 0 and "gate" not in report  # a tie keeps no dropout
 
 
 def test_a_fixed_dropout_fits_once(chain, tmp_path):
