@@ -4,7 +4,7 @@
 --seeds 42 43 44 --out results/eval/coarse_item_age_ml100k.json`` reads the split and the two
 recall models (``recall``, ``recall_holdout``) a ``recsys train`` or ``recsys eval`` left in
 ``DIR``, and for each seed trains the coarse ranker and the fusion weights twice in
-``<DIR>/variants/<base|set>-<seed>/`` (the split and the recall models linked, not copied): once
+``<DIR>/variants/<base|set>-<seed>/`` (the recall models linked, the split copied): once
 with the settings as they are (``base``) and once with the ``--set`` overrides. Each pair is
 measured on the test requests of every user, and the report gives per seed and variant recall,
 coarse and served NDCG@10, the per-user paired delta (set minus base) with its bootstrap 95% CI,
@@ -19,7 +19,6 @@ costs hours on 2 cores. Deliberately left out: the LLM stage.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -32,13 +31,14 @@ from cascade.registry import build_pipeline
 from cascade.settings import Settings
 from jobs.evaluation.cascade_run import run_cascade
 from jobs.evaluation.cold_items import item_slices
+from jobs.evaluation.seeds import link_shared, mean_sd
 from jobs.train import train_stages
 from offline.bootstrap import paired_bootstrap
 from offline.metrics import per_user_metrics
 from offline.split import Split
 from recsys.provenance import write_result
 
-LINKED = ("split", "recall", "recall_holdout")
+LINKED = ("recall", "recall_holdout")  # linked into each variant's directory, the split copied
 STAGES = ("recall", "coarse", "final")
 
 
@@ -70,10 +70,7 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 def run_variant(source: Path, directory: Path, split: Split, settings: dict[str, Any]) -> dict[str, np.ndarray]:
     """Train coarse and fusion under ``settings`` beside ``source``'s recall fit; per-user NDCG@10 by stage."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for sub in LINKED:
-        if not (directory / sub).exists():
-            os.symlink((source / sub).resolve(), directory / sub)
+    link_shared(source, directory, LINKED)
     built = Settings.build(settings)
     train_stages(built, directory, split, stages=("coarse", "fusion"), force=True, progress=False)
     run = run_cascade(build_pipeline(built, directory, phase="test"), split, "test", progress=False)
@@ -104,16 +101,11 @@ def compare(source: Path, seeds: list[int], changed: dict[str, Any], base: dict[
         row["seconds"] = round(time.perf_counter() - t0, 1)
         per_seed[str(seed)] = row
         print(f"seed {seed}: {row}", file=sys.stderr, flush=True)
-    summary = {f"{name}_{s}": _mean_sd([per_seed[str(x)][name][s] for x in seeds])
+    summary = {f"{name}_{s}": mean_sd([per_seed[str(x)][name][s] for x in seeds])
                for name in ("base", "set") for s in ("coarse", "final")}
-    summary["delta_coarse"] = _mean_sd([per_seed[str(x)]["delta_coarse"]["mean"] for x in seeds])
+    summary["delta_coarse"] = mean_sd([per_seed[str(x)]["delta_coarse"]["mean"] for x in seeds])
     return {"dataset": split.name, "users": int(users.sum()), "set": changed, "seeds": seeds,
             "summary": summary, "per_seed": per_seed}
-
-
-def _mean_sd(values: list[float]) -> dict[str, float]:
-    arr = np.asarray(values, dtype=np.float64)
-    return {"mean": round(float(arr.mean()), 5), "sd": round(float(arr.std(ddof=1)) if len(arr) > 1 else 0.0, 5)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -126,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    missing = [sub for sub in LINKED if not (args.artifacts / sub).is_dir()]
+    missing = [sub for sub in ("split", *LINKED) if not (args.artifacts / sub).is_dir()]
     try:
         if missing:
             raise ValueError(f"{args.artifacts}: no {', '.join(missing)} (train the cascade there first)")

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from jobs.evaluation.seeds import mean_sd
 from offline.loaders import load_dataset
 from recsys.atomic import atomic_write_text
 
@@ -169,15 +170,10 @@ def _per_seed(report: dict[str, Any]) -> list[dict[str, Any]]:
     return list(report["per_seed"].values()) if "per_seed" in report else [report]
 
 
-def _mean_sd(values: list[float]) -> dict[str, float]:
-    arr = np.asarray(values, dtype=np.float64)
-    return {"mean": round(float(arr.mean()), 5), "sd": round(float(arr.std(ddof=1)) if len(arr) > 1 else 0.0, 5)}
-
-
 def shape_row(report: dict[str, Any]) -> dict[str, Any]:
     """One table row from a shape's eval report (a single run or ``--seeds N``)."""
     runs = _per_seed(report)
-    stages = {name: _mean_sd([r["stages"][name]["ndcg@10"] for r in runs])
+    stages = {name: mean_sd([r["stages"][name]["ndcg@10"] for r in runs])
               for name in runs[0]["stages"] if all(name in r["stages"] for r in runs)}
     base = [r.get("baselines", {}) for r in runs]
     fits = [f for r in runs for f in (r.get("recall_train") or {}).values()]
@@ -185,7 +181,7 @@ def shape_row(report: dict[str, Any]) -> dict[str, Any]:
         "seeds": len(runs), "users": report.get("n_users", runs[0].get("n_users")),
         "items": report.get("n_items", runs[0].get("n_items")),
         "stages": stages,
-        "candidate_recall@200": _mean_sd([r["candidate_recall"].get("recall@200", float("nan")) for r in runs]),
+        "candidate_recall@200": mean_sd([r["candidate_recall"].get("recall@200", float("nan")) for r in runs]),
         "best_baseline": [b.get("best") for b in base],
         "verdict": [b.get("verdict") for b in base],
         "epochs": [f.get("epochs") for f in fits], "best_epochs": [f.get("best_epoch") for f in fits],

@@ -18,6 +18,7 @@ the data per seed (the spread measured is the training's, not the split's).
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,34 @@ def share_split(artifact_dir: Path, seed_dir: Path) -> None:
     if not same:
         shutil.rmtree(dst, ignore_errors=True)
         shutil.copytree(src, dst)
+
+
+def link_shared(artifact_dir: Path, directory: Path, names: tuple[str, ...]) -> None:
+    """``directory`` with ``artifact_dir``'s split copied (``share_split``) and its ``names``
+    directories linked in: variants that differ in a later stage train beside one fit of the earlier ones."""
+    directory.mkdir(parents=True, exist_ok=True)
+    share_split(artifact_dir, directory)
+    for name in names:
+        link, target = directory / name, (Path(artifact_dir) / name).resolve()
+        if not target.is_dir():
+            raise FileNotFoundError(f"{target} missing: train it in {artifact_dir} first")
+        if link.is_symlink() and link.resolve() == target:
+            continue
+        if link.is_symlink():
+            link.unlink()
+        if link.exists():
+            raise ValueError(f"{link} exists and is not a link to {target}: remove it")
+        os.symlink(target, link)
+
+
+def mean_sd(values: list[float]) -> dict[str, float]:
+    """Mean and sample sd (0 for one value), rounded to 5 places: the spread over seeds.
+
+    >>> mean_sd([0.1, 0.3])
+    {'mean': 0.2, 'sd': 0.14142}
+    """
+    arr = np.asarray(values, dtype=np.float64)
+    return {"mean": round(float(arr.mean()), 5), "sd": round(float(arr.std(ddof=1)) if len(arr) > 1 else 0.0, 5)}
 
 
 def evaluate_seeds(

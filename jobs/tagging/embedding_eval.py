@@ -27,7 +27,6 @@ Deliberately left out: tuning fusion per variant; the LLM tags (``jobs.tagging.a
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ from cascade.registry import build_pipeline
 from cascade.settings import Settings
 from jobs.evaluation.cascade_run import K, run_cascade
 from jobs.evaluation.evaluate import HISTORY_SLICES
-from jobs.evaluation.seeds import share_split
+from jobs.evaluation.seeds import link_shared, mean_sd
 from jobs.tagging.ablation import variant_settings
 from jobs.tagging.job import EMBED_METHOD
 from jobs.train import train_stages
@@ -55,24 +54,6 @@ METRICS = (f"ndcg@{K}", f"recall@{K}")
 def seed_dir(artifact_dir: Path, seed: int, features: bool) -> Path:
     """Where coarse seed ``seed`` trains (with the LLM-embedding features or without)."""
     return Path(artifact_dir) / "llm-embedding" / f"seed-{seed}{'-features' if features else ''}"
-
-
-def link_shared(artifact_dir: Path, directory: Path) -> None:
-    """``directory`` with the split copied and the ``SHARED`` directories of ``artifact_dir`` linked in."""
-    directory.mkdir(parents=True, exist_ok=True)
-    share_split(artifact_dir, directory)
-    for name in SHARED:
-        link, target = directory / name, (Path(artifact_dir) / name).resolve()
-        if not target.is_dir():
-            raise FileNotFoundError(f"{target} missing: train the recall stages and run `recsys tag --method embed` "
-                                    f"in {artifact_dir} first")
-        if link.is_symlink() and link.resolve() == target:
-            continue
-        if link.is_symlink():
-            link.unlink()
-        if link.exists():
-            raise ValueError(f"{link} exists and is not a link to {target}: remove it")
-        os.symlink(target, link)
 
 
 def measure(settings: Settings, directory: Path, split: Split, phase: Phase, progress: bool) -> dict[str, Any]:
@@ -121,7 +102,7 @@ def train_variants(settings: Settings, artifact_dir: Path, split: Split, seed: i
     out: dict[str, Any] = {}
     for features in (False, True):
         directory = seed_dir(artifact_dir, seed, features)
-        link_shared(artifact_dir, directory)
+        link_shared(artifact_dir, directory, SHARED)
         trained = train_stages(variant(settings, seed, "llm_features" if features else "base"), directory, split,
                                stages=("coarse",), progress=progress)["coarse"]
         out["features" if features else "base"] = {"reused": bool(trained.get("reused")),
@@ -213,9 +194,7 @@ def summarise(per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
     {'mean': 0.2, 'sd': 0.14142, 'per_seed': [0.1, 0.3]}
     """
     def stat(values: list[float]) -> dict[str, Any]:
-        arr = np.asarray(values, dtype=float)
-        sd = float(arr.std(ddof=1)) if len(arr) > 1 else 0.0
-        return {"mean": round(float(arr.mean()), 5), "sd": round(sd, 5), "per_seed": values}
+        return {**mean_sd(values), "per_seed": values}
 
     rows = list(per_seed.values())
     variants = {name: {key: stat([r["variants"][name][key] for r in rows])
