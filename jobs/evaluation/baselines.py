@@ -75,6 +75,17 @@ def _neighbour_rankings(channel: NeighbourChannel, histories: list[np.ndarray], 
     return out
 
 
+def ease_channel(split: Split, phase: Phase, config: RecallConfig | None = None,
+                 sequences: list[np.ndarray] | None = None) -> NeighbourChannel:
+    """The EASE baseline's item-item model (EASE up to ``ease_max_items`` items, item-kNN beyond),
+    fitted on what ``phase`` may see (``sequences``: those visible sequences, when already built)."""
+    cfg = config or RecallConfig()
+    seqs = visible_sequences(split, phase) if sequences is None else sequences
+    _, weights = item_model(seqs, split.n_items, kind="ease", top_k=cfg.neighbours, l2=cfg.ease_l2,
+                            shrink=cfg.knn_shrink, max_dense=cfg.ease_max_items)
+    return NeighbourChannel("ease", weights, cfg.item_model_last_n)
+
+
 def baseline_rankings(split: Split, phase: Phase, k: int, config: RecallConfig | None = None
                       ) -> dict[str, np.ndarray]:
     """``{name: [n_users, k] rankings}`` of every baseline, fitted on what ``phase`` may see."""
@@ -85,9 +96,7 @@ def baseline_rankings(split: Split, phase: Phase, k: int, config: RecallConfig |
     covisit = NeighbourChannel("covisit_last", covisitation(
         seqs, split.n_items, window=cfg.covisit_window, backward=cfg.covisit_backward, top_k=cfg.neighbours),
         cfg.covisit_last_n)
-    _, weights = item_model(seqs, split.n_items, kind="ease", top_k=cfg.neighbours, l2=cfg.ease_l2,
-                            shrink=cfg.knn_shrink, max_dense=cfg.ease_max_items)
-    ease = NeighbourChannel("ease", weights, cfg.item_model_last_n)
+    ease = ease_channel(split, phase, cfg, seqs)
     recent = recent_popularity(split, phase)
     out = {"covisit_last": _neighbour_rankings(covisit, histories, popularity, k),
            "ease": _neighbour_rankings(ease, histories, popularity, k)}
