@@ -21,6 +21,8 @@ file (a file holding a run per variant). The kinds:
 - ``fields FILE KEY[=LABEL]...``: chosen values of one file (dotted keys), a row each.
 - ``rows FILE KEY COLUMN[=LABEL]...``: the records of a list (or the entries of a dict, named by
   their key) at a dotted key of one file, a row each.
+- ``battery FILE``: a ``recsys battery`` report, a row per dataset shape
+  (``jobs.evaluation.battery.battery_table``).
 
 Every table is followed by a line naming its result files, with the commit and date of their
 provenance. Deliberately left out: prose figures (they link to their file by hand) and plots.
@@ -224,13 +226,21 @@ def render(spec: str, doc_dir: Path, where: str, root: Path = ROOT) -> str:
         pairs = [k.split("=", 1) if "=" in k else [k, k] for k in keys]
         lines, paths, docs = table(["", "value"], [[lab, number(lookup(doc, k, f"{where}: {path}"))]
                                                   for k, lab in pairs]), [path], [doc]
+    elif kind == "battery":
+        from jobs.evaluation.battery import battery_table  # lazy: only the battery's tables need it
+
+        if len(args) != 1:
+            raise ResultsError(f"{where}: results:battery takes one file, got {len(args)}")
+        doc = load(args[0], where)
+        lines, paths, docs = battery_table(lookup(doc, "shapes", f"{where}: {args[0]}")).rstrip("\n").split("\n"), \
+            [args[0]], [doc]
     elif kind == "rows":
         path, listkey, *cols = args
         doc = load(path, where)
         lines, paths, docs = rows_table(lookup(doc, listkey, f"{where}: {path}"), cols, f"{where}: {path} {listkey}"), \
             [path], [doc]
     else:
-        raise ResultsError(f"{where}: unknown table kind {kind!r} (datasets, stages, compare, fields, rows)")
+        raise ResultsError(f"{where}: unknown table kind {kind!r} (datasets, stages, compare, fields, rows, battery)")
     return "\n".join([*lines, "", source_line(paths, docs, doc_dir, root)]) + "\n"
 
 

@@ -69,3 +69,23 @@ def test_a_bad_marker_is_named_by_page_and_line(tmp_path: Path, spec: str, messa
     page = root / "docs" / "page.md"
     with pytest.raises(ResultsError, match=message.replace("(", r"\(").replace(".", r"\.")):
         regenerate(f"intro\n<!-- results:{spec} -->\n<!-- /results -->\n", page, root)
+
+
+def test_battery_renders_the_battery_report_one_row_per_shape(tmp_path: Path) -> None:
+    root = _results(tmp_path)
+    row = {"seeds": 3, "users": 600, "items": 743, "candidate_recall@200": {"mean": 0.9, "sd": 0.01},
+           "stages": {"ease": {"mean": 0.19, "sd": 0.0}, "recall": {"mean": 0.23, "sd": 0.003},
+                      "coarse": {"mean": 0.22, "sd": 0.002}, "final": {"mean": 0.2, "sd": 0.004}},
+           "best_baseline": ["ease"] * 3, "verdict": ["beats"] * 3, "epochs": [50], "best_epochs": [34],
+           "converged": True}
+    report = {"seeds": 3, "shapes": {"synthetic": row, "amazon-scientific": {"skipped": "needs ../x"}},
+              "provenance": {"commit": "0123456789abcdef", "date": "2026-12-06T10:00:00+00:00"}}
+    (root / "results" / "eval" / "battery.json").write_text(json.dumps(report))
+    table = render("battery eval/battery.json", root / "docs", "x", root)
+    assert table.startswith("| shape | users × items | seeds | best baseline |")
+    assert ("| synthetic | 600 × 743 | 3 | ease 0.1900 ± 0.0000 | 0.2300 ± 0.0030 | 0.2200 ± 0.0020 | "
+            "0.2000 ± 0.0040 | beats | 0.9000 ± 0.0100 | 50 (34) | yes | – |") in table
+    assert "| amazon-scientific | needs ../x |" in table
+    assert table.endswith("Source: [`results/eval/battery.json`](../results/eval/battery.json) (0123456, 2026-12-06).\n")
+    with pytest.raises(ResultsError, match="takes one file"):
+        render("battery eval/battery.json eval/one.json", root / "docs", "x", root)
