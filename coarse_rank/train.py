@@ -188,8 +188,9 @@ def _chosen_fit(x: tuple[np.ndarray, np.ndarray], groups: tuple[QueryGroups, Que
     challengers = [_fit_ranker(x[0], tr, with_llm, d, config, seed + i, x[1], va, on) for i in range(LLM_GATE_FITS)]
     incumbents = [fits[chosen]] + [_fit_ranker(x_tr, tr, builder, d, config, seed + i, x_va, va, on)
                                    for i in range(1, LLM_GATE_FITS)]
-    llm_choice = choose_llm_features(*(np.mean([per_group_ndcg(va, f.pred, config.eval_at) for f in side], axis=0)
-                                       for side in (incumbents, challengers)), config.eval_at, seed)
+    without, with_them = (np.mean([per_group_ndcg(va, f.pred, config.eval_at) for f in side], axis=0)
+                          for side in (incumbents, challengers))
+    llm_choice = choose_llm_features(without, with_them, config.eval_at, seed)
     llm_choice.update(dropout=d, fit_seeds=[seed + i for i in range(LLM_GATE_FITS)])
     if llm_choice["chosen"]:
         return challengers[0], with_llm, dropout_choice, llm_choice
