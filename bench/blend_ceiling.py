@@ -3,9 +3,9 @@
 ``python -m bench.blend_ceiling --artifacts DIR [DIR ...] --out FILE`` reads cascades trained by
 ``recsys eval`` (one ``DIR`` per seed, e.g. ``<artifacts>/seed-42``), runs every test user's
 request through recall and coarse, and merges coarse's ranked list with the EASE baseline's
-ranking over the whole catalog (the ``ease`` row of the eval report's baselines) by weighted
-reciprocal rank, ``w / (C + rank_ease) + (1 - w) / (C + rank_coarse)``, at every ``w`` of a grid:
-``w = 0`` is coarse's order, ``w = 1`` the baseline's. The weight is picked **on the test users
+ranking over the whole catalog (the ``ease`` row of the eval report's baselines) as the fusion
+stage would fuse two such columns (reciprocal-rank normalisation, weight ``w`` on EASE), at every
+``w`` of a grid: ``w = 0`` is coarse's order, ``w = 1`` the baseline's. The weight is picked **on the test users
 themselves**, so the best blend is an optimistic ceiling of what any fusion of the two orders
 could serve, not a result: when even it does not beat EASE beyond the paired bootstrap CI, no
 weight chosen on valid will.
@@ -33,6 +33,7 @@ import numpy as np
 
 from cascade.registry import build_pipeline
 from cascade.settings import Settings
+from fusion.stage import fuse
 from jobs.evaluation.baselines import ease_channel
 from jobs.evaluation.cascade_run import run_cascade
 from jobs.evaluation.seeds import mean_sd
@@ -43,14 +44,15 @@ from offline.split import Split
 from recsys.provenance import write_result
 
 K = 10
-RRF_C = 60.0  # reciprocal-rank constant (Cormack et al., SIGIR 2009)
+RRF_C = 60.0  # fusion.rrf_k's default
 WEIGHTS = tuple(round(float(w), 2) for w in np.linspace(0.0, 1.0, 11))
 EASE_DEPTH = 200  # EASE ranks read per user; an item below it adds nothing to the blend
 
 
 def blend(first: np.ndarray, second: np.ndarray, w: float, k: int = K) -> np.ndarray:
-    """The top ``k`` of two ranked item lists merged by weighted reciprocal rank (``second`` weighs
-    ``w``); ties to the item ranked first in ``first``, then in ``second``.
+    """The top ``k`` of two ranked item lists merged as the fusion stage merges score columns
+    (``fusion.stage.fuse``, reciprocal-rank normalisation): ``second`` weighs ``w``, an item missing
+    from a list takes that list's lowest rank, ties keep ``first``'s order, then ``second``'s.
 
     >>> blend(np.array([1, 2, 3]), np.array([3, 2, 1]), 0.0, 3).tolist()
     [1, 2, 3]
@@ -60,12 +62,12 @@ def blend(first: np.ndarray, second: np.ndarray, w: float, k: int = K) -> np.nda
     [1, 2]
     """
     items = np.concatenate([first, second[~np.isin(second, first)]])
-    score = np.zeros(len(items))
-    pos = {int(item): i for i, item in enumerate(items)}
-    for ranked, weight in ((first, 1.0 - w), (second, w)):
-        for rank, item in enumerate(ranked):
-            score[pos[int(item)]] += weight / (RRF_C + rank)
-    return items[np.argsort(-score, kind="stable")][:k]
+    columns = {}
+    for name, ranked in (("first", first), ("second", second)):
+        rank = {int(item): r for r, item in enumerate(ranked)}
+        columns[name] = np.array([-float(rank[int(i)]) if int(i) in rank else np.nan for i in items])
+    final, _ = fuse(columns, {"first": 1.0 - w, "second": w}, len(items), method="rrf", rrf_k=RRF_C)
+    return items[np.argsort(-final, kind="stable")][:k]
 
 
 def ease_lists(split: Split, depth: int = EASE_DEPTH) -> list[np.ndarray]:
