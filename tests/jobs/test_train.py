@@ -238,7 +238,7 @@ def test_coarse_reads_the_llm_item_embeddings_when_recsys_tag_embed_wrote_them(t
     (tags / "version.json").write_text(f'{{"catalog": "{catalog_digest(split.items["item_id"].tolist())}"}}')
     # no --force: the embeddings written since are part of what the trained ranker was made from
     gated = train_stages(settings, art, split, stages=("coarse",))["coarse"]["llm_embedding_features"]
-    assert set(gated) == {"chosen", "why", "valid_ndcg", "gate", "dropout"}
+    assert set(gated) == {"chosen", "why", "valid_ndcg", "gate", "dropout", "fit_seeds"}
     assert (gated["gate"]["ci95"][0] > 0) is gated["chosen"]
     assert llm_sources(settings, art)["coarse_llm_embedding_features"]["coarse"] == {
         k: gated[k] for k in ("chosen", "why", "valid_ndcg", "gate")}
