@@ -34,7 +34,7 @@ import numpy as np
 from cascade.registry import build_pipeline
 from cascade.settings import Settings
 from fusion.stage import fuse
-from jobs.evaluation.baselines import ease_channel
+from jobs.evaluation.baselines import ease_channel, neighbour_rankings
 from jobs.evaluation.cascade_run import run_cascade
 from jobs.evaluation.seeds import mean_sd
 from offline.baselines import input_histories
@@ -71,19 +71,11 @@ def blend(first: np.ndarray, second: np.ndarray, w: float, k: int = K) -> np.nda
 
 
 def ease_lists(split: Split, depth: int = EASE_DEPTH) -> list[np.ndarray]:
-    """Each user's EASE ranking on the test phase, top ``depth``, history excluded (ties by popularity
-    then index, as the baseline breaks them)."""
-    channel = ease_channel(split, "test")
-    histories = input_histories(split, "test")
-    popularity = split.item_popularity("test")
-    tie = 1e-6 * popularity / max(float(popularity.max()), 1.0)
-    out = []
-    for history in histories:
-        s = channel.scores(history).astype(np.float64) + tie
-        s[np.asarray(history, dtype=np.int64)] = -np.inf
-        top = np.lexsort((np.arange(len(s)), -s))[:depth]
-        out.append(top[np.isfinite(s[top])])
-    return out
+    """Each user's EASE ranking on the test phase, top ``depth``, history excluded: the baseline's own
+    ranking (``jobs.evaluation.baselines.neighbour_rankings``) at a deeper cut."""
+    rows = neighbour_rankings(ease_channel(split, "test"), input_histories(split, "test"),
+                              split.item_popularity("test"), depth)
+    return [row[row >= 0] for row in rows]
 
 
 def ceiling(artifact_dir: Path, settings: Settings) -> dict[str, Any]:

@@ -63,8 +63,10 @@ def recent_popularity(split: Split, phase: Phase, share: float = RECENT_SHARE) -
     return recent + total / (total.max() + 1.0)  # all-time counts only order items the recent window ties
 
 
-def _neighbour_rankings(channel: NeighbourChannel, histories: list[np.ndarray], popularity: np.ndarray,
-                        k: int) -> np.ndarray:
+def neighbour_rankings(channel: NeighbourChannel, histories: list[np.ndarray], popularity: np.ndarray,
+                       k: int) -> np.ndarray:
+    """Each user's top ``k`` by ``channel``'s scores, history excluded, ties by popularity then index
+    (``-1`` padding): how the neighbour baselines rank."""
     tie = _TIE_BREAK * popularity / max(float(popularity.max()), 1.0)
     out = np.empty((len(histories), k), dtype=np.int64)
     for start in range(0, len(histories), _CHUNK_USERS):
@@ -98,8 +100,8 @@ def baseline_rankings(split: Split, phase: Phase, k: int, config: RecallConfig |
         cfg.covisit_last_n)
     ease = ease_channel(split, phase, cfg, seqs)
     recent = recent_popularity(split, phase)
-    out = {"covisit_last": _neighbour_rankings(covisit, histories, popularity, k),
-           "ease": _neighbour_rankings(ease, histories, popularity, k)}
+    out = {"covisit_last": neighbour_rankings(covisit, histories, popularity, k),
+           "ease": neighbour_rankings(ease, histories, popularity, k)}
     rows = np.empty((split.n_users, k), dtype=np.int64)
     for start in range(0, split.n_users, _CHUNK_USERS):
         chunk = histories[start:start + _CHUNK_USERS]
