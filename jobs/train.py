@@ -43,6 +43,7 @@ from llm_rerank.adapt import train_llm
 from offline.split import Split, split_id
 from recall.stage import RecallStage
 from recsys.atomic import atomic_write_json, json_default
+from recsys.child_guard import die_with_parent
 from recsys.manifest import MANIFEST_FILE, write_manifest
 from recsys.pipeline import PipelineStage
 from recsys.progress import interactive
@@ -140,19 +141,27 @@ def fit_two_towers(settings: Settings, artifact_dir: Path, split: Split, progres
     torch threads (default ``fit_threads``); their reports, as ``train_stages`` records them.
 
     The same models as fitted one after the other on that many threads (``recall.fit`` is
-    deterministic for a seed and thread count). Children are spawned, not forked: a fork of a
-    process whose OpenMP runtime has started can hang in its first parallel region. On a terminal
-    only recall draws its bar (two bars would overwrite each other)."""
+    deterministic for a seed and thread count), in a ``guarded_pool``. On a terminal only recall draws
+    its bar (two bars would overwrite each other)."""
     threads = threads or fit_threads(settings) or 1
     one_each = settings.model_copy(update={"recall": settings.recall.model_copy(update={"train_threads": threads})})
     if recall_config(settings).use_text:  # computed once here, not by both children into the shared cache
         from recall.text import embed_items, text_cache_dir  # lazy: imports torch
 
         embed_items(split.items, text_cache_dir(), progress=progress)
-    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with guarded_pool(2) as pool:
         recall = pool.submit(_timed, "recall", one_each, artifact_dir, split, progress)
         holdout = pool.submit(_timed, "recall_holdout", one_each, artifact_dir, split, progress and not interactive())
         return recall.result(), holdout.result()
+
+
+def guarded_pool(workers: int) -> ProcessPoolExecutor:
+    """A pool of ``workers`` spawned processes that die with this one (``recsys.child_guard.die_with_parent``):
+    an eval stopped with SIGTERM or SIGKILL mid-fit leaves no fit running on its cores. Children are
+    spawned, not forked: a fork of a process whose OpenMP runtime has started can hang in its first
+    parallel region."""
+    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=die_with_parent, initargs=(os.getpid(),))
 
 
 def _timed(stage: str, settings: Settings, artifact_dir: Path, split: Split, progress: bool) -> dict[str, Any]:

@@ -4,6 +4,11 @@ Preparing the split on its own: ``tests/jobs/test_prepare.py``."""
 
 import hashlib
 import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -246,3 +251,38 @@ def test_coarse_reads_the_llm_item_embeddings_when_recsys_tag_embed_wrote_them(t
     (tags / "version.json").write_text('{"catalog": "another"}')  # made for another catalog: said, not ignored
     with pytest.raises(ValueError, match="another catalog"):
         train_stages(settings, art, split, stages=("coarse",))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_the_two_tower_pool_dies_with_its_parent(tmp_path):
+    """A fit's child process must not outlive an eval stopped with SIGTERM (it would hold a core for its whole fit)."""
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import time\n"
+        "from jobs.train import guarded_pool\n"
+        "if __name__ == '__main__':\n"
+        "    pool = guarded_pool(1)\n"
+        "    pool.submit(time.sleep, 120)\n"
+        "    print(next(iter(pool._processes)), flush=True)\n"
+        "    time.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parents[2],
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    child = int(parent.stdout.readline())
+    parent.send_signal(signal.SIGTERM)
+    parent.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    orphaned = _alive(child)
+    if orphaned:
+        os.kill(child, signal.SIGKILL)
+    assert not orphaned
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
