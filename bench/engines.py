@@ -9,7 +9,7 @@ cascade in-process. Three stages run twice, once in this process and once on the
   both weight matrices match entry for entry;
 - ``coarse``: the coarse ranker's training on the cluster (``coarse_rank.train.train_coarse`` with
   it, into ``coarse_ray/``) beside the served ``coarse/`` that ``jobs.train`` trained in-process
-  under the same settings (``bench.scaling`` sets one cold-item dropout, so each is one fit); quality is the
+  under the same settings (``bench.scaling`` turns cold-item training off, so each is one fit); quality is the
   valid NDCG@10 each reports, which differ by the data-parallel fit's bins (see
   ``coarse_rank.cluster_training``);
 - ``eval``: the per-user evaluation pass over the sampled test users (``run_cascade`` against

@@ -19,7 +19,7 @@ time; the report then says the fits were capped (``capped``, and per size what s
 fit). ``--ray ADDRESS`` (``local:2``: a 2-worker instance started here) also runs co-visitation/
 item-model counting, coarse training and the evaluation pass on the cluster beside the
 in-process runs (``bench.engines``: seconds, peak memory per worker, results and whether they
-are equal), with one coarse cold-item dropout so each engine makes one fit.
+are equal), with no coarse cold-item training so each engine makes one fit.
 
 Training-time measurements read at most 10,000 sampled users past that size
 (``recall.tune_users``, ``coarse.max_train_users`` / ``max_valid_users``, ``fusion.tune_users``),
@@ -156,8 +156,8 @@ def bench_settings(config: Path | None, overrides: dict[str, Any]) -> Settings:
 
 def run_overrides(two_tower_logits: float | None, ray: str | None) -> dict[str, Any]:
     """The settings a run changes, stated in its report: the two-tower's logit budget (a capped fit,
-    so each size fits in time), and with a cluster its address and one cold-item dropout (one
-    coarse fit per engine instead of one per ``coarse_rank.train.COLD_ITEM_DROPOUTS``).
+    so each size fits in time), and with a cluster its address and no cold-item training (one
+    coarse fit per engine instead of one per ``coarse_rank.train.cold_item_variants``).
 
     >>> run_overrides(2e8, None)
     {'recall': {'max_train_logits': 200000000.0}}
@@ -167,7 +167,7 @@ def run_overrides(two_tower_logits: float | None, ray: str | None) -> dict[str, 
         out["recall"] = {"max_train_logits": two_tower_logits}
     if ray is not None:
         out["ray"] = {"address": ray}
-        out["coarse"] = {"cold_item_dropout": 0.0}
+        out["coarse"] = {"cold_item_dropout": 0.0, "young_item_copies": 0.0}
     return out
 
 

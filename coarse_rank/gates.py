@@ -26,9 +26,10 @@ from offline.metrics import per_user_metrics
 from offline.protocol import gate_verdict
 
 
-def choose_dropout(dropouts: Sequence[float], preds: Sequence[np.ndarray], va: QueryGroups, k: int, seed: int
+def choose_dropout(dropouts: Sequence[float | str], preds: Sequence[np.ndarray], va: QueryGroups, k: int, seed: int
                    ) -> tuple[int, dict[str, Any]]:
-    """(index of the served fit, report) among fits at ``dropouts`` (the first is 0 when several).
+    """(index of the served fit, report) among fits at ``dropouts`` (the cold-item variants' labels, the
+    incumbent without cold-item training first; a tie goes to the earlier, simpler one).
 
     The fit with the best valid NDCG@k is served over the first only when its paired bootstrap
     95% CI over the valid groups lies above zero (``offline.protocol.gate_verdict``): hiding warm
@@ -38,7 +39,7 @@ def choose_dropout(dropouts: Sequence[float], preds: Sequence[np.ndarray], va: Q
     ndcg = [per_group_ndcg(va, p, k) for p in preds]
     means = [float(n.mean()) if len(n) else 0.0 for n in ndcg]
     out: dict[str, Any] = {"valid_ndcg": {str(d): round(m, 5) for d, m in zip(dropouts, means, strict=True)}}
-    best = max(range(len(dropouts)), key=lambda i: (means[i], -dropouts[i]))
+    best = max(range(len(dropouts)), key=lambda i: (means[i], -i))
     chosen = 0
     if best != 0:
         check = gate_verdict(ndcg[0], ndcg[best], seed)

@@ -69,10 +69,10 @@ def test_growth_exponents_are_log_log_slopes() -> None:
 def test_overrides_are_stated_and_applied() -> None:
     overrides = scaling.run_overrides(5e8, "local:2")
     assert overrides == {"recall": {"max_train_logits": 5e8}, "ray": {"address": "local:2"},
-                         "coarse": {"cold_item_dropout": 0.0}}
+                         "coarse": {"cold_item_dropout": 0.0, "young_item_copies": 0.0}}
     settings = scaling.bench_settings(None, overrides)
     assert settings.recall.max_train_logits == 5e8 and settings.ray.address == "local:2"
-    assert settings.coarse.cold_item_dropout == 0.0 and settings.coarse.max_train_users == 10_000
+    assert settings.coarse.cold_item_dropout == settings.coarse.young_item_copies == 0.0 and settings.coarse.max_train_users == 10_000
     with pytest.raises(SystemExit):
         scaling.main(["--ray", "nowhere", "--out", "x.json"])
 

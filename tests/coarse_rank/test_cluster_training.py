@@ -47,7 +47,7 @@ def test_groups_and_features_equal_the_in_process_ones(chain, local_ray) -> None
 @HEAVY
 def test_data_parallel_fit_learns_the_next_item(chain, trained, local_ray, tmp_path) -> None:
     _, single = trained
-    one_fit = TOY_CONFIG.model_copy(update={"cold_item_dropout": 0.0})  # one Ray Train run, not one per dropout
+    one_fit = TOY_CONFIG.model_copy(update={"cold_item_dropout": 0.0, "young_item_copies": 0.0})  # one Ray Train run, not one per variant
     report = train_coarse(chain, PopularityStage(chain), tmp_path / "coarse", one_fit, seed=7, progress=False,
                           cluster=LOCAL)
     assert report["engine"] == "ray (2 workers)" and report["n_train_groups"] == single["n_train_groups"]

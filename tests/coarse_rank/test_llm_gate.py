@@ -27,7 +27,7 @@ from tests.coarse_rank.toy import PopularityStage, split_from_sequences
 
 N_CLUSTERS, PER_CLUSTER = 8, 15
 # one thread (fast on a busy machine) and no row or column sampling: the two fits differ only by the LLM columns
-CONFIG = TOY_CONFIG.model_copy(update={"cold_item_dropout": 0.0, "num_threads": 1, "feature_fraction": 1.0,
+CONFIG = TOY_CONFIG.model_copy(update={"cold_item_dropout": 0.0, "young_item_copies": 0.0, "num_threads": 1, "feature_fraction": 1.0,
                                        "bagging_fraction": 1.0})
 
 

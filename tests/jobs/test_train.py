@@ -230,7 +230,8 @@ def test_coarse_reads_the_llm_item_embeddings_when_recsys_tag_embed_wrote_them(t
     from jobs.tagging.catalog import catalog_digest
 
     settings = Settings.build({**TINY, "recall": {**TINY["recall"], "train_threads": 1},
-                               "coarse": {**TINY["coarse"], "num_threads": 1, "cold_item_dropout": 0.0}})
+                               "coarse": {**TINY["coarse"], "num_threads": 1, "cold_item_dropout": 0.0,
+                                         "young_item_copies": 0.0}})
     art = tmp_path / "synthetic"
     split = prepare(None, art, n_users=60, n_items=120, seed=3)
     off = train_stages(settings, art, split, stages=("recall_holdout", "coarse"))["coarse"]
