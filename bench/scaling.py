@@ -157,7 +157,7 @@ def bench_settings(config: Path | None, overrides: dict[str, Any]) -> Settings:
 def run_overrides(two_tower_logits: float | None, ray: str | None) -> dict[str, Any]:
     """The settings a run changes, stated in its report: the two-tower's logit budget (a capped fit,
     so each size fits in time), and with a cluster its address and no cold-item training (one
-    coarse fit per engine instead of one per ``coarse_rank.train.cold_item_variants``).
+    coarse fit per engine instead of one per ``coarse_rank.cold_training.cold_item_variants``).
 
     >>> run_overrides(2e8, None)
     {'recall': {'max_train_logits': 200000000.0}}

@@ -95,21 +95,21 @@ class CoarseConfig(BaseModel):
         description="Add coarse_rank.channel_features.CHANNEL_FEATURES (co-visitation and item-model scores of "
         "every candidate, fitted on the builder's interactions) and one rank_<channel> column per recall channel.",
     )
-    # Both chosen on valid by default (coarse_rank.train.cold_item_variants): on the ML-100K cold-item protocol a
+    # Both chosen on valid by default (coarse_rank.cold_training.cold_item_variants): on the ML-100K cold-item protocol a
     # dropout of 0.1 lifts the new-item slice's coarse NDCG@10 but costs the warm slice far more; young copies cost
     # the warm slice nothing and lift the new items a little (docs/decisions/0020-young-item-copies.md).
     cold_item_dropout: float | None = Field(
         default=None, ge=0, lt=1, description="Share of items whose interaction features (features."
         "INTERACTION_FEATURES) are hidden in training, as they are for a new item at serving, so the ranker learns "
         "to order new items by their recall score and content. 0 = off; null = chosen on the valid groups among "
-        "coarse_rank.train.COLD_ITEM_DROPOUTS with the young copies, served over none only beyond its paired CI "
-        "(coarse_rank.train.cold_item_variants, coarse_rank.gates.choose_dropout).")
+        "coarse_rank.cold_training.COLD_ITEM_DROPOUTS with the young copies, served over none only beyond its paired CI "
+        "(coarse_rank.cold_training.cold_item_variants, coarse_rank.gates.choose_dropout).")
     young_item_copies: float | None = Field(
         default=None, ge=0, lt=1, description="Share of the youngest known items (first seen last) whose "
         "interaction features are hidden in an added copy of every train group holding one, the original rows "
         "kept: the ranker learns how often an item without evidence is the one picked, as a new item is at "
         "serving, without losing what warm items teach. 0 = off; null = chosen on the valid groups among "
-        "coarse_rank.train.YOUNG_ITEM_COPIES with the dropouts (coarse_rank.train.cold_item_variants).")
+        "coarse_rank.cold_training.YOUNG_ITEM_COPIES with the dropouts (coarse_rank.cold_training.cold_item_variants).")
     new_items: Literal["auto", "recall_place", "model"] = Field(
         default="auto", description="Where an item the fitted tables hold no interaction of goes: 'recall_place' = "
         "the position recall ranked it at among the request's candidates, the known items keeping the ranker's "
