@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from bench import require_cascades
 from cascade.registry import build_pipeline
 from cascade.settings import Settings
 from fusion.stage import fuse
@@ -134,10 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", type=Path, default=None, help="The pipeline config they were trained with.")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    missing = [f"{d}/{sub}" for d in args.artifacts for sub in ("split", "recall", "coarse") if not (d / sub).is_dir()]
-    if missing:
-        print(f"error: not a trained cascade: no {', '.join(missing)} (run recsys eval there first)", file=sys.stderr)
-        raise SystemExit(2)
+    require_cascades(args.artifacts)
     runs = {}
     for directory in args.artifacts:
         base = Settings.from_yaml(args.config)

@@ -167,13 +167,18 @@ def _evaluate_once(settings: Settings, art: Path, split: Split, wanted: tuple[st
     The report carries the training times, the two-tower fits and every warning."""
     from jobs.evaluation.baselines import baseline_warnings  # lazy: keeps `recsys --help` fast
     from jobs.evaluation.evaluate import evaluate_pipeline  # lazy: keeps `recsys --help` fast
-    from jobs.evaluation.fit_report import fit_summary, training_warnings  # lazy: keeps `recsys --help` fast
+    from jobs.evaluation.fit_report import (  # lazy: keeps --help fast
+        fit_summary,
+        served_choices,
+        training_warnings,
+    )
     from jobs.train import train_stages  # lazy: keeps `recsys --help` fast
 
     train_report = train_stages(settings, art, split, stages=wanted, force=retrain)
     report = evaluate_pipeline(settings, art, split, phase=phase)
     report["timings"]["train_s"] = {k: v.get("seconds") for k, v in train_report.items()}
     report["recall_train"] = fit_summary(train_report)
+    report["choices"] = served_choices(settings, art)
     report["warnings"] = training_warnings(settings, train_report) + baseline_warnings(report)
     if cold_share is not None:
         report["warnings"] += _cold_items(report, settings, art, split, cold_share, phase)

@@ -38,6 +38,13 @@ class CoarseConfig(BaseModel):
         default=30, ge=1, le=10_000, description="LambdaRank pairs are formed only with the top-N of each query."
     )
     num_threads: int = Field(default=2, ge=1, le=256, description="LightGBM threads for training and scoring.")
+    ensemble: int = Field(
+        default=3, ge=1, le=10,
+        description="LambdaRank fits whose scores are averaged into the served one: the chosen setting fitted "
+        "at seeds seed, seed+1, ... Fits that differ only in their row and column samples disagree by more than "
+        "most settings do; their mean ranks about as well as the luckiest and narrows the spread over seeds. "
+        "1: one fit.",
+    )
     train_positions: int = Field(
         default=3, ge=1, le=20,
         description="Train queries per user: each of the last N training items as a label, given the items "

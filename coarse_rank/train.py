@@ -7,7 +7,9 @@ optimises the top of each user's list directly. Query groups (see
 training items given the items before it; early stopping watches NDCG@``eval_at`` on the valid phase. ``split.test``
 is never read.
 
-Artifacts written to ``out_dir``: ``model.txt`` (the booster cut at its best iteration),
+Artifacts written to ``out_dir``: ``model.txt`` (the booster cut at its best iteration) and, with
+``coarse.ensemble`` above 1, ``model-1.txt``, ... (the same setting fitted at the next seeds; the
+stage serves the mean of their scores),
 ``features.npz`` + ``features.json`` (the builder fitted on all training interactions, used
 at serving and on valid), ``meta.json`` (written last: the report, parameters, seed).
 
@@ -124,10 +126,11 @@ def fit_coarse(
                 f"of stage {stage.name!r}; nothing to learn from"
             )
     x_tr, x_va = _matrix(prefix_fb, tr, progress, cluster), _matrix(builder, va, progress, cluster)
-    fit, builder, dropout_choice, llm_choice = _chosen_fit((x_tr, x_va), (tr, va), builder, config, seed,
-                                                           (cluster, out_dir), llm_missing)
-    new_items = choose_placement(config.new_items, fit.pred, va, builder.known_items(), config.eval_at, seed)
-    gain = fit.booster.feature_importance(importance_type="gain", iteration=fit.best)
+    members, builder, dropout_choice, llm_choice = _chosen_fit((x_tr, x_va), (tr, va), builder, config, seed,
+                                                               (cluster, out_dir), llm_missing)
+    pred = np.mean([m.pred for m in members], axis=0)  # what the stage serves: the mean of the fits' scores
+    new_items = choose_placement(config.new_items, pred, va, builder.known_items(), config.eval_at, seed)
+    gain = np.sum([m.booster.feature_importance(importance_type="gain", iteration=m.best) for m in members], axis=0)
     top = np.argsort(-gain, kind="stable")[:10]
     report = {
         "user_sample": sample,
@@ -138,19 +141,23 @@ def fit_coarse(
         "n_valid_queries": len(va_all),
         "n_valid_groups": len(va),
         "valid_positive_share": len(va) / max(len(va_all), 1),
-        "n_train_rows": fit.n_rows,
-        "cold_item_training": fit.cold_rows,
+        "n_train_rows": members[0].n_rows,
+        "cold_item_training": members[0].cold_rows,
         "cold_item_dropout": dropout_choice,
         "new_items": new_items,
         "llm_embedding_features": llm_choice,
         "n_features": len(builder.feature_names),
-        "best_iteration": fit.best,
-        **valid_ndcg(va, fit.pred, config.eval_at, n_users=len(va_all)),
+        "best_iteration": members[0].best,
+        "ensemble": {"fits": len(members), "seeds": [m.seed for m in members], "files": model_files(len(members)),
+                     "best_iterations": [m.best for m in members],
+                     "valid_ndcg_per_fit": [round(valid_ndcg(va, m.pred, config.eval_at, len(va_all))[
+                         f"valid_ndcg@{config.eval_at}_coarse"], 5) for m in members]},
+        **valid_ndcg(va, pred, config.eval_at, n_users=len(va_all)),
         "feature_importance_top10": {builder.feature_names[i]: round(float(gain[i]), 3) for i in top},
         "feature_importance_gain": importance_table(builder.feature_names, gain),
         "seconds": round(time.perf_counter() - started, 2),
     }
-    _save(out_dir, fit.booster, fit.best, builder, report, builder.config, seed, split)  # as fitted: never auto
+    _save(out_dir, members, builder, report, builder.config, seed, split)  # as fitted: never auto
     return report
 
 
@@ -161,16 +168,18 @@ class _Fit:
     pred: np.ndarray  # valid scores at the best iteration
     cold_rows: dict[str, Any]
     n_rows: int
+    seed: int
 
 
 def _chosen_fit(x: tuple[np.ndarray, np.ndarray], groups: tuple[QueryGroups, QueryGroups], builder: FeatureBuilder,
                 config: CoarseConfig, seed: int, on: tuple[ClusterConfig | None, Path], llm_missing: str | None
-                ) -> tuple[_Fit, FeatureBuilder, dict[str, Any], dict[str, Any]]:
-    """(the served fit, its builder, the cold-item dropout report, the LLM feature report) from the (train,
-    valid) matrices and groups of ``builder``. The dropout is chosen first (``choose_dropout``); with
+                ) -> tuple[list[_Fit], FeatureBuilder, dict[str, Any], dict[str, Any]]:
+    """(the served fits, their builder, the cold-item dropout report, the LLM feature report) from the
+    (train, valid) matrices and groups of ``builder``. The dropout is chosen first (``choose_dropout``); with
     ``auto`` and embeddings, without the LLM columns, and the fit with them at that dropout is then
     served only where it wins ``coarse_rank.llm_gate.choose_llm_features`` on the valid groups, each side's
-    per-group NDCG averaged over ``LLM_GATE_FITS`` fit seeds (the first side's first fit is the one served)."""
+    per-group NDCG averaged over ``LLM_GATE_FITS`` fit seeds. The chosen setting is served as
+    ``config.ensemble`` fits at seeds ``seed``, ``seed + 1``, ... (the gate's fits reused)."""
     (x_tr, x_va), (tr, va) = x, groups
     gated, with_llm = config.llm_embedding_features == "auto" and builder.llm is not None, builder
     if gated:
@@ -180,11 +189,16 @@ def _chosen_fit(x: tuple[np.ndarray, np.ndarray], groups: tuple[QueryGroups, Que
     fits = [_fit_ranker(x_tr, tr, builder, v, config, seed, x_va, va, on) for v in variants]
     chosen, dropout_choice = choose_dropout([variant_label(v) for v in variants], [f.pred for f in fits], va,
                                             config.eval_at, seed)
+    d = variants[chosen]
+
+    def members(first: list[_Fit], xs: tuple[np.ndarray, np.ndarray], served: FeatureBuilder) -> list[_Fit]:
+        return first[:config.ensemble] + [_fit_ranker(xs[0], tr, served, d, config, seed + i, xs[1], va, on)
+                                          for i in range(len(first), config.ensemble)]
+
     if not gated:
-        return fits[chosen], builder, dropout_choice, fixed_choice(config, llm_missing)
+        return members([fits[chosen]], (x_tr, x_va), builder), builder, dropout_choice, fixed_choice(config, llm_missing)
     # both sides fitted at LLM_GATE_FITS seeds and each group's NDCG averaged: with row and column
     # sampling one fit's luck decides, and the mean over seeds keeps noise out and lets a real lift in
-    d = variants[chosen]
     challengers = [_fit_ranker(x[0], tr, with_llm, d, config, seed + i, x[1], va, on) for i in range(LLM_GATE_FITS)]
     incumbents = [fits[chosen]] + [_fit_ranker(x_tr, tr, builder, d, config, seed + i, x_va, va, on)
                                    for i in range(1, LLM_GATE_FITS)]
@@ -193,8 +207,8 @@ def _chosen_fit(x: tuple[np.ndarray, np.ndarray], groups: tuple[QueryGroups, Que
     llm_choice = choose_llm_features(without, with_them, config.eval_at, seed)
     llm_choice.update(dropout=variant_label(d), fit_seeds=[seed + i for i in range(LLM_GATE_FITS)])
     if llm_choice["chosen"]:
-        return challengers[0], with_llm, dropout_choice, llm_choice
-    return fits[chosen], builder, dropout_choice, llm_choice
+        return members(challengers, x, with_llm), with_llm, dropout_choice, llm_choice
+    return members(incumbents, (x_tr, x_va), builder), builder, dropout_choice, llm_choice
 
 
 def _fit_ranker(x_tr: np.ndarray, tr: QueryGroups, builder: FeatureBuilder, variant: tuple[float, float],
@@ -214,7 +228,7 @@ def _fit_ranker(x_tr: np.ndarray, tr: QueryGroups, builder: FeatureBuilder, vari
             early_stopping_rounds=config.early_stopping_rounds, eval_at=config.eval_at, cluster=on[0],
             storage=Path(on[1]) / ".ray_train")
         pred = np.asarray(booster.predict(x_va, num_iteration=best, num_threads=config.num_threads))
-        return _Fit(booster, best, pred, cold_rows, int(len(x)))
+        return _Fit(booster, best, pred, cold_rows, int(len(x)), seed)
     ranker = lgb.LGBMRanker(**lgbm_params(config, seed))
     ranker.fit(
         x, y, group=sizes,
@@ -225,7 +239,16 @@ def _fit_ranker(x_tr: np.ndarray, tr: QueryGroups, builder: FeatureBuilder, vari
     booster = ranker.booster_
     best = int(ranker.best_iteration_ or booster.current_iteration())
     pred = np.asarray(booster.predict(x_va, num_iteration=best, num_threads=config.num_threads))
-    return _Fit(booster, best, pred, cold_rows, int(len(x)))
+    return _Fit(booster, best, pred, cold_rows, int(len(x)), seed)
+
+
+def model_files(n: int) -> list[str]:
+    """The file names of ``n`` ensemble members' boosters, the first fit's first.
+
+    >>> model_files(3)
+    ['model.txt', 'model-1.txt', 'model-2.txt']
+    """
+    return ["model.txt", *(f"model-{i}.txt" for i in range(1, n))]
 
 
 def importance_table(names: list[str], gain: np.ndarray) -> dict[str, dict[str, float]]:
@@ -294,15 +317,19 @@ def _matrix(builder: FeatureBuilder, groups: QueryGroups, progress: bool, cluste
     return np.vstack([builder.transform(r, c) for r, c in pairs])
 
 
-def _save(out_dir: Path, booster: Any, best: int, builder: FeatureBuilder, report: dict[str, Any],
+def _save(out_dir: Path, members: list[_Fit], builder: FeatureBuilder, report: dict[str, Any],
           config: CoarseConfig, seed: int, split: Split) -> None:
     import lightgbm as lgb  # lazy: imports lightgbm
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "meta.json").unlink(missing_ok=True)  # meta.json marks a complete artifact: written last
-    booster.save_model(str(out_dir / ".model.txt.tmp"), num_iteration=best)
-    (out_dir / ".model.txt.tmp").replace(out_dir / "model.txt")
+    files = model_files(len(members))
+    for stale in set(p.name for p in out_dir.glob("model-*.txt")) - set(files):  # a larger ensemble's leftovers
+        (out_dir / stale).unlink()
+    for name, member in zip(files, members, strict=True):
+        member.booster.save_model(str(out_dir / f".{name}.tmp"), num_iteration=member.best)
+        (out_dir / f".{name}.tmp").replace(out_dir / name)
     save_builder(builder, out_dir)
     meta = {"dataset": split.name, "seed": seed, "lightgbm": lgb.__version__, "config": config.model_dump(),
             "params": lgbm_params(config, seed), "feature_names": builder.feature_names, "report": report}

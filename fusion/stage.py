@@ -1,7 +1,9 @@
-"""Score fusion: the final score is a weighted mean of each stage's rank-normalised score.
+"""Score fusion: the final score is a weighted mean of rank-normalised score columns.
 
-Raw stage scores live on unrelated scales (a dot product, a LightGBM margin, an LLM log-prob),
-so each is first turned into a normalised rank within the request's candidates:
+The columns are the scored stages' own (``FUSED_STAGES``) and the item model's, which the coarse
+stage writes beside its score (``FUSED_COLUMNS``). Raw scores live on unrelated scales (a dot
+product, a LightGBM margin, an LLM log-prob), so each is first turned into a normalised rank
+within the request's candidates:
 
 - ``linear`` (default): ``1 - r / (n - 1)`` for rank ``r`` (0 = best) among ``n`` candidates,
   so the best item gets 1 and the last 0, whatever the score scale;
@@ -17,10 +19,10 @@ current order is kept.
 
 Weights come from ``artifact_dir/fusion/<key>/weights.json`` written by ``save_weights`` after
 the gate (``fusion.train.gate_weights``: a grid search maximising NDCG@10 on the valid split,
-served only when the best mixture or another stage alone, chosen on one half of the valid
-users, beats coarse's order on the other half with a CI above zero), where ``<key>`` is ``weights_key_for`` (computed from the settings by
-``cascade.registry.weights_key``): the scored stages plus a digest of the depths and rule
-sets they were tuned under. Without weights tuned for this exact pipeline, ``FusionConfig.weights`` when set, else the most refined scored stage's order
+served only when choosing from the grid beats coarse's order on users who took no part in the
+choice, over folds of the valid users pooled, with a CI above zero), where ``<key>`` is
+``weights_key_for`` (computed from the settings by ``cascade.registry.weights_key``): the scored
+stages plus a digest of the columns, depths and rule sets they were tuned under. Without weights tuned for this exact pipeline, ``FusionConfig.weights`` when set, else the most refined scored stage's order
 alone (no signal, no mixture).
 
 Deliberately left out: tuning the weights (``fusion.train``) and learning-to-rank fusion.
@@ -42,8 +44,12 @@ from recsys.config import POLICY_KINDS, StageSpec
 from recsys.contract import Candidates, Request
 from recsys.digest import file_sha256
 from recsys.manifest import verify_directory
+from recsys.names import ITEM_MODEL
 
-FUSED_STAGES = ("recall", "coarse", "llm")  # default score columns fused, in this order
+FUSED_STAGES = ("recall", "coarse", "llm")  # the scored stages, least refined first
+# every score column fusion may weigh, in pipeline order: the stages' own and the item model's,
+# which the coarse stage writes beside its own (a strong simple order the gate may blend in)
+FUSED_COLUMNS = ("recall", "coarse", ITEM_MODEL, "llm")
 FINAL = "final"
 WEIGHTS_FILE = "weights.json"
 Normalisation = Literal["linear", "rrf"]
@@ -150,7 +156,7 @@ def weights_key_for(stages: Sequence[StageSpec], ruleset_path: Callable[[str | N
     falls back to the most refined stage's order.
     """
     fused = fused_stage_names(stages)
-    parts: list[Any] = [fused]
+    parts: list[Any] = [fused, list(FUSED_COLUMNS)]  # weights tuned over other columns are not reused
     for spec in stages:
         if not spec.enabled:
             continue
@@ -168,7 +174,7 @@ def weights_key_for(stages: Sequence[StageSpec], ruleset_path: Callable[[str | N
 class FusionStage:
     """``recsys.contract.Stage`` writing ``final``, sorting by it and cutting to ``k``."""
 
-    reads: tuple[str, ...] = FUSED_STAGES
+    reads: tuple[str, ...] = FUSED_COLUMNS
     writes: tuple[str, ...] = (FINAL,)
 
     def __init__(self, spec: StageSpec, config: FusionConfig, *, weights_key: str):
@@ -178,7 +184,7 @@ class FusionStage:
         self.spec = spec
         self.weights_key = weights_key
         self.config = FusionConfig.model_validate({**config.model_dump(), **spec.params})
-        self.reads = tuple(self.config.weights or FUSED_STAGES)
+        self.reads = tuple(self.config.weights or FUSED_COLUMNS)
         self.tuned = False  # whether weights.json tuned for this exact pipeline was found
 
     def load(self, artifact_dir: Any) -> None:

@@ -2,9 +2,9 @@
 
 ``tune_fusion`` captures every eligible valid user's candidates where fusion reads them
 (``fit_gate``) and hands them to the fusion stage's training (``fusion.train.fit_weights``), whose
-gate decides: coarse's order unless a challenger -- another
-stage alone, the LLM's included, or the grid's best mixture -- chosen on one seeded half of
-the users beats it on the other half with a paired CI above zero. Users whose valid item
+gate decides: coarse's order unless choosing from the weight grid -- every column alone, the
+LLM's and the item model's included, and every mixture -- beats it on users who took no part in
+the choice (seeded folds, pooled) with a paired CI above zero. Users whose valid item
 trained the served LLM are left out (``llm_trained_users``).
 
 Deliberately left out: measuring the served pipeline (``jobs.evaluation.evaluate``).
@@ -67,8 +67,8 @@ def fit_gate(pipeline: Any, split: Split, requests: list[Any], settings: Setting
 
     Each request's candidates are captured where fusion would read them (after the stage before
     ``fusion``, or the pipeline's last stage), then ``gate_weights`` picks what fusion serves:
-    the light path's order (coarse's) unless a challenger chosen on one half of the users beats
-    it on the other half with a CI above zero. Ranks are normalised as the served stage does
+    the light path's order (coarse's) unless the grid's choice beats it on users who took no part
+    in it, with a CI above zero. Ranks are normalised as the served stage does
     (``settings.fusion.normalisation``). Returns the weights, ``valid_ndcg@10``, the
     single-stage NDCGs, the grid's best, the check and the ``captured`` candidates.
     """

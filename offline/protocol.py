@@ -34,6 +34,7 @@ reading files (``offline.loaders``).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -228,24 +229,39 @@ def _encoded_users(ds: Dataset, kept: pd.DataFrame) -> pd.DataFrame:
 
 # one random stream per purpose, so e.g. fusion is not tuned on exactly the users recall early-stopped on
 SALT_EARLY_STOP, SALT_TEST_REPORT, SALT_COARSE_TRAIN, SALT_COARSE_VALID, SALT_FUSION, SALT_SCALING_EVAL = range(1, 7)
-SALT_FUSION_GATE, SALT_CHANNEL_GATE = 0x6A7E, 0x6A7F  # the gates' halves (fusion's value predates the names)
-GATE_MIN_USERS = 20  # per half: below this a gate keeps its incumbent rather than test a challenger
+SALT_FUSION_GATE, SALT_CHANNEL_GATE = 0x6A7E, 0x6A7F  # the gates' folds (fusion's value predates the names)
+GATE_MIN_USERS = 20  # a gate keeps its incumbent below twice this many users rather than test a challenger
+GATE_FOLDS = 5  # a gate's folds: each fold's users judge the choice made on the other folds
 
 
-def gate_halves(n: int, seed: int, *, salt: int) -> tuple[np.ndarray, np.ndarray]:
-    """Two seeded halves of ``n`` positions for a gate: a challenger is chosen on the first and
-    tested against the incumbent on the second, never on the users that chose it (the fusion
-    gate, ``jobs.fusion_gate``; the recall channel shares, ``recall.extra_channels``).
+def gate_folds(n: int, seed: int, *, salt: int) -> np.ndarray:
+    """The fold (0 .. ``GATE_FOLDS`` - 1) of each of ``n`` users of a gate, as even as ``n`` allows, seeded.
 
-    >>> [len(h) for h in gate_halves(5, 0, salt=SALT_FUSION_GATE)]
-    [2, 3]
+    >>> np.bincount(gate_folds(12, 0, salt=SALT_CHANNEL_GATE)).tolist()
+    [3, 3, 2, 2, 2]
     """
-    order = np.random.default_rng([seed, salt]).permutation(n)
-    return np.sort(order[: n // 2]), np.sort(order[n // 2:])
+    return np.random.default_rng([seed, salt]).permutation(n) % GATE_FOLDS
+
+
+def out_of_fold(per_user: np.ndarray, best_on: Callable[[np.ndarray], int], folds: np.ndarray
+                ) -> tuple[list[int], np.ndarray]:
+    """How a gate's choice fares on users who took no part in it: ``per_user[option, user]`` holds
+    each option's value for each user and ``best_on(users)`` the option chosen on those users. Each
+    fold's users are judged under the option ``best_on`` the other folds' users; returns each fold's
+    choice and every user's value under the choice made without them. Pooled over every user, this
+    tests the choosing procedure (a grid search, a pick of the best stage) on as many users as there
+    are, where one held-out half tests it on half of them; no user judges a choice it helped make.
+
+    >>> values = np.array([[0.0, 0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0, 1.0]])
+    >>> out_of_fold(values, lambda users: int(values[:, users].mean(axis=1).argmax()), np.arange(5))
+    ([1, 1, 1, 1, 1], array([1., 1., 1., 1., 1.]))
+    """
+    chosen = [best_on(np.flatnonzero(folds != f)) for f in range(GATE_FOLDS)]
+    return chosen, per_user[np.asarray(chosen)[folds], np.arange(per_user.shape[1])]
 
 
 def gate_verdict(incumbent: np.ndarray, challenger: np.ndarray, seed: int) -> dict[str, Any]:
-    """The gates' rule on the held half: ``offline.bootstrap.paired_bootstrap`` of challenger minus
+    """The gates' rule on out-of-fold values (``out_of_fold``): ``offline.bootstrap.paired_bootstrap`` of challenger minus
     incumbent per user (2000 draws) and ``wins``, true when its 95% CI lies above zero.
 
     >>> gate_verdict(np.zeros(4), np.ones(4), 0)["wins"], gate_verdict(np.ones(4), np.ones(4), 0)["wins"]

@@ -45,7 +45,7 @@ import numpy as np
 from scipy import sparse
 
 from offline.item_neighbours import covisitation, item_counts, item_model
-from offline.protocol import GATE_MIN_USERS, SALT_CHANNEL_GATE, gate_verdict
+from offline.protocol import GATE_MIN_USERS, SALT_CHANNEL_GATE, gate_folds, gate_verdict, out_of_fold
 from recall.artifacts import CHANNELS_DIR, CHANNELS_FILE, VECTORS_FILE
 from recall.channels import Channel, ChannelQuotas, PopularityChannel, clean_channel, priority_items
 from recall.config import RecallConfig
@@ -55,7 +55,6 @@ from recsys.cluster import connected
 
 SHARE_GRID = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
 MIN_TWO_TOWER_SHARE = 0.3
-GATE_FOLDS = 5
 
 
 def fit_channels(sequences: list[np.ndarray], n_items: int, config: RecallConfig) -> dict[str, Any]:
@@ -181,7 +180,7 @@ def tune_shares(mix: ChannelQuotas, lists: list[list[Any]], excludes: list[np.nd
     per_user = np.array([hits(shares) for shares in grid]).reshape(len(grid), len(targets))
     incumbent = {name: 0.0 for name in names}
     base = per_user[grid.index(incumbent)]
-    folds = gate_folds(len(targets), seed)
+    folds = gate_folds(len(targets), seed, salt=SALT_CHANNEL_GATE)
 
     def best_on(users: np.ndarray) -> int:
         recall = per_user[:, users].mean(axis=1) if len(users) else np.zeros(len(grid))
@@ -195,8 +194,7 @@ def tune_shares(mix: ChannelQuotas, lists: list[list[Any]], excludes: list[np.nd
     if len(targets) < 2 * GATE_MIN_USERS:
         gate["why"] = f"{len(targets)} users: the gate needs {2 * GATE_MIN_USERS}"
     elif grid[best] != incumbent:
-        chosen = [best_on(np.flatnonzero(folds != f)) for f in range(GATE_FOLDS)]
-        procedure = per_user[np.asarray(chosen)[folds], np.arange(len(targets))]
+        chosen, procedure = out_of_fold(per_user, best_on, folds)
         check = gate_verdict(base, procedure, seed)
         gate.update({k: check[k] for k in ("mean", "ci95", "p_value", "n_users")})
         gate["fold_choices"] = [grid[i] for i in chosen]
@@ -204,15 +202,6 @@ def tune_shares(mix: ChannelQuotas, lists: list[list[Any]], excludes: list[np.nd
             served, gate["served"] = grid[best], "challenger"
     valid_recall = float(per_user[grid.index(served)].mean()) if len(targets) else 0.0
     return {"shares": served, "valid_recall": round(valid_recall, 5), "gate": gate, "grid": results}
-
-
-def gate_folds(n: int, seed: int) -> np.ndarray:
-    """The fold (0 .. ``GATE_FOLDS`` - 1) of each of ``n`` users, as even as ``n`` allows, seeded.
-
-    >>> np.bincount(gate_folds(12, 0)).tolist()
-    [3, 3, 2, 2, 2]
-    """
-    return np.random.default_rng([seed, SALT_CHANNEL_GATE]).permutation(n) % GATE_FOLDS
 
 
 def channel_candidate_recall(stage: Any, split: Any, phase: str) -> dict[str, float]:

@@ -41,6 +41,9 @@ from collections.abc import Iterable
 # item) and one flag ``src_<channel>``; ``two_tower`` is the channel whose list leads the merge.
 RECALL_SCORE_PREFIX, SOURCE_FLAG_PREFIX = "recall_", "src_"
 TWO_TOWER = "two_tower"
+# The coarse stage's second column: the item model's score (EASE, item-kNN on large catalogs) of each
+# candidate from the user's recent items, a feature of the ranker that fusion may also weigh on its own.
+ITEM_MODEL = "item_model"
 
 MAX_ID_CHARS = 512  # an id's length in its canonical (NFC) spelling, for the API and the loaders (URLs fit)
 # What surrounds an id and is dropped: what ``str.strip`` removes except the separators U+001C..U+001F,

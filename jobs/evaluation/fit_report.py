@@ -4,14 +4,19 @@
 best epoch, what stopped the fit and the training settings it used (each value with why: scaled to
 the data or set); ``training_warnings`` says when a fit was stopped by the wall-clock cap (the model
 then depends on the machine's load) or by a budget (the epoch bound, the opt-in logit budget) before
-early stopping (not converged). ``recsys eval`` and ``eval --seeds`` put both in their reports.
+early stopping (not converged); ``served_choices`` says what the training gates chose for the served
+cascade. ``recsys eval`` and ``eval --seeds`` put all three in their reports.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
+from cascade.registry import weights_key
 from cascade.settings import Settings
+from fusion.stage import WEIGHTS_FILE
 
 FIT_FIELDS = ("train_s", "epochs", "best_epoch", "stopped_by", "converged", "out_of_budget", "out_of_time",
               "settings", "channels", "refit")
@@ -58,4 +63,26 @@ def training_warnings(settings: Settings, report: dict[str, Any]) -> list[str]:
             out.append(f"{stage}: the wall-clock cap recall.max_train_s ({cap}) stopped the refit "
                        f"at epoch {rep['refit'].get('epochs')} of {rep.get('best_epoch')}; the served model depends on "
                        "this machine's speed and load (raise recall.max_train_s for a reproducible model)")
+    return out
+
+
+def served_choices(settings: Settings, artifact_dir: Path) -> dict[str, Any]:
+    """What the training gates chose for the cascade in ``artifact_dir``, read from the files it serves
+    (so a reused stage reports what it was trained with): the coarse ranker's cold-item training, new-item
+    placement, LLM columns and ensemble size (``coarse/meta.json``), and the fusion weights with the
+    gate's verdict (``fusion/<key>/weights.json``). A stage without its files is left out."""
+    out: dict[str, Any] = {}
+    meta = Path(artifact_dir) / "coarse" / "meta.json"
+    if meta.is_file():
+        report = json.loads(meta.read_text()).get("report", {})
+        out["coarse"] = {"cold_item_training": report.get("cold_item_dropout", {}).get("chosen"),
+                         "new_items": report.get("new_items", {}).get("chosen"),
+                         "llm_columns": report.get("llm_embedding_features", {}).get("chosen"),
+                         "ensemble": report.get("ensemble", {}).get("fits", 1)}
+    weights = Path(artifact_dir) / "fusion" / weights_key(settings) / WEIGHTS_FILE
+    if weights.is_file():
+        tuned = json.loads(weights.read_text())
+        check = tuned.get("mixture_check", {})
+        out["fusion"] = {"weights": tuned.get("weights"), "kept": check.get("kept"),
+                         **{k: check[k] for k in ("challenger", "mean", "ci95") if k in check}}
     return out

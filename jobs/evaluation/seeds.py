@@ -28,7 +28,7 @@ import numpy as np
 from cascade.settings import MAX_SEED, Settings
 from jobs.evaluation.baselines import baseline_warnings
 from jobs.evaluation.evaluate import evaluate_pipeline
-from jobs.evaluation.fit_report import fit_summary, training_warnings
+from jobs.evaluation.fit_report import fit_summary, served_choices, training_warnings
 from jobs.train import train_stages
 from offline.split import Split
 from recsys.atomic import atomic_write_json
@@ -98,6 +98,7 @@ def evaluate_seeds(
         # `recsys eval` prints them, as for one seed
         report["warnings"] = training_warnings(seeded, trained) + baseline_warnings(report)
         report["recall_train"] = fit_summary(trained)
+        report["choices"] = served_choices(seeded, directory)
         coarse = trained.get("coarse", {})
         report["coarse_importance"] = coarse.get("feature_importance_gain", coarse.get("feature_importance_top10"))
         atomic_write_json(directory / f"eval_{phase}.json", report, default=str)
@@ -135,5 +136,5 @@ def _leaves(tree: Any, prefix: str = "") -> Any:
 
 
 def _compact(report: dict[str, Any]) -> dict[str, Any]:
-    keep = (*SUMMARISED, "recall_train", "coarse_importance", "llm_sources", "lists", "warnings", "timings")
+    keep = (*SUMMARISED, "recall_train", "choices", "coarse_importance", "llm_sources", "lists", "warnings", "timings")
     return {k: report[k] for k in keep if k in report}

@@ -14,6 +14,7 @@ from coarse_rank.config import CoarseConfig
 from coarse_rank.dataset import build_groups
 from coarse_rank.features import FeatureBuilder
 from coarse_rank.stage import CoarseStage
+from coarse_rank.train import train_coarse
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request, Stage, StageError
 from tests.coarse_rank.conftest import TOY_CONFIG
@@ -33,20 +34,25 @@ def valid_groups(chain):
     return build_groups(chain, PopularityStage(chain), "valid", users=range(20), progress=False)
 
 
-def test_loaded_scores_equal_a_freshly_fitted_builder_with_the_saved_booster(chain, trained, valid_groups):
+def test_loaded_scores_equal_a_freshly_fitted_builder_with_the_saved_boosters(chain, trained, valid_groups):
     import lightgbm as lgb
 
-    root, _ = trained
+    root, report = trained
     stage = loaded(root)
     fresh = FeatureBuilder(TOY_CONFIG).fit(chain, score_columns=["recall_popularity"], flag_columns=["src_popularity"])
-    booster = lgb.Booster(model_file=str(root / "coarse" / "model.txt"))
+    files = ["model.txt", "model-1.txt", "model-2.txt"]  # the default ensemble of three fits
+    assert report["ensemble"]["files"] == files and report["ensemble"]["seeds"] == [7, 8, 9]
+    boosters = [lgb.Booster(model_file=str(root / "coarse" / name)) for name in files]
     for req, cands in zip(valid_groups.requests[:5], valid_groups.candidates[:5], strict=True):
         out = stage.run(req, cands)
-        expected = booster.predict(fresh.transform(req, cands)).astype(np.float32)
+        x = fresh.transform(req, cands)
+        expected = np.mean([b.predict(x) for b in boosters], axis=0).astype(np.float32)
         order = np.argsort(-expected, kind="stable")
         np.testing.assert_array_equal(out.items, cands.items[order])
         np.testing.assert_array_equal(out.scores["coarse"], expected[order])
-    assert stage.version() == hashlib.sha256((root / "coarse" / "model.txt").read_bytes()).hexdigest()[:12]
+        assert "item_model" not in out.scores  # trained without channel features: no item model to pass on
+    texts = b"".join((root / "coarse" / name).read_bytes() for name in files)
+    assert stage.version() == hashlib.sha256(texts).hexdigest()[:12]
 
 
 def test_run_reorders_without_adding_or_dropping_items(trained, valid_groups):
@@ -72,6 +78,35 @@ def test_score_many_matches_run(trained, valid_groups):
         np.testing.assert_allclose(got.scores["coarse"], one.scores["coarse"], rtol=1e-6)
 
 
+def test_the_item_model_feature_goes_out_as_its_own_column(chain, tmp_path, valid_groups):
+    config = TOY_CONFIG.model_copy(update={"channel_features": True})
+    train_coarse(chain, PopularityStage(chain), tmp_path / "coarse", config, seed=7, progress=False)
+    stage = loaded(tmp_path)
+    builder = FeatureBuilder(config).fit(chain, score_columns=["recall_popularity"], flag_columns=["src_popularity"])
+    at = builder.feature_names.index("item_model_score")
+    for req, cands in zip(valid_groups.requests[:5], valid_groups.candidates[:5], strict=True):
+        out = stage.run(req, cands)
+        by_item = dict(zip(cands.items.tolist(), builder.transform(req, cands)[:, at].tolist(), strict=True))
+        np.testing.assert_array_equal(out.scores["item_model"], [by_item[i] for i in out.items.tolist()])
+        assert out.order_by == "coarse" and (np.diff(out.scores["coarse"]) <= 0).all()
+
+
+def test_with_fits_serves_the_first_fits_alone(chain, trained, valid_groups):
+    import lightgbm as lgb
+
+    root, _ = trained
+    stage = loaded(root)
+    one = stage.with_fits(1)
+    assert stage.fits == 3 and one.fits == 1
+    first = lgb.Booster(model_file=str(root / "coarse" / "model.txt"))
+    fresh = FeatureBuilder(TOY_CONFIG).fit(chain, score_columns=["recall_popularity"], flag_columns=["src_popularity"])
+    req, cands = valid_groups.requests[0], valid_groups.candidates[0]
+    expected = first.predict(fresh.transform(req, cands)).astype(np.float32)
+    np.testing.assert_array_equal(one.run(req, cands).scores["coarse"], np.sort(expected)[::-1])
+    with pytest.raises(ValueError, match="0 of 3"):
+        stage.with_fits(0)
+
+
 def test_empty_candidates_and_cold_users(trained):
     stage = loaded(trained[0], depth=5)
     empty = stage.run(Request(user_id="new"), Candidates.empty())
@@ -82,7 +117,7 @@ def test_empty_candidates_and_cold_users(trained):
 
 def test_unloaded_and_missing_artifacts(tmp_path):
     stage = CoarseStage(StageSpec(name="coarse", kind="coarse"), CoarseConfig())
-    assert stage.version() == "unloaded" and stage.reads == ("recall",) and stage.writes == ("coarse",)
+    assert stage.version() == "unloaded" and stage.reads == ("recall",) and stage.writes == ("coarse", "item_model")
     with pytest.raises(StageError, match="load"):
         stage.run(Request(user_id="x"), Candidates(items=np.array([1])))
     with pytest.raises(FileNotFoundError, match="coarse/meta.json"):

@@ -32,13 +32,28 @@ def test_ranker_puts_the_next_item_first_more_often_than_recall(chain, trained):
 
 def test_report_and_artifacts(trained):
     root, report = trained
-    assert {p.name for p in (root / "coarse").iterdir()} == {"model.txt", "features.npz", "features.json", "meta.json"}
+    assert {p.name for p in (root / "coarse").iterdir()} == {"model.txt", "model-1.txt", "model-2.txt", "features.npz",
+                                                             "features.json", "meta.json"}
+    ensemble = report["ensemble"]
+    assert ensemble["fits"] == 3 and ensemble["seeds"] == [7, 8, 9] and len(ensemble["valid_ndcg_per_fit"]) == 3
+    assert ensemble["best_iterations"][0] == report["best_iteration"]
     assert report["n_train_queries"] == report["n_train_groups"] == 160  # every unseen item is a candidate
     assert report["n_valid_groups"] == 160 and report["train_positive_share"] == 1.0
     assert 1 <= report["best_iteration"] <= TOY_CONFIG.n_estimators
     assert next(iter(report["feature_importance_top10"])).startswith("follow_last")
     meta = json.loads((root / "coarse" / "meta.json").read_text())
     assert meta["seed"] == 7 and meta["report"] == report and "recall_popularity" in meta["feature_names"]
+
+
+def test_one_fit_leaves_no_member_of_an_earlier_ensemble_behind(chain, tmp_path):
+    train_coarse(chain, PopularityStage(chain), tmp_path, TOY_CONFIG, seed=7, progress=False)
+    assert (tmp_path / "model-2.txt").exists()
+    single = TOY_CONFIG.model_copy(update={"ensemble": 1})
+    report = train_coarse(chain, PopularityStage(chain), tmp_path, single, seed=7, progress=False)
+    assert report["ensemble"]["files"] == ["model.txt"] and not list(tmp_path.glob("model-*.txt"))
+    stage = CoarseStage(StageSpec(name="coarse", kind="coarse", params={"subdir": tmp_path.name}), CoarseConfig())
+    stage.load(tmp_path.parent)
+    assert stage.fits == 1
 
 
 def test_groups_without_the_label_stay_out_of_training(chain, tmp_path):
@@ -77,7 +92,7 @@ def test_training_is_deterministic_and_never_reads_the_test_items(chain, trained
 def test_a_fixed_dropout_fits_once(chain, tmp_path):
     report = train_coarse(chain, PopularityStage(chain), tmp_path, TOY_CONFIG.model_copy(update={"cold_item_dropout": 0.1}),
                           seed=7, progress=False)
-    assert report["cold_item_dropout"] == {"valid_ndcg": {"0.1": pytest.approx(report["valid_ndcg@10_coarse"], abs=1e-5)},
-                                           "chosen": 0.1}
+    first = report["ensemble"]["valid_ndcg_per_fit"][0]  # the fit the choice was made with
+    assert report["cold_item_dropout"] == {"valid_ndcg": {"0.1": pytest.approx(first, abs=1e-5)}, "chosen": 0.1}
     assert report["cold_item_training"]["dropout"] == 0.1
 

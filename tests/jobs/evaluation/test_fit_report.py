@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 from cascade.settings import Settings
-from jobs.evaluation.fit_report import training_warnings
+from jobs.evaluation.fit_report import served_choices, training_warnings
 
 
 def test_a_two_tower_stopped_by_the_clock_or_by_the_budget_before_early_stopping_is_a_warning() -> None:
@@ -39,3 +41,14 @@ def test_a_two_tower_stopped_by_its_epoch_bound_is_a_warning_that_names_the_boun
         "at epoch 200 before early stopping (best epoch 196): not converged" in warning)
     converged = {**bounded, "stopped_by": "early_stopping", "converged": True, "out_of_budget": False}
     assert training_warnings(settings, {"recall": converged}) == []
+
+
+def test_the_served_choices_are_read_from_the_trained_cascade(tiny_cascade, tmp_path) -> None:
+    art, settings = tiny_cascade
+    choices = served_choices(settings, art)
+    coarse = json.loads((art / "coarse" / "meta.json").read_text())["report"]
+    assert choices["coarse"] == {"cold_item_training": coarse["cold_item_dropout"]["chosen"],
+                                 "new_items": coarse["new_items"]["chosen"],
+                                 "llm_columns": coarse["llm_embedding_features"]["chosen"], "ensemble": 3}
+    assert choices["fusion"]["weights"] and choices["fusion"]["kept"]
+    assert served_choices(settings, tmp_path) == {}  # nothing trained there: nothing to say
