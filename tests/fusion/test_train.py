@@ -1,5 +1,5 @@
-"""The fusion stage's training: the grid search ranks as the served stage does, and the gate chooses
-its challenger on one half of the valid users and tests it on the other."""
+"""The fusion stage's training: the grid search ranks as the served stage does, and the gate judges its
+choice on folds of the valid users that took no part in it, pooled."""
 
 from __future__ import annotations
 
