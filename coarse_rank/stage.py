@@ -89,6 +89,7 @@ class CoarseStage(ArtifactSubdir):
                 raise ValueError(f"{directory}: {name} features {names[:3]}... differ from features.json "
                                  f"{builder.feature_names[:3]}...")
         self._boosters, self._builder = boosters, builder
+        names = builder.feature_names  # every fit's, checked above
         self._item_model_at = names.index(ITEM_MODEL_FEATURE) if ITEM_MODEL_FEATURE in names else None
         self._known = builder.known_items()  # items with an interaction in the fitted tables
         self._new_items = served_placement(self.config.new_items, report.get("new_items", {}).get("chosen"))

@@ -61,9 +61,11 @@ def gate_weights(examples: list[FusionExample], *, step: float = 0.1, method: No
     if not examples:
         raise ValueError("gate_weights: no examples")
     present = {s for ex in examples for s in ex.columns}
-    single = {s: float(ndcg_at_k(examples, [{s: 1.0}], K, method, rrf_k)[0]) for s in FUSED_COLUMNS if s in present}
-    if not single:
+    columns = [s for s in FUSED_COLUMNS if s in present]
+    if not columns:
         raise ValueError(f"gate_weights: no example carries a fused column ({', '.join(FUSED_COLUMNS)})")
+    alone_ndcg = ndcg_at_k(examples, [{s: 1.0} for s in columns], K, method, rrf_k)  # one pass over the users
+    single = {s: float(v) for s, v in zip(columns, alone_ndcg, strict=True)}
     light = [s for s in LIGHT_STAGES if s in single]
     incumbent = light[-1] if light else max(reversed(list(single)), key=lambda s: single[s])
     alone = {incumbent: 1.0}
@@ -75,7 +77,7 @@ def gate_weights(examples: list[FusionExample], *, step: float = 0.1, method: No
                 "mixture_check": {"kept": f"{incumbent} alone ({len(examples)} users are too few to test a "
                                           f"challenger on; the gate needs {2 * GATE_MIN_USERS})"}}
     options = [alone]  # the incumbent first: ties keep it
-    for point in simplex_grid([s for s in FUSED_COLUMNS if s in single], step):
+    for point in simplex_grid(columns, step):
         weights = {s: w for s, w in point.items() if w > 0}
         if weights not in options:
             options.append(weights)
