@@ -120,6 +120,7 @@ def tag(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, 
         return
     from jobs.tagging.generate import TaggerSettings  # lazy: keeps `recsys --help` fast
     from jobs.tagging.run import TagOptions, tag_catalog  # lazy: keeps `recsys --help` fast
+    from offline.split import prepared_item_noun  # lazy: keeps `recsys --help` fast
 
     settings = c.load_settings(config)
     try:  # checked first: resolving the model may convert a GGUF backbone (seconds, and a progress bar)
@@ -127,7 +128,7 @@ def tag(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, 
     except ValueError as exc:
         c.fail(str(exc))
     split, root = _split(settings, data, artifacts)
-    tagger = TaggerSettings(domain=settings.llm.domain,
+    tagger = TaggerSettings(domain=settings.llm.domain or prepared_item_noun(root),
                             precision=precision, max_new_tokens=max_new_tokens, threads=threads)
     model_dir = _model_dir(settings, root, model)
     if method == "embed":
@@ -336,11 +337,12 @@ def bench_logits(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt
     from bench.tagging_logits import compare_taggers  # lazy: keeps `recsys --help` fast
     from jobs.tagging.generate import TaggerSettings  # lazy: keeps `recsys --help` fast
     from offline.loaders import load_dataset  # lazy: keeps `recsys --help` fast
+    from offline.split import prepared_item_noun  # lazy: keeps `recsys --help` fast
 
     data, config, artifacts, out, threads = _shared(ctx, data=data, config=config, artifacts=artifacts, out=out,
                                                     threads=threads)
     settings = c.load_settings(config)
-    split, _ = _split(settings, data, artifacts)
+    split, root = _split(settings, data, artifacts)
     if data is None:
         c.fail("--data is required: the whole catalog is read from the dataset directory")
 
@@ -354,7 +356,8 @@ def bench_logits(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt
                                  generation_sample=generation_sample, seed=settings.seed, batch_size=batch_size,
                                  generation_batch_size=generation_batch_size,
                                  shots=shots, checkpoint=lambda partial: _write_quietly(partial, out),
-                                 settings=TaggerSettings(domain=settings.llm.domain, precision="fp32",
+                                 settings=TaggerSettings(domain=settings.llm.domain or prepared_item_noun(root),
+                                                         precision="fp32",
                                                          max_new_tokens=max_new_tokens, threads=threads))
     except (ValueError, FileNotFoundError) as exc:
         c.fail(str(exc))

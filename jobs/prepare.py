@@ -10,7 +10,6 @@ Deliberately left out: training (``jobs.train``), the protocol itself (``offline
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 from offline.loaders import LOADER_REVISION, detect_format, load_dataset
 from offline.protocol import CATALOGS, make_split, outside_users
 from offline.schema import Dataset
-from offline.split import Split
+from offline.split import Split, source_record
 from recsys.atomic import atomic_write_json
 from recsys.digest import file_sha256
 
@@ -55,12 +54,8 @@ def _fingerprint(data: Path | None, fmt: str | None, k_core: int, synthetic: dic
 def recorded_source(artifact_dir: Path) -> dict[str, Any]:
     """What the split under ``artifact_dir`` was prepared from (``_fingerprint``); {} when none,
     or when the file is not such a record (unreadable, or not an object of the right types)."""
-    path = Path(artifact_dir) / "split" / "source.json"
-    try:
-        src = json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError):
-        return {}
-    typed = (isinstance(src, dict) and isinstance(src.get("files", {}), dict)
+    src = source_record(artifact_dir)
+    typed = (isinstance(src.get("files", {}), dict)
              and isinstance(src.get("synthetic", {}), dict) and isinstance(src.get("data", ""), str)
              and isinstance(src.get("k_core", 1), int) and not isinstance(src.get("k_core"), bool)
              and (src.get("format") is None or isinstance(src["format"], str))

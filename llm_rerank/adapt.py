@@ -55,7 +55,7 @@ from llm_rerank.meta import TRAIN_META
 from llm_rerank.prompt import PromptBuilder, RequestPrompts, pad_token_id
 from llm_rerank.training_loop import Checkpoints, LoraSpec, attach_lora, resume, run_steps
 from llm_rerank.verbalizer_scores import zscore
-from offline.split import Split
+from offline.split import Split, prepared_item_noun
 from recsys.contract import Candidates, Stage
 from recsys.progress import progress_bar
 
@@ -191,6 +191,8 @@ def train_llm(split: Split, candidate_stage: Stage, llm_cfg: LLMConfig, artifact
     t0 = time.perf_counter()
     base = resolve_model(llm_cfg, Path(artifacts_root))
     model, tokenizer = load_model(base, "fp32", llm_cfg.threads)
+    # the prompts the stage serves from this artifact directory (LLMRerankStage.load)
+    llm_cfg = llm_cfg.model_copy(update={"domain": llm_cfg.domain or prepared_item_noun(Path(artifact_dir))})
     prompts = RequestPrompts.for_config(PromptBuilder.for_config(tokenizer, llm_cfg),
                                         item_labels(split.items, llm_cfg), llm_cfg)
     n_cands = min(cfg.candidates, llm_cfg.candidates) if listwise else cfg.negatives + 1

@@ -167,7 +167,9 @@ class LLMConfig(BaseModel):
         "in detail_chars.")
     detail_chars: int = Field(40, ge=8, le=200, description="Characters of category and brand after the title "
                               "with item_text 'title_details'.")
-    domain: str = Field("movie", min_length=1, max_length=40, description="Item noun used in the prompt.")
+    domain: str | None = Field(
+        None, min_length=1, max_length=40, description="Item noun used in the prompt ('movie', 'product'); None: "
+        "the dataset's (movie for the MovieLens layouts and the synthetic set, item for a generic log).")
     batch_size: int = Field(32, ge=1, le=256, description="Pointwise suffixes per forward pass.")
     prefix_cache_size: int = Field(32, ge=0, le=10_000, description="User prefixes kept (LRU); 0 disables.")
     threads: int | None = Field(None, ge=1, le=256, description="torch intra-op threads; None keeps torch's.")

@@ -46,6 +46,7 @@ import numpy as np
 from llm_rerank.config import LLMConfig
 from llm_rerank.grounding import verb_for
 from llm_rerank.template import CLOSE, DEFAULT, OPEN, SPECIAL_TOKEN_RE, PromptTemplate
+from offline.loaders import GENERIC_NOUN
 from recsys.contract import Request, StageError
 
 PROMPT_VERSION = "p1"
@@ -105,7 +106,7 @@ class PromptBuilder:
     def for_config(cls, tokenizer: Any, cfg: LLMConfig, template: PromptTemplate | None = None) -> PromptBuilder:
         """The builder ``cfg`` (``settings.llm``) asks for; ``template`` (default ``cfg.prompt``, else the
         built-in one) is the stage's hot-swapped one when it has one."""
-        return cls(tokenizer, domain=cfg.domain, title_chars=cfg.item_chars(),
+        return cls(tokenizer, domain=cfg.domain or GENERIC_NOUN, title_chars=cfg.item_chars(),
                    template=template or cfg.prompt or DEFAULT)
 
     def with_template(self, template: PromptTemplate) -> PromptBuilder:

@@ -46,7 +46,7 @@ from llm_rerank.meta import read_train_meta
 from llm_rerank.prompt import PROMPT_VERSION, PromptBuilder, PromptParts, RequestPrompts, pad_token_id
 from llm_rerank.template import DEFAULT, PromptTemplate, parse_prompt_document
 from llm_rerank.verbalizer_scores import zscore
-from offline.split import Split
+from offline.split import Split, prepared_item_noun
 from recsys.config import StageSpec
 from recsys.contract import Candidates, Request, StageError
 from recsys.manifest import verify_directory
@@ -69,6 +69,7 @@ class LLMRerankStage:
         self.writes: tuple[str, ...] = (self.name,)
         params = dict(spec.params) if spec is not None else {}
         self.cfg: LLMConfig = config.with_overrides(params)
+        self._domain = self.cfg.domain  # None: load() takes the word of the dataset it loads
         self.artifacts_root = Path(artifacts_root)
         self.redis = redis
         self.backend: ScoringBackend | None = None  # built by load(): llm_rerank.backends
@@ -97,6 +98,7 @@ class LLMRerankStage:
             if directory.is_dir():
                 verify_directory(directory)
         split = Split.load(artifact_dir / "split")
+        self.cfg = self.cfg.model_copy(update={"domain": self._domain or prepared_item_noun(artifact_dir)})
         titles = item_labels(split.items, self.cfg)
         if self.cfg.use_adapted:
             self.residual_beta = residual_beta(Path(location), adapted)

@@ -26,6 +26,7 @@ from typing import IO, Any, Literal
 import numpy as np
 import pandas as pd
 
+from offline.loaders import SYNTHETIC, format_of_files, item_noun
 from offline.schema import Vocab, user_attributes
 from recsys.atomic import atomic_write, atomic_write_json
 from recsys.contract import Request
@@ -175,6 +176,32 @@ class Split:
 
 def _write_parquet(frame: pd.DataFrame, fh: IO[bytes]) -> None:
     frame.to_parquet(fh, index=False)
+
+
+def source_record(artifact_dir: Path) -> dict[str, Any]:
+    """``<artifact_dir>/split/source.json`` as written by ``jobs.prepare`` (what the split was
+    prepared from); {} when there is none or it is not a readable JSON object."""
+    path = Path(artifact_dir) / "split" / "source.json"
+    try:
+        record = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def prepared_item_noun(artifact_dir: Path) -> str:
+    """The prompt's word for an item of the dataset the split under ``artifact_dir`` was prepared
+    from (``offline.loaders.item_noun``): the word a derived split recorded (the cold-item
+    cascade's), else that of its recorded format, else of the layout its recorded file names mark,
+    the synthetic set's when it was generated; the generic word without a record."""
+    record = source_record(artifact_dir)
+    if isinstance(noun := record.get("item_noun"), str) and noun:  # a split derived from another keeps its word
+        return noun
+    files = record.get("files")
+    if record.get("data") == SYNTHETIC and not files:
+        return item_noun(SYNTHETIC)
+    fmt = record.get("format")
+    return item_noun(fmt if isinstance(fmt, str) else format_of_files(files if isinstance(files, dict) else ()))
 
 
 def split_id(artifact_dir: Path) -> str:

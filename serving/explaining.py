@@ -36,7 +36,8 @@ from llm_rerank.explain import EvidenceBuilder, ReasonGenerator, ReasonWriter
 from llm_rerank.grounding import ItemFacts
 from llm_rerank.reason_cache import MemoryReasonCache, RedisReasonCache
 from llm_rerank.stage import LLMRerankStage
-from offline.split import Split
+from offline.loaders import GENERIC_NOUN
+from offline.split import Split, prepared_item_noun
 from recsys.contract import Candidates, Request
 from recsys.pipeline import Pipeline
 from serving.catalog_state import CatalogState
@@ -72,8 +73,14 @@ class Explanations:
                 llm = self.settings.llm
                 self._writer = ReasonWriter(EvidenceBuilder(self._facts(), self._covisit(), self.cfg.neighbours,
                                                             llm.history_items),
-                                            self.cfg, llm.domain, self._cache(online), self.generator)
+                                            self.cfg, self._noun(), self._cache(online), self.generator)
             return self._writer
+
+    def _noun(self) -> str:
+        """``llm.domain``, else the word for an item of the dataset served (``offline.split.prepared_item_noun``)."""
+        if self.settings.llm.domain:
+            return self.settings.llm.domain
+        return GENERIC_NOUN if self.artifact_dir is None else prepared_item_noun(self.artifact_dir)
 
     def _facts(self) -> ItemFacts:
         split = self.artifact_dir / "split" if self.artifact_dir is not None else None
@@ -130,7 +137,7 @@ class Explanations:
 
     def _wrap(self, stage: LLMRerankStage) -> ReasonGenerator | None:
         try:
-            return ReasonGenerator(stage, self.cfg, self.settings.llm.domain)
+            return ReasonGenerator(stage, self.cfg, self._noun())
         except (ValueError, ImportError) as exc:  # no model in reach, or no grammar engine: templates
             self.load_error = f"{type(exc).__name__}: {exc}"
             log.warning("reasons from templates only: %s", self.load_error)

@@ -39,7 +39,7 @@ from jobs.evaluation.evaluate import stage_candidate_recall
 from jobs.evaluation.fit_report import training_warnings
 from jobs.train import DEFAULT_STAGES, split_id, train_stages
 from offline.metrics import candidates_found, per_user_metrics
-from offline.split import Split
+from offline.split import Split, prepared_item_noun
 from recsys.atomic import atomic_write_json
 
 COLD_DIR = "cold-items"
@@ -105,7 +105,8 @@ def cold_split(split: Split, share: float = 0.1) -> Split:
 def prepare_cold(artifact_dir: Path, split: Split, share: float = 0.1) -> tuple[Path, Split]:
     """(directory of the cold cascade, its split), saved once per parent split and share."""
     cold_dir = Path(artifact_dir) / COLD_DIR
-    source = {"derived_from": split_id(Path(artifact_dir)), "cold_share": share}
+    source = {"derived_from": split_id(Path(artifact_dir)), "cold_share": share,
+              "item_noun": prepared_item_noun(Path(artifact_dir))}
     fp = cold_dir / "split" / "source.json"
     if fp.exists() and json.loads(fp.read_text()) == source and (cold_dir / "split" / "split.json").exists():
         return cold_dir, Split.load(cold_dir / "split")

@@ -60,7 +60,7 @@ from jobs.tagging.run import HOLDOUT_FRACTION
 from jobs.train import split_id, train_stages
 from llm_rerank.backbone import resolve_model, weights_digest
 from offline.bootstrap import paired_bootstrap
-from offline.split import Split
+from offline.split import Split, prepared_item_noun
 from recsys.atomic import atomic_write_json
 from recsys.config import StageSpec
 
@@ -186,7 +186,8 @@ def prepare_llm_sources(settings: Settings, cold_dir: Path, cold: Split, *, prog
         return {"tagging": {"reused": True}, "embedding": {"reused": True}}
     marker.unlink(missing_ok=True)  # written last: a run that stops half-way is redone, never reused
     (tags / "holdout.json").write_text(json.dumps(holdout))  # tag_catalog calibrates outside these items
-    summary = tag_catalog(cold, model, cold_dir, TaggerSettings(domain=settings.llm.domain, precision="fp32"),
+    noun = settings.llm.domain or prepared_item_noun(cold_dir)
+    summary = tag_catalog(cold, model, cold_dir, TaggerSettings(domain=noun, precision="fp32"),
                           TagOptions(method="logits", batch_size=64, seed=settings.seed, progress=progress))
     shutil.rmtree(tags / "embed", ignore_errors=True)  # projections of older states are stale
     meta = train_embeddings(cold, tags, embed)

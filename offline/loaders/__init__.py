@@ -16,6 +16,9 @@ Every loader validates completely: a missing or malformed file raises ``DataErro
 the file and line; nothing is skipped silently. Loader modules import lazily so that importing
 this package costs nothing.
 
+``item_noun`` gives the word the LLM prompts use for an item when ``llm.domain`` is not set: the
+MovieLens layouts and the synthetic set (films with genres) hold movies, a generic log holds items.
+
 Deliberately left out: k-core filtering and splitting (``offline.protocol``), caching of
 loaded datasets (``Dataset.save``/``load``).
 """
@@ -38,6 +41,28 @@ FORMATS: dict[str, tuple[tuple[str, ...], str]] = {
     "generic": (("interactions.csv", "interactions.parquet"), "offline.loaders.generic:load_generic"),
 }
 SYNTHETIC = "synthetic"
+GENERIC_NOUN = "item"
+# format -> what one of its items is called in a prompt; a layout not named here says GENERIC_NOUN
+ITEM_NOUNS = {"ml-100k": "movie", "ml-1m": "movie", "ml-csv": "movie", SYNTHETIC: "movie"}
+
+
+def item_noun(fmt: str | None) -> str:
+    """The prompt's word for an item of a dataset in layout ``fmt`` (None: unknown).
+
+    >>> item_noun("ml-csv"), item_noun("generic"), item_noun(None)
+    ('movie', 'item', 'item')
+    """
+    return ITEM_NOUNS.get(fmt or "", GENERIC_NOUN)
+
+
+def format_of_files(names: Any) -> str | None:
+    """The layout whose marker file is among ``names`` (checked in ``FORMATS`` order), else None.
+
+    >>> format_of_files(["movies.csv", "ratings.csv"]), format_of_files(["items.csv"])
+    ('ml-csv', None)
+    """
+    present = set(names)
+    return next((fmt for fmt, (markers, _) in FORMATS.items() if present.intersection(markers)), None)
 
 
 def detect_format(path: Path) -> str:
@@ -51,9 +76,8 @@ def detect_format(path: Path) -> str:
         raise DataError(f"{path}: no such directory")
     if not path.is_dir():
         raise DataError(f"{path}: expected a dataset directory, got a file")
-    for fmt, (markers, _) in FORMATS.items():
-        if any((path / m).is_file() for m in markers):
-            return fmt
+    if fmt := format_of_files(p.name for p in path.iterdir() if p.is_file()):
+        return fmt
     looked_for = "; ".join(f"{' or '.join(markers)} ({fmt})" for fmt, (markers, _) in FORMATS.items())
     present = sorted(p.name for p in path.iterdir())[:10]
     raise DataError(f"{path}: unknown dataset layout; looked for {looked_for}; found {present or 'nothing'}")
@@ -96,4 +120,5 @@ def _loader(fmt: str) -> Callable[[Path], Dataset]:
     return loader
 
 
-__all__ = ["FORMATS", "LOADER_REVISION", "SYNTHETIC", "DataError", "detect_format", "load_dataset"]
+__all__ = ["FORMATS", "GENERIC_NOUN", "LOADER_REVISION", "SYNTHETIC", "DataError", "detect_format", "format_of_files",
+           "item_noun", "load_dataset"]

@@ -158,3 +158,26 @@ def test_a_split_prepared_by_older_loaders_is_prepared_again(tmp_path: Path, cap
     assert json.loads(source.read_text())["loader_revision"] == LOADER_REVISION
     assert any(f"the loaders read these files differently now (revision 1 -> {LOADER_REVISION})" in r.getMessage()
                for r in caplog.records)
+
+
+def test_the_prompt_word_for_an_item_follows_the_layout_the_split_was_prepared_from(tmp_path: Path) -> None:
+    from offline.split import prepared_item_noun
+
+    rows = [(u, (u + j) % 8, 100 * u + j) for u in range(12) for j in range(6)]
+    films = tmp_path / "exported-ratings"  # a MovieLens CSV release under a name that says nothing
+    films.mkdir()
+    (films / "ratings.csv").write_text("userId,movieId,rating,timestamp\n"
+                                       + "".join(f"{u},{i},4.0,{t}\n" for u, i, t in rows))
+    (films / "movies.csv").write_text("movieId,title,genres\n" + "".join(f"{i},Film {i} (1999),Drama\n" for i in range(8)))
+    shop = tmp_path / "shop"
+    shop.mkdir()
+    (shop / "interactions.csv").write_text("user_id,item_id,timestamp\n"
+                                           + "".join(f"u{u},i{i},{t}\n" for u, i, t in rows))
+    prepare(films, tmp_path / "a")
+    prepare(shop, tmp_path / "b")
+    prepare(films, tmp_path / "c", fmt="ml-csv")
+    prepare(None, tmp_path / "d", n_users=30, n_items=40, seed=3)
+    assert [prepared_item_noun(tmp_path / n) for n in "abcd"] == ["movie", "item", "movie", "movie"]
+    assert prepared_item_noun(tmp_path / "nothing-prepared") == "item"
+    (tmp_path / "b" / "split" / "source.json").write_text('{"derived_from": "x", "item_noun": "film"}')
+    assert prepared_item_noun(tmp_path / "b") == "film"  # a derived split (the cold-item cascade's) keeps its parent's

@@ -48,5 +48,7 @@ def test_the_prompt_carries_the_details_whole_and_a_product_history_is_bought() 
     body = tok.decode(parts.suffixes[0])
     assert "Recently bought products" in prefix and "watched" not in prefix
     assert f"«{labels[0]}»" in body  # not cut at title_chars: the builder's budget holds the details
-    movie = PromptBuilder.for_config(tok, LLMConfig())
+    movie = PromptBuilder.for_config(tok, LLMConfig(domain="movie"))
     assert "Recently watched movies" in tok.decode(movie.prefix(["Heat (1995)"], {}))
+    unset = PromptBuilder.for_config(tok, LLMConfig())  # no dataset in reach: the generic word
+    assert "Recently bought items" in tok.decode(unset.prefix(["Heat (1995)"], {}))

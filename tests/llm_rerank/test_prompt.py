@@ -159,3 +159,24 @@ def test_request_prompts_are_the_served_prompts_without_a_stage(tmp_path: Path, 
     assert got == build([str(titles[i]) for i in (3, 4, 5)], {}, [str(titles[7])])  # the last 3, oldest first
     with pytest.raises(StageError, match="outside the catalog"):
         prompts.build(Request(user_id="u0"), np.array([len(titles)]))
+
+
+@pytest.mark.parametrize(("record", "domain", "word"), [
+    ({"data": "shop", "format": None, "files": {"interactions.csv": [1, "x"]}}, None, "item"),
+    ({"data": "ratings", "format": None, "files": {"ratings.csv": [1, "x"], "movies.csv": [1, "y"]}}, None, "movie"),
+    ({"data": "shop", "format": "generic", "files": {}}, "product", "product"),
+])
+def test_the_stage_names_items_with_the_word_of_the_dataset_it_loads_unless_told(
+        tmp_path: Path, record: dict, domain: str | None, word: str) -> None:
+    import json
+
+    save_tiny_llm(tmp_path / "m")
+    tiny_split().save(tmp_path / "toy" / "split")
+    (tmp_path / "toy" / "split" / "source.json").write_text(json.dumps(record))
+    settings = Settings.build({"artifacts_dir": str(tmp_path), "llm": {
+        "model": str(tmp_path / "m"), "precision": "fp32", "domain": domain}})
+    stage = LLMRerankStage(None, settings.llm, artifacts_root=tmp_path)
+    stage.load(tmp_path / "toy")
+    parts = stage.build_prompt(Request(user_id="u0", history=np.array([1, 2])), np.array([0, 3]))
+    text = stage.prompts.tok.decode(parts.prefix + parts.suffixes[0])
+    assert f"Candidate {word}s:" in text and f"Recently {'watched' if word == 'movie' else 'bought'} {word}s" in text

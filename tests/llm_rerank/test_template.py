@@ -35,7 +35,7 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def make_stage(artifacts: Path, **llm: object) -> LLMRerankStage:
     settings = Settings.build({"artifacts_dir": str(artifacts), "llm": {
-        "model": str(artifacts / "tiny-llm"), "precision": "fp32", "candidates": 5, **llm}})
+        "model": str(artifacts / "tiny-llm"), "precision": "fp32", "candidates": 5, "domain": "movie", **llm}})
     stage = LLMRerankStage(StageSpec(name="llm", kind="llm"), settings.llm,
                            artifacts_root=settings.artifacts_dir)
     stage.load(artifacts / "toy")
@@ -122,7 +122,8 @@ def test_changed_instruction_changes_the_token_ids_the_model_receives(artifacts:
     assert stage.version().endswith(f"-p1.{parse_prompt_document(CRITICS).digest()}-{scoring}")
     stage.set_prompt_template(DEFAULT)
     assert stage.version().endswith(f"-p1-{scoring}")
-    np.testing.assert_allclose(stage.score(request, items), before_scores, rtol=0, atol=1e-5)
+    # scored again from the cached prefix KV: the same sums in another order (fp32 rounding, CPU-dependent)
+    np.testing.assert_allclose(stage.score(request, items), before_scores, rtol=0, atol=1e-4)
 
 
 def test_no_cached_prefix_of_the_old_instruction_is_reused(artifacts: Path) -> None:
@@ -165,5 +166,5 @@ def test_a_request_pinned_before_a_prompt_publish_keeps_its_prompt_and_version(a
     before = (pinned.version(), pinned.score(request, items))
     stage.set_prompt_template(CRITICS)  # lands while the pinned request is running
     assert pinned.version() == before[0] != stage.version()
-    np.testing.assert_allclose(pinned.score(request, items), before[1], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(pinned.score(request, items), before[1], rtol=0, atol=1e-4)  # cached prefix KV
     assert not np.allclose(stage.score(request, items), before[1])

@@ -60,8 +60,8 @@ def test_explain_gives_the_top_explain_k_items_a_reason(templates_only: TestClie
     body = templates_only.post("/v1/recommend", json={"user_id": "u1", "k": 3, "explain": True,
                                                       "explain_k": 2}).json()
     reasons = [(i.get("reason"), i.get("reason_source")) for i in body["items"]]
-    # u1 watched Alpha, Bravo, Charlie; no model here, so the templates speak
-    assert reasons[:2] == [("Picked from what you watched recently, such as Charlie.", "template")] * 2
+    # u1 had Alpha, Bravo, Charlie; no model here, so the templates speak, with the generic catalog's verb
+    assert reasons[:2] == [("Picked from what you bought recently, such as Charlie.", "template")] * 2
     assert "reason" not in body["items"][2]
 
 
