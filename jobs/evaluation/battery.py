@@ -6,9 +6,15 @@ ML-100K rewritten into shapes that stress one thing each:
 
 - ``ml100k-600-long``: the 600 users with the longest histories (few users, long sequences);
 - ``ml100k-wide``: the catalog widened with synthetic long-tail items (each bought by a few
-  random users at random times), so the catalog is several times larger than the signal;
+  random users, before their last two real events), so the catalog is several times larger than
+  the signal while every held-out target stays a real item;
 - ``ml100k-generic``: ML-100K in the generic layout with its optional items file (titles and
   categories, no users file): the layout a user brings, with content;
+- ``ml100k-generic-full``: the generic layout with every optional file and column (items with
+  text, year, audience and risk level; users with age, gender, occupation, zip and risk tolerance),
+  so the compliance rules have something to enforce on real histories;
+- ``movielens-csv``: ML-100K rewritten as a MovieLens CSV release (``ratings.csv``,
+  ``movies.csv``) in a folder whose name says nothing of the dataset;
 - ``shop-min``: the generic layout with no items or users file (no content, no attributes);
 - ``synthetic``: the generated default shop.
 
@@ -43,6 +49,7 @@ from recsys.atomic import atomic_write_text
 WIDE_FACTOR = 3  # synthetic long-tail items per real item in ml100k-wide
 WIDE_BUYERS = (5, 10)  # random users per synthetic item (enough to pass the 5-core filter)
 LONG_USERS = 600
+BUILT = ".built"  # written in a shape's data folder once its builder returned
 
 
 def _write_generic(directory: Path, interactions: pd.DataFrame, items: pd.DataFrame | None) -> Path:
@@ -68,21 +75,28 @@ def long_histories(source: Path, out: Path, users: int = LONG_USERS) -> Path:
 def widened(source: Path, out: Path, factor: int = WIDE_FACTOR, seed: int = 0) -> Path:
     """The dataset plus ``factor`` synthetic items per real item, each with a few random buyers.
 
-    A synthetic item ``syn-<n>`` is interacted with by 5-10 random users at random times within
-    the log's span; it has a title and no category, so only ids and popularity tell it apart.
+    A synthetic item ``syn-<n>`` is interacted with by 5-10 random users, each at a random time
+    between the user's first event and the one before their second-to-last (so the valid and
+    test targets of the leave-one-out protocol stay real items: at random times over the whole
+    span, about 95% of ML-100K's targets became synthetic items, noise no model can predict); it
+    has a title and no category, so only ids and popularity tell it apart.
     """
     data = load_dataset(source)
     rng = np.random.default_rng(seed)
     inter = data.interactions
-    users = inter["user_id"].unique()
-    lo, hi = int(inter["timestamp"].min()), int(inter["timestamp"].max())
+    times = inter.sort_values(["user_id", "timestamp"], kind="stable").groupby("user_id", sort=True)["timestamp"]
+    users = np.asarray(times.first().index)
+    first = times.first().to_numpy(np.int64)
+    # before the second-to-last event; a user with under 3 events gets their first event's time
+    last_free = np.maximum(first, times.nth(-2).reindex(times.first().index).fillna(first[0]).to_numpy(np.int64) - 1)
     n_new = factor * len(data.items)
     buyers = rng.integers(WIDE_BUYERS[0], WIDE_BUYERS[1] + 1, n_new)
+    who = np.concatenate([rng.choice(len(users), b, replace=False) for b in buyers])
     rows = pd.DataFrame({
-        "user_id": np.concatenate([rng.choice(users, b, replace=False) for b in buyers]),
+        "user_id": users[who],
         "item_id": np.repeat([f"syn-{i}" for i in range(n_new)], buyers),
         "rating": 1.0,
-        "timestamp": rng.integers(lo, hi + 1, int(buyers.sum())),
+        "timestamp": first[who] + (rng.random(len(who)) * (last_free[who] - first[who] + 1)).astype(np.int64),
     })
     items = pd.concat([data.items, pd.DataFrame({"item_id": [f"syn-{i}" for i in range(n_new)],
                                                  "title": [f"Catalog item {i}" for i in range(n_new)],
@@ -94,6 +108,46 @@ def generic_with_items(source: Path, out: Path) -> Path:
     """The dataset in the generic layout with its optional items file (titles, categories)."""
     data = load_dataset(source)
     return _write_generic(out, data.interactions, data.items)
+
+
+def generic_full(source: Path, out: Path) -> Path:
+    """The dataset in the generic layout with every optional file and column.
+
+    Items keep their title, text, categories and year, get an audience (``adult`` for horror,
+    ``teen`` for crime, thrillers and war, ``all`` otherwise) and a risk level (1 for horror, 0
+    otherwise), and their other fields ride along as an extra column; users keep age, gender,
+    occupation and zip and get a risk tolerance (0 under 18, 3 otherwise).
+    """
+    data = load_dataset(source)
+    _write_generic(out, data.interactions, None)
+    items = data.items.copy()
+    cats = items["categories"].map(set)
+    items["audience"] = ["adult" if "Horror" in c else "teen" if c & {"Crime", "Thriller", "War"} else "all"
+                         for c in cats]
+    items["risk_level"] = [1 if "Horror" in c else 0 for c in cats]
+    items["year"] = items["year"].astype("Int64")  # written as 1995, not 1995.0; unknown stays empty
+    items["categories"] = ["|".join(c) for c in items["categories"]]
+    # a column outside the schema, which the loader keeps in the attributes JSON
+    items["release_date"] = [json.loads(a).get("release_date", "") for a in items["attributes"]]
+    atomic_write_text(out / "items.csv", items[["item_id", "title", "text", "categories", "audience", "risk_level",
+                                                "year", "release_date"]].to_csv(index=False))
+    users = data.users.copy()
+    users["risk_tolerance"] = np.where(users["age"].to_numpy() < 18, 0, 3)
+    atomic_write_text(out / "users.csv", users[["user_id", "age", "gender", "occupation", "zip",
+                                                "risk_tolerance"]].to_csv(index=False))
+    return out
+
+
+def movielens_csv(source: Path, out: Path) -> Path:
+    """The dataset as a MovieLens CSV release: ``ratings.csv`` and ``movies.csv`` (genres ``|``-joined)."""
+    data = load_dataset(source)
+    out.mkdir(parents=True, exist_ok=True)
+    ratings = data.interactions.rename(columns={"user_id": "userId", "item_id": "movieId"})
+    movies = pd.DataFrame({"movieId": data.items["item_id"], "title": data.items["title"],
+                           "genres": ["|".join(c) or "(no genres listed)" for c in data.items["categories"]]})
+    atomic_write_text(out / "movies.csv", movies.to_csv(index=False))
+    atomic_write_text(out / "ratings.csv", ratings[["userId", "movieId", "rating", "timestamp"]].to_csv(index=False))
+    return out
 
 
 def log_only(source: Path, out: Path) -> Path:
@@ -108,6 +162,8 @@ SHAPES: dict[str, tuple[str | None, Callable[[Path, Path], Path] | None]] = {
     "ml100k-600-long": ("ml-100k", long_histories),
     "ml100k-wide": ("ml-100k", widened),
     "ml100k-generic": ("ml-100k", generic_with_items),
+    "ml100k-generic-full": ("ml-100k", generic_full),
+    "movielens-csv": ("ml-100k", movielens_csv),
     "shop-min": ("ml-100k", log_only),
     "synthetic": (None, None),
 }
@@ -124,8 +180,9 @@ def shape_data(name: str, datasets: Path, work: Path) -> Path | None:
     if build is None:
         return src
     out = work / "data" / name
-    if not (out / "interactions.csv").exists():
+    if not (out / BUILT).exists():  # a build cut short is built again, never used half-written
         build(src, out)
+        (out / BUILT).touch()
     return out
 
 

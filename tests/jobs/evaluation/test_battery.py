@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from jobs.evaluation.battery import (
     battery_table,
+    generic_full,
     generic_with_items,
     log_only,
     long_histories,
+    movielens_csv,
     run_battery,
     shape_row,
     widened,
 )
-from offline.loaders import load_dataset
+from offline.loaders import detect_format, load_dataset
 
 
 def _run(ndcg: dict[str, float], *, verdict: str = "beats", best: str = "ease", out_of_budget: bool = False) -> dict:
@@ -56,6 +59,17 @@ def test_the_shapes_built_from_ml100k(ml100k_dir: Path, tmp_path: Path) -> None:
     wide = load_dataset(widened(ml100k_dir, tmp_path / "wide", factor=2))
     assert len(wide.items) == 3 * len(base.items)
     assert wide.interactions["item_id"].str.startswith("syn-").sum() >= 5 * 2 * len(base.items)
+    last_two = wide.interactions.sort_values(["user_id", "timestamp"], kind="stable").groupby("user_id").tail(2)
+    assert last_two["item_id"].str.startswith("syn-").mean() < 0.01  # held-out targets stay real (ties aside)
+    csv = load_dataset(movielens_csv(ml100k_dir, tmp_path / "exported"))  # a name that says nothing
+    assert detect_format(tmp_path / "exported") == "ml-csv"
+    assert csv.interactions.equals(base.interactions) and csv.items["title"].equals(base.items["title"])
+    full = load_dataset(generic_full(ml100k_dir, tmp_path / "full"))
+    assert sorted(p.name for p in (tmp_path / "full").iterdir()) == ["interactions.csv", "items.csv", "users.csv"]
+    assert full.users[["age", "gender", "occupation", "zip"]].equals(base.users[["age", "gender", "occupation", "zip"]])
+    assert set(full.items["audience"]) == {"all", "teen", "adult"} and set(full.items["risk_level"]) == {0, 1}
+    assert (full.items["year"].fillna(0) == base.items["year"].fillna(0)).all()
+    assert json.loads(full.items["attributes"].iloc[0]) == {"release_date": "01-Jan-1995"}
     bare = log_only(ml100k_dir, tmp_path / "bare")
     assert sorted(p.name for p in bare.iterdir()) == ["interactions.csv"]
     assert len(load_dataset(bare).interactions) == len(base.interactions)
