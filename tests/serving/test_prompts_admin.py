@@ -33,7 +33,9 @@ def llm_app(toy_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     llm = StageSpec(name="llm", kind="llm", budget_ms=60_000,
                     # the whole-prefix LRU, whose entries hold the instruction: the block cache keys blocks
                     # by token ids, so an old instruction's KV is unreachable by construction
-                    params={"model": str(model), "precision": "fp32", "candidates": 5, "kv": {"enabled": False}})
+                    # the toy catalog records no layout, so its word for an item is set: the tests read the film prompts
+                    params={"model": str(model), "precision": "fp32", "candidates": 5, "kv": {"enabled": False},
+                            "domain": "movie"})
     pairs = [(RECALL, PopularityRecall), (llm, LLMRerankStage), (RULES, RulesStage)]
     settings = toy_settings(*(spec for spec, _ in pairs), admin_api_key=ADMIN_KEY, versions_poll_s=0.1)
     pipeline = toy_pipeline(toy_dir, settings, pairs)
