@@ -128,7 +128,7 @@ def tag(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt = None, 
     except ValueError as exc:
         c.fail(str(exc))
     split, root = _split(settings, data, artifacts)
-    tagger = TaggerSettings(domain=settings.llm.domain or prepared_item_noun(root),
+    tagger = TaggerSettings(domain=prepared_item_noun(root, settings.llm.domain),
                             precision=precision, max_new_tokens=max_new_tokens, threads=threads)
     model_dir = _model_dir(settings, root, model)
     if method == "embed":
@@ -356,7 +356,7 @@ def bench_logits(ctx: typer.Context, data: c.DataOpt = None, config: c.ConfigOpt
                                  generation_sample=generation_sample, seed=settings.seed, batch_size=batch_size,
                                  generation_batch_size=generation_batch_size,
                                  shots=shots, checkpoint=lambda partial: _write_quietly(partial, out),
-                                 settings=TaggerSettings(domain=settings.llm.domain or prepared_item_noun(root),
+                                 settings=TaggerSettings(domain=prepared_item_noun(root, settings.llm.domain),
                                                          precision="fp32",
                                                          max_new_tokens=max_new_tokens, threads=threads))
     except (ValueError, FileNotFoundError) as exc:

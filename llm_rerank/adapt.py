@@ -192,7 +192,7 @@ def train_llm(split: Split, candidate_stage: Stage, llm_cfg: LLMConfig, artifact
     base = resolve_model(llm_cfg, Path(artifacts_root))
     model, tokenizer = load_model(base, "fp32", llm_cfg.threads)
     # the prompts the stage serves from this artifact directory (LLMRerankStage.load)
-    llm_cfg = llm_cfg.model_copy(update={"domain": llm_cfg.domain or prepared_item_noun(Path(artifact_dir))})
+    llm_cfg = llm_cfg.model_copy(update={"domain": prepared_item_noun(Path(artifact_dir), llm_cfg.domain)})
     prompts = RequestPrompts.for_config(PromptBuilder.for_config(tokenizer, llm_cfg),
                                         item_labels(split.items, llm_cfg), llm_cfg)
     n_cands = min(cfg.candidates, llm_cfg.candidates) if listwise else cfg.negatives + 1

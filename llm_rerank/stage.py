@@ -98,7 +98,7 @@ class LLMRerankStage:
             if directory.is_dir():
                 verify_directory(directory)
         split = Split.load(artifact_dir / "split")
-        self.cfg = self.cfg.model_copy(update={"domain": self._domain or prepared_item_noun(artifact_dir)})
+        self.cfg = self.cfg.model_copy(update={"domain": prepared_item_noun(artifact_dir, self._domain)})
         titles = item_labels(split.items, self.cfg)
         if self.cfg.use_adapted:
             self.residual_beta = residual_beta(Path(location), adapted)

@@ -63,7 +63,7 @@ class PromptTemplate(BaseModel):
                                 description="Version name; None: PUT /admin/prompts names it by content hash.")
     system: str = _text("You recommend {domain}s.", 1000,
                         "Re-ranker instruction (system message); DATA_GUARD is appended.")
-    listwise_question: str = _text("Which {domain} will the user watch next? Answer with its letter.", 300,
+    listwise_question: str = _text("Which {domain} will the user choose next? Answer with its letter.", 300,
                                    "Re-ranker question after the lettered candidate list (listwise scoring).")
     pointwise_question: str = _text("Will the user enjoy this {domain}? Answer Yes or No.", 300,
                                     "Re-ranker question after one candidate (pointwise scoring).")

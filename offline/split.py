@@ -189,11 +189,14 @@ def source_record(artifact_dir: Path) -> dict[str, Any]:
     return record if isinstance(record, dict) else {}
 
 
-def prepared_item_noun(artifact_dir: Path) -> str:
-    """The prompt's word for an item of the dataset the split under ``artifact_dir`` was prepared
-    from (``offline.loaders.item_noun``): the word a derived split recorded (the cold-item
-    cascade's), else that of its recorded format, else of the layout its recorded file names mark,
-    the synthetic set's when it was generated; the generic word without a record."""
+def prepared_item_noun(artifact_dir: Path, configured: str | None = None) -> str:
+    """The prompt's word for an item: ``configured`` (``llm.domain``) when set, else the word for an
+    item of the dataset the split under ``artifact_dir`` was prepared from
+    (``offline.loaders.item_noun``): the word a derived split recorded (the cold-item cascade's),
+    else that of its recorded format, else of the layout its recorded file names mark, the
+    synthetic set's when it was generated; the generic word without a record."""
+    if configured:
+        return configured
     record = source_record(artifact_dir)
     if isinstance(noun := record.get("item_noun"), str) and noun:  # a split derived from another keeps its word
         return noun

@@ -78,9 +78,9 @@ class Explanations:
 
     def _noun(self) -> str:
         """``llm.domain``, else the word for an item of the dataset served (``offline.split.prepared_item_noun``)."""
-        if self.settings.llm.domain:
-            return self.settings.llm.domain
-        return GENERIC_NOUN if self.artifact_dir is None else prepared_item_noun(self.artifact_dir)
+        if self.artifact_dir is None:
+            return self.settings.llm.domain or GENERIC_NOUN
+        return prepared_item_noun(self.artifact_dir, self.settings.llm.domain)
 
     def _facts(self) -> ItemFacts:
         split = self.artifact_dir / "split" if self.artifact_dir is not None else None

@@ -186,7 +186,7 @@ def prepare_llm_sources(settings: Settings, cold_dir: Path, cold: Split, *, prog
         return {"tagging": {"reused": True}, "embedding": {"reused": True}}
     marker.unlink(missing_ok=True)  # written last: a run that stops half-way is redone, never reused
     (tags / "holdout.json").write_text(json.dumps(holdout))  # tag_catalog calibrates outside these items
-    noun = settings.llm.domain or prepared_item_noun(cold_dir)
+    noun = prepared_item_noun(cold_dir, settings.llm.domain)
     summary = tag_catalog(cold, model, cold_dir, TaggerSettings(domain=noun, precision="fp32"),
                           TagOptions(method="logits", batch_size=64, seed=settings.seed, progress=progress))
     shutil.rmtree(tags / "embed", ignore_errors=True)  # projections of older states are stale

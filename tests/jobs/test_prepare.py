@@ -181,3 +181,5 @@ def test_the_prompt_word_for_an_item_follows_the_layout_the_split_was_prepared_f
     assert prepared_item_noun(tmp_path / "nothing-prepared") == "item"
     (tmp_path / "b" / "split" / "source.json").write_text('{"derived_from": "x", "item_noun": "film"}')
     assert prepared_item_noun(tmp_path / "b") == "film"  # a derived split (the cold-item cascade's) keeps its parent's
+    assert prepared_item_noun(tmp_path / "a", "product") == "product"  # a configured llm.domain wins
+    assert prepared_item_noun(tmp_path / "a", "") == "movie"  # an empty one is no word
