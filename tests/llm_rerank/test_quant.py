@@ -89,27 +89,35 @@ def test_gemma_norm_folding_respects_its_unit_offset() -> None:
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_int8_scores_stay_close_to_fp32(arch: str) -> None:
-    """Listwise and pointwise scores of the W8A8 model against the fp32 model they came from."""
+    """Listwise and pointwise scores of the W8A8 model against the fp32 model they came from, over
+    requests of shuffled histories and candidates: a random tiny model's scores are nearly flat, so
+    one 9-letter request's correlation swings with the prompt's wording, while the mean over
+    requests measures the quantization. Scores rank one request's candidates, so the error is
+    measured after removing the shift common to all of them."""
     from llm_rerank.quant import quantize_w8a8
 
     model, tok = tiny_llm(arch=arch)
     builder = PromptBuilder(tok)
-    requests = [builder.listwise(HORROR[:3], {"age": 30}, ANIMATION + HORROR[3:]),
-                builder.listwise(ANIMATION[:2], {}, HORROR + ANIMATION[2:])]
-    pointwise = builder.pointwise(HORROR[:4], {"age": 30}, ANIMATION)
+    rng = np.random.default_rng(0)
+    shuffled = [list(rng.permutation(ANIMATION + HORROR)) for _ in range(8)]
+    requests = [builder.listwise(s[:3], {"age": 20 + 5 * k} if k % 2 else {}, s[3:]) for k, s in enumerate(shuffled)]
+    pointwise = [builder.pointwise(s[:4], {"age": 30}, s[4:10]) for s in shuffled[:3]]
     scorer = LogitScorer(model, tok.pad_token_id)
 
     def scores() -> list[np.ndarray]:
         lists = [listwise_from_logits(scorer.logits(p, use_cache=False), builder.letter_ids, 9) for p in requests]
-        return [*lists, pointwise_from_logits(scorer.logits(pointwise), *builder.yes_no)]
+        return [*lists, *(pointwise_from_logits(scorer.logits(p), *builder.yes_no) for p in pointwise)]
 
     reference = scores()
     calibrate(model, [builder.listwise(ANIMATION[:3], {}, HORROR).prefix], alpha=0.5)
     assert quantize_w8a8(model) == len(model.model.layers) * 7
+    correlations = []
     for got, ref in zip(scores(), reference, strict=True):
         assert not np.array_equal(got, ref)  # really int8 numbers
-        assert np.corrcoef(got, ref)[0, 1] > 0.97
-        assert np.abs(got - ref).max() < 0.25 * np.ptp(ref)
+        shift = np.mean(got - ref)  # common to every candidate of a request: moves no candidate past another
+        assert np.abs(got - ref - shift).max() < 0.25 * np.ptp(ref)
+        correlations.append(np.corrcoef(got, ref)[0, 1])
+    assert min(correlations) > 0.95 and np.mean(correlations) > 0.98, correlations
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
